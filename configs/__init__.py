@@ -1,0 +1,1 @@
+"""ml_collections presets. Each module exposes `get_config(preset=None)`."""

@@ -1,0 +1,85 @@
+"""The full config schema shared by every preset.
+
+Every preset starts from `base_config()` and overrides fields, so each one has
+every section (model, data, optimizer, train, decode) and every field can be
+overridden from the command line (`--config.model.num_heads=4`).
+"""
+
+import ml_collections
+from ml_collections import config_dict
+
+
+def base_config() -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+
+  # Model: field names follow the paper (Vaswani et al. 2017, Table 3).
+  config.model = m = ml_collections.ConfigDict()
+  m.kind = 'encoder_decoder'  # 'encoder_decoder' | 'decoder_only' | 'encoder_only'
+  m.vocab_size = 8000
+  m.num_encoder_layers = 6
+  m.num_decoder_layers = 6
+  m.d_model = 512
+  m.num_heads = 8
+  m.d_ff = 2048
+  m.dropout_rate = 0.1
+  m.attention_dropout_rate = 0.0
+  m.max_len = 256
+  m.share_embeddings = True
+  m.logits_via_embedding = True
+  m.positional_encoding = 'sinusoidal'  # 'sinusoidal' | 'learned' | 'rope'
+  m.norm_position = 'post'  # 'post' (the paper) | 'pre'
+  m.activation = 'relu'  # 'relu' (the paper) | 'gelu'
+  m.dtype = 'float32'  # compute dtype; parameters stay float32
+  m.attention_impl = 'reference'  # 'reference' (our pure function) | 'xla' (jax.nn.dot_product_attention)
+  m.remat = False  # rematerialise each layer in the backward pass
+
+  config.data = d = ml_collections.ConfigDict()
+  d.dataset = 'multi30k'
+  d.data_dir = config_dict.placeholder(str)  # default: $TFDS_DATA_DIR or ~/tensorflow_datasets
+  d.source_lang = 'en'
+  d.target_lang = 'de'
+  d.tokenizer = 'sentencepiece'  # 'sentencepiece' | 'char'
+  d.vocab_size = 8000
+  d.max_length = 64  # tokens per example (per packed row when packing)
+  d.packing = True
+  d.eval_split = 'validation'
+  d.test_split = 'test'
+  d.train_files = config_dict.placeholder(str)  # parallel_text: 'SRC_FILE,TGT_FILE'
+  d.eval_files = config_dict.placeholder(str)
+  d.test_files = config_dict.placeholder(str)
+  d.shuffle_buffer = 0  # 0 = global shuffle of the index (Grain)
+  d.num_workers = 0  # Grain worker processes (0 = in-process)
+
+  config.optimizer = o = ml_collections.ConfigDict()
+  o.name = 'adam'  # 'adam' | 'adamw'
+  o.learning_rate = 1.0  # multiplies the schedule ('rsqrt' is the paper's)
+  o.schedule = 'rsqrt'  # 'rsqrt' | 'cosine' | 'constant'
+  o.warmup_steps = 4000
+  o.b1 = 0.9
+  o.b2 = 0.98
+  o.eps = 1e-9
+  o.weight_decay = 0.0
+  o.grad_clip_norm = 0.0  # 0 = no clipping
+  o.min_learning_rate_ratio = 0.1  # cosine floor, as a fraction of the peak
+
+  config.train = t = ml_collections.ConfigDict()
+  t.num_steps = 100_000
+  t.batch_size = 256  # global, in sequences (packed rows when packing)
+  t.grad_accum_steps = 1
+  t.label_smoothing = 0.1
+  t.eval_every_steps = 1000
+  t.num_eval_batches = config_dict.placeholder(int)  # None = the whole split
+  t.checkpoint_every_steps = 1000
+  t.max_checkpoints = 3
+  t.log_every_steps = 50
+  t.seed = 0
+
+  config.decode = dec = ml_collections.ConfigDict()
+  dec.beam_size = 4
+  dec.alpha = 0.6
+  dec.max_len = 128  # generated tokens; also the max source length when translating
+  dec.num_eval_sentences = 1014
+  dec.batch_size = 64
+  dec.temperature = 1.0
+  dec.top_k = 0  # 0 = no top-k
+  return config

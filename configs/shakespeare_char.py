@@ -1,0 +1,82 @@
+"""Character-level language model on Tiny Shakespeare (decoder-only).
+
+Presets:
+  (none)  nanoGPT's small-CPU settings: 4 layers, 4 heads, d_model 128, block 64, batch 12,
+          2000 steps, no dropout, lr 1e-3 cosine to 1e-4 with 100 warmup steps, AdamW
+          (0.9, 0.99), weight decay 0.1, grad clip 1.0, pre-norm, GELU, learned positions.
+  large   nanoGPT's GPU settings: 6 layers, 6 heads, 384 wide, block 256, batch 64, dropout 0.2,
+          5000 steps.
+  tiny    seconds-long, for tests.
+"""
+
+from configs.base import base_config
+
+
+def get_config(preset=None):
+  config = base_config()
+  m = config.model
+  m.kind = 'decoder_only'
+  m.vocab_size = 66  # 65 characters + pad (id 0)
+  m.num_encoder_layers = 0
+  m.num_decoder_layers = 4
+  m.d_model, m.num_heads, m.d_ff = 128, 4, 512
+  m.dropout_rate = 0.0
+  m.max_len = 65  # block 64 + the start position
+  m.share_embeddings = True
+  m.logits_via_embedding = True
+  m.positional_encoding = 'learned'
+  m.norm_position = 'pre'
+  m.activation = 'gelu'
+  d = config.data
+  d.dataset = 'tiny_shakespeare'
+  d.tokenizer = 'char'
+  d.vocab_size = 66
+  d.max_length = 64
+  d.packing = False
+  d.source_lang = d.target_lang = 'text'
+  o = config.optimizer
+  o.name = 'adamw'
+  o.schedule = 'cosine'
+  o.learning_rate = 1e-3
+  o.min_learning_rate_ratio = 0.1
+  o.warmup_steps = 100
+  o.b1, o.b2, o.eps = 0.9, 0.99, 1e-8
+  o.weight_decay = 0.1
+  o.grad_clip_norm = 1.0
+  t = config.train
+  t.num_steps = 2000
+  t.batch_size = 12
+  t.label_smoothing = 0.0
+  t.eval_every_steps = 500
+  t.num_eval_batches = 20
+  t.checkpoint_every_steps = 500
+  t.log_every_steps = 100
+  dec = config.decode
+  dec.max_len = 500
+  dec.temperature = 0.8
+  dec.top_k = 0
+
+  if preset == 'large':
+    m.num_decoder_layers, m.num_heads, m.d_model, m.d_ff = 6, 6, 384, 1536
+    m.dropout_rate = 0.2
+    m.max_len = 257
+    d.max_length = 256
+    t.batch_size = 64
+    t.num_steps = 5000
+    t.eval_every_steps = 250
+    t.num_eval_batches = 200
+  elif preset == 'tiny':
+    m.num_decoder_layers, m.num_heads, m.d_model, m.d_ff = 2, 2, 32, 64
+    m.max_len = 33
+    d.max_length = 32
+    t.num_steps = 20
+    t.batch_size = 8
+    t.eval_every_steps = 10
+    t.num_eval_batches = 2
+    t.checkpoint_every_steps = 10
+    t.log_every_steps = 5
+    o.warmup_steps = 5
+    dec.max_len = 16
+  elif preset is not None:
+    raise ValueError(f'configs/shakespeare_char.py: unknown preset {preset!r}; known: large, tiny')
+  return config

@@ -1,0 +1,165 @@
+"""Scaled dot-product attention and its masks, as pure functions (no Flax, no state).
+
+Layout: arrays are `[batch..., length, heads, head_dim]`. Masks are boolean,
+`True` = may attend, broadcastable to `[batch..., heads, q_len, kv_len]`.
+
+The paper's equation (1):  Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+
+
+# ----------------------------------------------------------------------------- attention
+
+def dot_product_attention_weights(query: Array, key: Array, *, mask: Array | None = None,
+                                  bias: Array | None = None, scale: float | None = None) -> Array:
+  """softmax(Q K^T * scale + bias), masked.
+
+  Args:
+    query: `[batch..., q_len, heads, head_dim]`.
+    key: `[batch..., kv_len, heads, head_dim]`.
+    mask: boolean, broadcastable to `[batch..., heads, q_len, kv_len]`; True = keep.
+    bias: additive, broadcastable like `mask` (e.g. relative position terms).
+    scale: multiplies the logits; defaults to `1/sqrt(head_dim)`.
+  Returns:
+    weights `[batch..., heads, q_len, kv_len]` in the query's dtype. Rows whose
+    keys are all masked are all zero. The softmax runs in float32.
+  """
+  if scale is None:
+    scale = query.shape[-1] ** -0.5
+  logits = jnp.einsum('...qhd,...khd->...hqk', query * jnp.asarray(scale, query.dtype), key,
+                      preferred_element_type=jnp.float32)
+  if bias is not None:
+    logits = logits + bias.astype(jnp.float32)
+  if mask is not None:
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+  weights = jax.nn.softmax(logits, axis=-1)
+  if mask is not None:
+    # A row with every key masked would otherwise be uniform over the masked keys.
+    weights = jnp.where(jnp.any(mask, axis=-1, keepdims=True), weights, 0.0)
+  return weights.astype(query.dtype)
+
+
+def dot_product_attention(query: Array, key: Array, value: Array, *, mask: Array | None = None,
+                          bias: Array | None = None, scale: float | None = None,
+                          dropout_rate: float = 0.0, dropout_rng: Array | None = None,
+                          deterministic: bool = True, return_weights: bool = False):
+  """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, with optional attention dropout.
+
+  Args:
+    query: `[batch..., q_len, heads, head_dim]`.
+    key: `[batch..., kv_len, heads, head_dim]`.
+    value: `[batch..., kv_len, heads, v_head_dim]`.
+    mask, bias, scale: as in `dot_product_attention_weights`.
+    dropout_rate: dropout on the attention weights (needs `dropout_rng` when not
+      `deterministic`).
+    return_weights: also return the weights `[batch..., heads, q_len, kv_len]`.
+  Returns:
+    `[batch..., q_len, heads, v_head_dim]` (and the weights when asked).
+  """
+  weights = dot_product_attention_weights(query, key, mask=mask, bias=bias, scale=scale)
+  attended = weights
+  if not deterministic and dropout_rate > 0.0:
+    if dropout_rng is None:
+      raise ValueError('dot_product_attention: dropout_rate > 0 needs a dropout_rng')
+    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
+    attended = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0).astype(weights.dtype)
+  out = jnp.einsum('...hqk,...khd->...qhd', attended, value)
+  return (out, weights) if return_weights else out
+
+
+def fused_dot_product_attention(query: Array, key: Array, value: Array, *,
+                                mask: Array | None = None, scale: float | None = None) -> Array:
+  """Same result as `dot_product_attention` (no bias, no dropout) through `jax.nn.dot_product_attention`.
+
+  XLA (and cuDNN on GPU) may fuse the whole computation. Fully masked query rows are
+  zeroed explicitly so the contract (zeros, never NaN) holds on every backend.
+  """
+  if mask is not None:
+    lead = query.shape[:-3]
+    mask = jnp.broadcast_to(mask, (*lead, query.shape[-2], query.shape[-3], key.shape[-3]))
+  out = jax.nn.dot_product_attention(query, key, value, mask=mask, scale=scale)
+  if mask is not None:
+    any_key = jnp.any(mask, axis=-1)  # [batch..., heads, q_len]
+    out = jnp.where(jnp.swapaxes(any_key, -1, -2)[..., None], out, 0.0)
+  return out.astype(query.dtype)
+
+
+# ----------------------------------------------------------------------------- masks
+
+def causal_mask(length: int) -> Array:
+  """`[1, 1, length, length]`, True on and below the diagonal (position i sees j <= i)."""
+  return jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))[None, None]
+
+
+def padding_mask(query_valid: Array, key_valid: Array) -> Array:
+  """`[batch, 1, q_len, kv_len]` from boolean `[batch, q_len]` and `[batch, kv_len]` validity."""
+  return jnp.logical_and(query_valid[:, None, :, None], key_valid[:, None, None, :])
+
+
+def segment_mask(query_segment_ids: Array, key_segment_ids: Array) -> Array:
+  """`[batch, 1, q_len, kv_len]`, True where the (packed) segment ids are equal."""
+  return jnp.equal(query_segment_ids[:, None, :, None], key_segment_ids[:, None, None, :])
+
+
+def combine_masks(*masks: Array | None) -> Array | None:
+  """Logical AND of the masks that are not None; None when all are None."""
+  present = [m for m in masks if m is not None]
+  if not present:
+    return None
+  combined = present[0]
+  for m in present[1:]:
+    combined = jnp.logical_and(combined, m)
+  return combined
+
+
+# ----------------------------------------------------------------------------- heads
+
+def split_heads(x: Array, num_heads: int) -> Array:
+  """`[..., len, d_model]` -> `[..., len, heads, d_model // heads]`."""
+  d_model = x.shape[-1]
+  if d_model % num_heads:
+    raise ValueError(f'split_heads: d_model={d_model} is not divisible by num_heads={num_heads}')
+  return x.reshape(*x.shape[:-1], num_heads, d_model // num_heads)
+
+
+def merge_heads(x: Array) -> Array:
+  """`[..., len, heads, head_dim]` -> `[..., len, heads * head_dim]` (inverse of `split_heads`)."""
+  return x.reshape(*x.shape[:-2], x.shape[-2] * x.shape[-1])
+
+
+# ----------------------------------------------------------------------------- positions
+
+def sinusoidal_positions(length: int, d_model: int) -> Array:
+  """float32 `[length, d_model]`: PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(same).
+
+  Computed in float64 with NumPy, then cast: the table is a constant.
+  """
+  position = np.arange(length, dtype=np.float64)[:, None]
+  two_i = np.arange(0, d_model, 2, dtype=np.float64)[None, :]
+  angle = position / np.power(10000.0, two_i / d_model)
+  table = np.zeros((length, d_model), dtype=np.float64)
+  table[:, 0::2] = np.sin(angle)
+  table[:, 1::2] = np.cos(angle[:, : d_model // 2])
+  return jnp.asarray(table, dtype=jnp.float32)
+
+
+def rotary_embedding(x: Array, positions: Array, *, base: float = 10000.0) -> Array:
+  """Rotary position embedding (RoFormer) of `x` `[batch, len, heads, head_dim]` at `positions` `[batch, len]`.
+
+  Rotates pairs (x[..., i], x[..., i + head_dim/2]) by angle `position / base^(2i/head_dim)`,
+  so `q . k` depends only on the distance between the positions.
+  """
+  half = x.shape[-1] // 2
+  inv_freq = 1.0 / (base ** (jnp.arange(half, dtype=jnp.float32) * 2.0 / x.shape[-1]))
+  angle = positions.astype(jnp.float32)[..., None, None] * inv_freq  # [batch, len, 1, half]
+  sin, cos = jnp.sin(angle), jnp.cos(angle)
+  x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+  rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return rotated.astype(x.dtype)

@@ -1,0 +1,195 @@
+"""Linen building blocks. Modules hold parameters and call the pure functions in `attention`.
+
+Sizes follow the paper: `d_model`, `num_heads` (h), `d_ff`, head size
+`d_k = d_v = d_model / h`. Parameters are float32; `dtype` is the compute dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from model import attention as attn
+
+Array = jax.Array
+Dtype = Any
+
+# T2T / the Flax WMT example initialise projections with Glorot uniform.
+dense_init = nn.initializers.xavier_uniform()
+
+
+def _dense(features, name, dtype, axis=-1):
+  return nn.DenseGeneral(features, axis=axis, kernel_init=dense_init, use_bias=True,
+                         dtype=dtype, param_dtype=jnp.float32, name=name)
+
+
+class MultiHeadAttention(nn.Module):
+  """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O with head_i = Attention(Q W^Q_i, K W^K_i, V W^V_i).
+
+  Self-attention (`kv=None`) projects Q, K, V with one fused matmul; cross-attention
+  projects Q from `x` and K, V from `kv`.
+
+  With `decode=True` the module keeps a KV cache in the `cache` collection:
+    self-attention: `cached_key`/`cached_value` `[batch, max_len, heads, head_dim]` and
+      `cache_index`; each call appends its `x` (one or more tokens) at `cache_index`.
+    cross-attention: the projected encoder keys/values, computed on the first call only.
+  The cache length is the length of `x` when the cache is created (init or the first
+  mutable apply), as in the Flax WMT example.
+  """
+  num_heads: int
+  dtype: Dtype = jnp.float32
+  attention_dropout_rate: float = 0.0
+  impl: str = 'reference'  # 'reference' | 'xla'
+  use_rope: bool = False
+
+  @nn.compact
+  def __call__(self, x: Array, kv: Array | None = None, *, mask: Array | None = None,
+               positions: Array | None = None, deterministic: bool = True,
+               decode: bool = False) -> Array:
+    """x `[batch, q_len, d_model]`, kv `[batch, kv_len, d_model]` -> `[batch, q_len, d_model]`.
+
+    `mask` is boolean `[batch|1, 1|heads, q_len, kv_len]`; in self-attention decode mode it
+    is the mask over the whole cache `[batch|1, 1, q_len, max_len]` minus causality, which
+    is added here from `cache_index`. `positions` `[batch, len]` feed rotary embeddings.
+    """
+    d_model = x.shape[-1]
+    head_dim = d_model // self.num_heads
+    heads = (self.num_heads, head_dim)
+
+    if kv is None:
+      qkv = _dense((3, *heads), 'qkv', self.dtype)(x)  # [batch, len, 3, heads, head_dim]
+      query, key, value = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+      if self.use_rope:
+        query, key = self._rotate(query, key, positions)
+      if decode:
+        key, value, mask = self._update_self_cache(key, value, mask)
+    else:
+      query = _dense(heads, 'query', self.dtype)(x)
+      if decode:
+        key, value = self._cross_cache(kv, heads)
+      else:
+        key, value = self._project_kv(kv, heads)
+
+    use_dropout = not deterministic and self.attention_dropout_rate > 0.0
+    if self.impl == 'xla' and not use_dropout:
+      out = attn.fused_dot_product_attention(query, key, value, mask=mask)
+    else:
+      dropout_rng = self.make_rng('dropout') if use_dropout else None
+      out, weights = attn.dot_product_attention(
+          query, key, value, mask=mask, dropout_rate=self.attention_dropout_rate,
+          dropout_rng=dropout_rng, deterministic=deterministic, return_weights=True)
+      # Stored only when the caller makes 'intermediates' mutable (attention plots).
+      self.sow('intermediates', 'attention_weights', weights)
+    return _dense(d_model, 'out', self.dtype, axis=(-2, -1))(out)
+
+  def _project_kv(self, kv, heads):
+    kv = _dense((2, *heads), 'kv', self.dtype)(kv)
+    return kv[:, :, 0], kv[:, :, 1]
+
+  def _rotate(self, query, key, positions):
+    if positions is None:
+      positions = jnp.arange(query.shape[1])[None, :]
+    return attn.rotary_embedding(query, positions), attn.rotary_embedding(key, positions)
+
+  def _update_self_cache(self, key, value, mask):
+    """Writes this call's keys/values at `cache_index` and returns the whole cache."""
+    initializing = not self.has_variable('cache', 'cached_key')
+    cached_key = self.variable('cache', 'cached_key', jnp.zeros, key.shape, key.dtype)
+    cached_value = self.variable('cache', 'cached_value', jnp.zeros, value.shape, value.dtype)
+    cache_index = self.variable('cache', 'cache_index', lambda: jnp.array(0, jnp.int32))
+    if initializing:
+      return key, value, mask
+    batch, max_len = cached_key.value.shape[:2]
+    num_new = key.shape[1]
+    index = cache_index.value
+    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, (0, index, 0, 0))
+    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value, (0, index, 0, 0))
+    cache_index.value = index + num_new
+    # Query i (at absolute position index + i) sees cache slots 0 .. index + i.
+    query_pos = index + jnp.arange(num_new)
+    causal = (jnp.arange(max_len)[None, :] <= query_pos[:, None])[None, None]
+    return cached_key.value, cached_value.value, attn.combine_masks(mask, causal)
+
+  def _cross_cache(self, kv, heads):
+    """Projects the encoder output once per decode and reuses it at every later step."""
+    initializing = not self.has_variable('cache', 'cross_key')
+    shape = (kv.shape[0], kv.shape[1], *heads)
+    cross_key = self.variable('cache', 'cross_key', jnp.zeros, shape, self.dtype)
+    cross_value = self.variable('cache', 'cross_value', jnp.zeros, shape, self.dtype)
+    filled = self.variable('cache', 'cross_filled', lambda: jnp.array(False))
+    key, value = self._project_kv(kv, heads)  # creates the params even when reused
+    if initializing:
+      return key, value
+    key, value = jax.lax.cond(filled.value, lambda: (cross_key.value, cross_value.value),
+                              lambda: (key.astype(self.dtype), value.astype(self.dtype)))
+    cross_key.value, cross_value.value, filled.value = key, value, jnp.array(True)
+    return key, value
+
+
+class FeedForward(nn.Module):
+  """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (GELU optionally)."""
+  d_ff: int
+  activation: str = 'relu'
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    act: Callable = {'relu': nn.relu, 'gelu': nn.gelu}[self.activation]
+    h = act(_dense(self.d_ff, 'wi', self.dtype)(x))
+    return _dense(x.shape[-1], 'wo', self.dtype)(h)
+
+
+class LayerNorm(nn.Module):
+  """LayerNorm computed in float32 whatever the compute dtype, cast back."""
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    return nn.LayerNorm(epsilon=1e-6, dtype=jnp.float32, param_dtype=jnp.float32)(x).astype(self.dtype)
+
+
+class Embed(nn.Module):
+  """Token embedding scaled by sqrt(d_model); `attend` gives logits through its transpose."""
+  vocab_size: int
+  d_model: int
+  dtype: Dtype = jnp.float32
+
+  def setup(self):
+    self.embedding = self.param('embedding', nn.initializers.normal(stddev=self.d_model ** -0.5),
+                                (self.vocab_size, self.d_model), jnp.float32)
+
+  def __call__(self, tokens: Array) -> Array:
+    """`[batch, len]` int -> `[batch, len, d_model]`."""
+    x = jnp.take(self.embedding, tokens, axis=0) * jnp.sqrt(float(self.d_model))
+    return x.astype(self.dtype)
+
+  def attend(self, x: Array) -> Array:
+    """`[batch, len, d_model]` -> logits `[batch, len, vocab]` (float32)."""
+    return jnp.einsum('bld,vd->blv', x, self.embedding.astype(x.dtype),
+                      preferred_element_type=jnp.float32)
+
+
+class AddPositions(nn.Module):
+  """Adds sinusoidal or learned absolute position encodings (nothing for 'rope')."""
+  kind: str  # 'sinusoidal' | 'learned' | 'rope'
+  max_len: int
+
+  @nn.compact
+  def __call__(self, x: Array, positions: Array | None = None) -> Array:
+    """x `[batch, len, d_model]`; positions `[batch, len]` (packed rows, decoding) or 0..len-1."""
+    if self.kind == 'rope':
+      return x
+    d_model = x.shape[-1]
+    if self.kind == 'sinusoidal':
+      table = attn.sinusoidal_positions(self.max_len, d_model)
+    else:
+      table = self.param('pos_embedding', nn.initializers.normal(stddev=0.02),
+                         (self.max_len, d_model), jnp.float32)
+    if positions is None:
+      pe = table[None, : x.shape[1]]
+    else:
+      pe = jnp.take(table, positions, axis=0)
+    return x + pe.astype(x.dtype)

@@ -1,0 +1,273 @@
+"""The Transformer (Vaswani et al. 2017, Figure 1) as Linen modules.
+
+  EncoderDecoder  inputs, targets -> logits      (translation; the paper's model)
+  DecoderOnly     tokens -> logits               (language model)
+  EncoderOnly     tokens -> [batch, len, d_model] (bidirectional encoder)
+
+Token id 0 is padding (masked as keys, ignored by the loss) and the decoder's start
+token: targets are shifted right inside the model, so `logits[:, t]` predicts
+`targets[:, t]` from `targets[:, :t]`. Packed rows carry `*_segmentation` (1, 2, ...
+per example, 0 = pad) and `*_position` (restarting at 0 per example); attention never
+crosses segments and the shift restarts at each segment.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from model import attention as attn
+from model.config import ModelConfig
+from model.layers import AddPositions, Embed, FeedForward, LayerNorm, MultiHeadAttention
+
+Array = jax.Array
+
+
+def shift_right(tokens: Array, segmentation: Array | None = None) -> Array:
+  """`[batch, len]` -> the decoder input: 0 then tokens[:, :-1], restarting at each segment."""
+  shifted = jnp.pad(tokens, ((0, 0), (1, 0)))[:, :-1]
+  if segmentation is not None:
+    segment_start = segmentation != jnp.pad(segmentation, ((0, 0), (1, 0)))[:, :-1]
+    shifted = jnp.where(segment_start, 0, shifted)
+  return shifted
+
+
+class Sublayer(nn.Module):
+  """Residual connection around `fn` with LayerNorm after ('post', the paper) or before ('pre')."""
+  config: ModelConfig
+  deterministic: bool
+
+  @nn.compact
+  def __call__(self, x: Array, fn) -> Array:
+    cfg = self.config
+    norm = LayerNorm(cfg.compute_dtype, name='norm')
+    dropout = nn.Dropout(cfg.dropout_rate, deterministic=self.deterministic)
+    if cfg.norm_position == 'post':
+      return norm(x + dropout(fn(x)))  # LayerNorm(x + Sublayer(x))
+    return x + dropout(fn(norm(x)))
+
+
+class EncoderLayer(nn.Module):
+  """Self-attention then feed-forward, each wrapped in `Sublayer`."""
+  config: ModelConfig
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, x: Array, mask: Array | None, positions: Array | None) -> Array:
+    cfg = self.config
+    self_attention = MultiHeadAttention(
+        cfg.num_heads, cfg.compute_dtype, cfg.attention_dropout_rate, cfg.attention_impl,
+        use_rope=cfg.positional_encoding == 'rope', name='self_attention')
+    ffn = FeedForward(cfg.d_ff, cfg.activation, cfg.compute_dtype, name='ffn')
+    x = Sublayer(cfg, self.deterministic, name='attention_block')(
+        x, lambda h: self_attention(h, mask=mask, positions=positions,
+                                    deterministic=self.deterministic))
+    return Sublayer(cfg, self.deterministic, name='ffn_block')(x, ffn)
+
+
+class DecoderLayer(nn.Module):
+  """Masked self-attention, encoder-decoder attention (skipped when `encoded` is None), feed-forward."""
+  config: ModelConfig
+  deterministic: bool = True
+  decode: bool = False
+
+  @nn.compact
+  def __call__(self, x: Array, encoded: Array | None, self_mask: Array | None,
+               cross_mask: Array | None, positions: Array | None) -> Array:
+    cfg = self.config
+
+    def attention(name):
+      return MultiHeadAttention(cfg.num_heads, cfg.compute_dtype, cfg.attention_dropout_rate,
+                                cfg.attention_impl, use_rope=(name == 'self_attention' and
+                                                              cfg.positional_encoding == 'rope'),
+                                name=name)
+
+    self_attention = attention('self_attention')
+    x = Sublayer(cfg, self.deterministic, name='self_attention_block')(
+        x, lambda h: self_attention(h, mask=self_mask, positions=positions,
+                                    deterministic=self.deterministic, decode=self.decode))
+    if encoded is not None:
+      cross_attention = attention('cross_attention')
+      x = Sublayer(cfg, self.deterministic, name='cross_attention_block')(
+          x, lambda h: cross_attention(h, encoded, mask=cross_mask,
+                                       deterministic=self.deterministic, decode=self.decode))
+    ffn = FeedForward(cfg.d_ff, cfg.activation, cfg.compute_dtype, name='ffn')
+    return Sublayer(cfg, self.deterministic, name='ffn_block')(x, ffn)
+
+
+def _layer_class(cls, config: ModelConfig):
+  # Rematerialisation trades compute for activation memory in the backward pass.
+  return nn.remat(cls) if config.remat else cls
+
+
+class Encoder(nn.Module):
+  """Embedding + positions + N encoder layers (+ final LayerNorm for pre-norm)."""
+  config: ModelConfig
+  embed: nn.Module
+
+  @nn.compact
+  def __call__(self, tokens: Array, *, segmentation: Array | None = None,
+               positions: Array | None = None, deterministic: bool = True) -> Array:
+    """tokens `[batch, len]` -> `[batch, len, d_model]`."""
+    cfg = self.config
+    valid = tokens > 0
+    mask = attn.combine_masks(
+        attn.padding_mask(valid, valid),
+        None if segmentation is None else attn.segment_mask(segmentation, segmentation))
+    x = AddPositions(cfg.positional_encoding, cfg.max_len, name='positions')(
+        self.embed(tokens), positions)
+    x = nn.Dropout(cfg.dropout_rate, deterministic=deterministic)(x)
+    layer = _layer_class(EncoderLayer, cfg)
+    for i in range(cfg.num_encoder_layers):
+      x = layer(cfg, deterministic, name=f'layer_{i}')(x, mask, positions)
+    if cfg.norm_position == 'pre':
+      x = LayerNorm(cfg.compute_dtype, name='final_norm')(x)
+    return x
+
+
+class Decoder(nn.Module):
+  """Shifted target embedding + positions + N decoder layers + output logits.
+
+  Without `encoded` (decoder-only) the layers have no encoder-decoder attention.
+  With `decode=True`, `tokens` are the decoder *inputs* for the next positions (already
+  shifted: the first call gets the start token 0) and the KV cache advances.
+  """
+  config: ModelConfig
+  embed: nn.Module
+
+  @nn.compact
+  def __call__(self, tokens: Array, encoded: Array | None = None,
+               encoder_valid: Array | None = None, *, segmentation: Array | None = None,
+               positions: Array | None = None, encoder_segmentation: Array | None = None,
+               deterministic: bool = True, decode: bool = False) -> Array:
+    """tokens `[batch, len]`, encoded `[batch, src_len, d_model]` -> logits `[batch, len, vocab]`.
+
+    `encoder_valid` `[batch, src_len]` marks the non-pad source positions.
+    """
+    cfg = self.config
+    if decode:
+      positions = self._decode_positions(tokens.shape[1])
+      decoder_inputs = tokens
+      # Causality over the cache is added by the attention module from its cache index.
+      self_mask = None
+      query_valid = jnp.ones(tokens.shape, jnp.bool_)
+    else:
+      decoder_inputs = shift_right(tokens, segmentation)
+      valid = tokens > 0
+      query_valid = valid
+      self_mask = attn.combine_masks(
+          attn.causal_mask(tokens.shape[1]), attn.padding_mask(valid, valid),
+          None if segmentation is None else attn.segment_mask(segmentation, segmentation))
+    cross_mask = None
+    if encoded is not None:
+      cross_mask = attn.combine_masks(
+          attn.padding_mask(query_valid, encoder_valid),
+          None if segmentation is None or encoder_segmentation is None
+          else attn.segment_mask(segmentation, encoder_segmentation))
+
+    x = AddPositions(cfg.positional_encoding, cfg.max_len, name='positions')(
+        self.embed(decoder_inputs), positions)
+    x = nn.Dropout(cfg.dropout_rate, deterministic=deterministic)(x)
+    layer = _layer_class(DecoderLayer, cfg)
+    for i in range(cfg.num_decoder_layers):
+      x = layer(cfg, deterministic, decode, name=f'layer_{i}')(
+          x, encoded, self_mask, cross_mask, positions)
+    if cfg.norm_position == 'pre':
+      x = LayerNorm(cfg.compute_dtype, name='final_norm')(x)
+    if cfg.logits_via_embedding:
+      return self.embed.attend(x)
+    return nn.Dense(cfg.vocab_size, dtype=jnp.float32, param_dtype=jnp.float32,
+                    kernel_init=nn.initializers.xavier_uniform(), name='logits')(x)
+
+  def _decode_positions(self, num_new: int) -> Array:
+    """Absolute positions of this call's tokens: the count decoded so far, kept in the cache."""
+    initializing = not self.has_variable('cache', 'num_decoded')
+    num_decoded = self.variable('cache', 'num_decoded', lambda: jnp.array(0, jnp.int32))
+    start = num_decoded.value
+    if not initializing:
+      num_decoded.value = start + num_new
+    return start + jnp.arange(num_new)[None, :]
+
+
+class EncoderDecoder(nn.Module):
+  """The paper's model: `apply(variables, inputs, targets)` -> logits `[batch, tgt_len, vocab]`."""
+  config: ModelConfig
+
+  def setup(self):
+    cfg = self.config
+    self.source_embed = Embed(cfg.vocab_size, cfg.d_model, cfg.compute_dtype, name='embed')
+    self.target_embed = (self.source_embed if cfg.share_embeddings else
+                         Embed(cfg.vocab_size, cfg.d_model, cfg.compute_dtype, name='target_embed'))
+    self.encoder = Encoder(cfg, self.source_embed, name='encoder')
+    self.decoder = Decoder(cfg, self.target_embed, name='decoder')
+
+  def encode(self, inputs: Array, *, inputs_segmentation: Array | None = None,
+             inputs_position: Array | None = None, deterministic: bool = True) -> Array:
+    """inputs `[batch, src_len]` -> encoded `[batch, src_len, d_model]`."""
+    return self.encoder(inputs, segmentation=inputs_segmentation, positions=inputs_position,
+                        deterministic=deterministic)
+
+  def decode(self, encoded: Array, inputs: Array, targets: Array, *,
+             inputs_segmentation: Array | None = None, targets_segmentation: Array | None = None,
+             targets_position: Array | None = None, deterministic: bool = True,
+             decode: bool = False) -> Array:
+    """encoded `[batch, src_len, d_model]`, inputs `[batch, src_len]` (for the source padding
+    mask), targets `[batch, tgt_len]` -> logits `[batch, tgt_len, vocab]` (float32)."""
+    return self.decoder(targets, encoded, inputs > 0, segmentation=targets_segmentation,
+                        positions=targets_position, encoder_segmentation=inputs_segmentation,
+                        deterministic=deterministic, decode=decode)
+
+  def __call__(self, inputs: Array, targets: Array, *, inputs_segmentation: Array | None = None,
+               targets_segmentation: Array | None = None, inputs_position: Array | None = None,
+               targets_position: Array | None = None, deterministic: bool = True) -> Array:
+    encoded = self.encode(inputs, inputs_segmentation=inputs_segmentation,
+                          inputs_position=inputs_position, deterministic=deterministic)
+    return self.decode(encoded, inputs, targets, inputs_segmentation=inputs_segmentation,
+                       targets_segmentation=targets_segmentation,
+                       targets_position=targets_position, deterministic=deterministic)
+
+
+class DecoderOnly(nn.Module):
+  """Language model: `apply(variables, tokens)` -> logits; `logits[:, t]` predicts `tokens[:, t]`."""
+  config: ModelConfig
+
+  def setup(self):
+    cfg = self.config
+    self.embed = Embed(cfg.vocab_size, cfg.d_model, cfg.compute_dtype, name='embed')
+    self.decoder = Decoder(cfg, self.embed, name='decoder')
+
+  def __call__(self, tokens: Array, *, segmentation: Array | None = None,
+               positions: Array | None = None, deterministic: bool = True,
+               decode: bool = False) -> Array:
+    """tokens `[batch, len]` -> logits `[batch, len, vocab]` (float32)."""
+    return self.decoder(tokens, segmentation=segmentation, positions=positions,
+                        deterministic=deterministic, decode=decode)
+
+
+class EncoderOnly(nn.Module):
+  """Bidirectional encoder: `apply(variables, tokens)` -> `[batch, len, d_model]`."""
+  config: ModelConfig
+
+  def setup(self):
+    cfg = self.config
+    self.embed = Embed(cfg.vocab_size, cfg.d_model, cfg.compute_dtype, name='embed')
+    self.encoder = Encoder(cfg, self.embed, name='encoder')
+
+  def __call__(self, tokens: Array, *, segmentation: Array | None = None,
+               positions: Array | None = None, deterministic: bool = True) -> Array:
+    return self.encoder(tokens, segmentation=segmentation, positions=positions,
+                        deterministic=deterministic)
+
+
+MODELS = {'encoder_decoder': EncoderDecoder, 'decoder_only': DecoderOnly,
+          'encoder_only': EncoderOnly}
+
+
+def build_model(model_config) -> nn.Module:
+  """The module for `model_config.kind` (a ConfigDict, dict or `ModelConfig`), validated."""
+  if not isinstance(model_config, ModelConfig):
+    model_config = ModelConfig.from_config(model_config)
+  else:
+    model_config.validate()
+  return MODELS[model_config.kind](model_config)
