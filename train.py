@@ -1,0 +1,152 @@
+"""Train, evaluate and checkpoint a Transformer: `python train.py --workdir=DIR [--config=...]`.
+
+  python train.py --workdir=/tmp/run                                    # configs/default.py
+  python train.py --config=configs/default.py:tiny --workdir=/tmp/tiny  # a preset
+  python train.py --config=configs/shakespeare_char.py --workdir=/tmp/lm \\
+      --config.train.num_steps=500 --config.model.dtype=bfloat16        # overrides
+
+Starting again on the same DIR resumes from its newest checkpoint. Multi-host: pass
+`--jax_distributed` (with `--coordinator_address`, `--num_processes`, `--process_id`, or the
+environment variables / cluster auto-detection that `jax.distributed.initialize` reads).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'default.py')
+FLAGS = flags.FLAGS
+
+
+def _define_flags() -> None:
+  flags.DEFINE_string('workdir', None, 'Directory for config.json, checkpoints, TensorBoard '
+                      'events and the tokenizer; training resumes from it.')
+  flags.DEFINE_bool('jax_distributed', False, 'Call jax.distributed.initialize() (multi-host).')
+  flags.DEFINE_string('coordinator_address', None, 'host:port of process 0 (multi-host).')
+  flags.DEFINE_integer('num_processes', None, 'Number of processes (multi-host).')
+  flags.DEFINE_integer('process_id', None, 'This process id (multi-host).')
+  flags.DEFINE_string('cpu_collectives', 'gloo', 'CPU collectives for multi-process CPU runs '
+                      "('gloo' | 'mpi' | 'none').")
+
+
+def argv_config(argv: list[str]) -> str:
+  values = [a.split('=', 1)[1] for a in argv if a.startswith('--config=')]
+  return values[-1] if values else DEFAULT_CONFIG
+
+
+def _fail(message: str, code: int = 2) -> None:
+  print(f'train.py: error: {" ".join(str(message).split())}', file=sys.stderr, flush=True)
+  sys.exit(code)
+
+
+def _config_error_message(error: BaseException, argv: list[str]) -> str:
+  raw = str(error)
+  if 'Traceback (most recent call last)' in raw:  # config_flags wraps the config file's error
+    found = re.findall(r'^(\w+(?:Error|Exception)): (.*)$', raw, flags=re.M)
+    if found:
+      raw = f'{argv_config(argv)}: {found[-1][1]}'
+  text = ' '.join(raw.replace('\\n', ' ').replace('\\', '').split())
+  unknown = _unknown_overrides(argv)
+  if unknown:
+    return unknown
+  return text
+
+
+def _unknown_overrides(argv: list[str]) -> str | None:
+  """'unknown config field --config.x.y (...)' for the first override naming no field."""
+  import difflib  # pylint: disable=import-outside-toplevel
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  path, _, preset = argv_config(argv).partition(':')
+  try:
+    spec = importlib.util.spec_from_file_location('_train_config', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config(preset) if preset else module.get_config()
+  except Exception:  # pylint: disable=broad-except
+    return None
+  for arg in argv:
+    if not arg.startswith('--config.'):
+      continue
+    name = arg.split('=', 1)[0][len('--config.'):]
+    node = config
+    for i, key in enumerate(name.split('.')):
+      keys = list(node.keys()) if hasattr(node, 'keys') else []
+      if key not in keys:
+        where = '.'.join(['config'] + name.split('.')[:i])
+        close = difflib.get_close_matches(key, keys, n=1)
+        hint = f'; did you mean {where}.{close[0]}?' if close else f'; {where} has {sorted(keys)}'
+        return f'unknown config field --config.{name}{hint}'
+      node = node[key]
+  return None
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl flag parsing with one-line errors (no traceback) for bad --config/--config.* flags."""
+  _define_flags()
+  config_file = argv_config(argv).partition(':')[0]
+  if not os.path.isfile(config_file):
+    _fail(f'config file {config_file!r} not found (--config=configs/NAME.py[:preset])')
+  try:
+    config_flags.DEFINE_config_file('config', DEFAULT_CONFIG, 'Config file[:preset].',
+                                    lock_config=True)
+    remaining = FLAGS(argv)
+    FLAGS.config.to_dict()  # loads the file and applies the overrides
+  except flags.Error as e:
+    _fail(_config_error_message(e, argv))
+  except Exception as e:  # pylint: disable=broad-except
+    _fail(_config_error_message(e, argv))
+  if FLAGS.config is None:
+    _fail('--config did not give a config')
+  if not FLAGS.workdir:
+    _fail('--workdir is required')
+  return remaining
+
+
+def _init_distributed() -> None:
+  import jax  # pylint: disable=import-outside-toplevel
+  if FLAGS.cpu_collectives != 'none':
+    jax.config.update('jax_cpu_collectives_implementation', FLAGS.cpu_collectives)
+  kwargs = {k: getattr(FLAGS, k) for k in ('coordinator_address', 'num_processes', 'process_id')
+            if getattr(FLAGS, k) is not None}
+  jax.distributed.initialize(**kwargs)
+
+
+def main(argv: list[str]) -> None:
+  if not FLAGS['verbosity'].present:  # absl/JAX/Orbax INFO logs off unless --verbosity=0
+    logging.set_verbosity(logging.WARNING)
+  if len(argv) > 1:
+    _fail(f'unexpected arguments {argv[1:]}')
+  if FLAGS.jax_distributed or FLAGS.coordinator_address:
+    _init_distributed()
+  # Imported after jax.distributed.initialize (which must precede any other JAX call).
+  from model.config import ConfigError  # pylint: disable=import-outside-toplevel
+  from training import checkpoint, trainer  # pylint: disable=import-outside-toplevel
+  try:
+    summary = trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  except ConfigError as e:
+    _fail(e)
+  except checkpoint.CheckpointError as e:
+    _fail(e)
+  except trainer.NonFiniteLossError as e:
+    _fail(e, code=1)
+  except _data_errors() as e:
+    _fail(e)
+  del summary
+
+
+def _data_errors() -> tuple[type[BaseException], ...]:
+  try:
+    from input_pipeline.errors import DataError  # pylint: disable=import-outside-toplevel
+    return (DataError,)
+  except ImportError:
+    return ()
+
+
+if __name__ == '__main__':
+  _remaining = parse_flags(sys.argv)
+  app.run(main, argv=_remaining, flags_parser=lambda argv: argv)

@@ -1,0 +1,115 @@
+"""Evaluation during training: validation loss/accuracy/perplexity and BLEU.
+
+`evaluate` runs the jitted eval step over the (padded) validation batches of every process.
+`translate` decodes raw source sentences with `model.decoding` (beam search; greedy when
+`beam_size == 1`) on this process's devices only, and `bleu` scores them with sacreBLEU on
+detokenized text.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable, Iterable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from training import mesh as mesh_lib
+
+
+def _pad_rows(batch: dict[str, np.ndarray], multiple: int) -> dict[str, np.ndarray]:
+  rows = next(iter(batch.values())).shape[0]
+  extra = -rows % multiple
+  if not extra:
+    return batch
+  return {k: np.concatenate([v, np.zeros((extra,) + v.shape[1:], v.dtype)]) for k, v in batch.items()}
+
+
+def _max_over_processes(value: int) -> int:
+  if jax.process_count() == 1:
+    return value
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  return int(np.max(multihost_utils.process_allgather(np.array([value]))))
+
+
+def evaluate(eval_step: Callable, params: Any, batches: Iterable[dict[str, np.ndarray]],
+             mesh, num_batches: int | None = None) -> dict[str, float]:
+  """-> {'loss' (per-token cross-entropy), 'accuracy', 'perplexity', 'num_tokens'}.
+
+  Each process passes its own batches; a process with fewer batches adds all-padding ones so
+  that every process runs the same number of (collective) steps.
+  """
+  local = [{k: np.asarray(v) for k, v in b.items()}
+           for b in itertools.islice(batches, num_batches)]
+  total = _max_over_processes(len(local))
+  if not local and total:
+    raise RuntimeError(f'process {jax.process_index()} has no evaluation batches')
+  local += [{k: np.zeros_like(v) for k, v in local[0].items()}] * (total - len(local))
+  devices = mesh_lib.local_device_count(mesh)
+  sums = None
+  for batch in local:
+    out = eval_step(params, mesh_lib.shard_batch(_pad_rows(batch, devices), mesh))
+    sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
+  if sums is None:
+    return {'loss': float('nan'), 'accuracy': float('nan'), 'perplexity': float('nan'),
+            'num_tokens': 0.0}
+  sums = jax.device_get(sums)
+  n = max(float(sums['num_tokens']), 1.0)
+  loss = float(sums['loss']) / n
+  return {'loss': loss, 'accuracy': float(sums['correct']) / n,
+          'perplexity': float(np.exp(min(loss, 100.0))), 'num_tokens': float(sums['num_tokens'])}
+
+
+def _fallback_greedy(module, params, inputs, *, max_len):
+  """Greedy decoding by full recomputation (used only when model.decoding is unavailable)."""
+  encoded = module.apply({'params': params}, inputs, method=module.encode)
+
+  def body(t, tokens):
+    logits = module.apply({'params': params}, encoded, inputs, tokens, method=module.decode)
+    return tokens.at[:, t].set(jnp.argmax(logits[:, t], -1).astype(tokens.dtype))
+
+  return jax.lax.fori_loop(0, max_len, body, jnp.zeros((inputs.shape[0], max_len), jnp.int32))
+
+
+def make_translate_fn(module, *, beam_size: int, alpha: float, max_len: int) -> Callable:
+  """(params, inputs [batch, src_len]) -> best tokens [batch, max_len], on local devices."""
+  try:
+    from model import decoding  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    decoding = None
+  if decoding is not None and beam_size > 1 and hasattr(decoding, 'beam_search_decode'):
+    def translate(params, inputs):
+      tokens, _ = decoding.beam_search_decode(module, params, inputs, beam_size=beam_size,
+                                              alpha=alpha, max_len=max_len)
+      return tokens[:, 0]
+    return translate
+  if decoding is not None and hasattr(decoding, 'greedy_decode'):
+    return lambda params, inputs: decoding.greedy_decode(module, params, inputs, max_len=max_len)
+  fallback = jax.jit(_fallback_greedy, static_argnums=0, static_argnames='max_len')
+  return lambda params, inputs: fallback(module, params, inputs, max_len=max_len)
+
+
+def translate(translate_fn: Callable, params: Any, tokenizer, sources: Sequence[str], *,
+              batch_size: int, max_source_len: int) -> list[str]:
+  """Detokenized translations of `sources` (batches padded to a fixed shape: one compile)."""
+  encoded = [tokenizer.encode(s)[:max_source_len] for s in sources]
+  length = max([len(e) for e in encoded] + [1])
+  length = min(max_source_len, -(-length // 8) * 8)
+  outputs = []
+  for start in range(0, len(encoded), batch_size):
+    chunk = encoded[start:start + batch_size]
+    inputs = np.zeros((batch_size, length), np.int32)
+    for i, ids in enumerate(chunk):
+      inputs[i, :len(ids)] = ids
+    tokens = np.asarray(jax.device_get(translate_fn(params, jnp.asarray(inputs))))
+    outputs += [tokenizer.decode(row) for row in tokens[:len(chunk)]]
+  return outputs
+
+
+def bleu(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, str]:
+  """Corpus sacreBLEU on detokenized text -> (score, signature)."""
+  import sacrebleu  # pylint: disable=import-outside-toplevel
+  metric = sacrebleu.metrics.BLEU()
+  score = metric.corpus_score(list(hypotheses), [list(references)])
+  return float(score.score), str(metric.get_signature())

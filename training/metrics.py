@@ -1,0 +1,93 @@
+"""Console lines and TensorBoard scalars. Only process 0 writes anything."""
+
+from __future__ import annotations
+
+import datetime
+import sys
+import time
+from typing import Any, Mapping
+
+import jax
+
+
+def is_main_process() -> bool:
+  return jax.process_index() == 0
+
+
+def log(message: str) -> None:
+  """Prints one line on process 0 (stdout, flushed)."""
+  if is_main_process():
+    print(message, flush=True)
+
+
+def warn(message: str) -> None:
+  if is_main_process():
+    print(f'WARNING: {message}', file=sys.stderr, flush=True)
+
+
+def format_duration(seconds: float) -> str:
+  return str(datetime.timedelta(seconds=int(max(0.0, seconds))))
+
+
+def format_number(value: float) -> str:
+  return f'{value:,.0f}'
+
+
+def progress_line(step: int, num_steps: int, metrics: Mapping[str, float], *,
+                  tokens_per_sec: float, elapsed: float, eta: float) -> str:
+  """'step 100/4000 | loss 5.1234 | acc 0.123 | lr 3.2e-04 | 12,345 tok/s | 0:01:23 | ETA 0:45:10'."""
+  return (f'step {step}/{num_steps} | loss {metrics["loss"]:.4f} | '
+          f'acc {metrics["accuracy"]:.3f} | lr {metrics["learning_rate"]:.3e} | '
+          f'|g| {metrics["grad_norm"]:.3f} | {format_number(tokens_per_sec)} tok/s | '
+          f'elapsed {format_duration(elapsed)} | ETA {format_duration(eta)}')
+
+
+class MetricsWriter:
+  """TensorBoard scalars (tensorboardX) in `workdir` on process 0; a no-op elsewhere."""
+
+  def __init__(self, workdir: str):
+    self._writer = None
+    if is_main_process():
+      from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+      self._writer = SummaryWriter(logdir=workdir, flush_secs=30)
+
+  def scalars(self, step: int, prefix: str, metrics: Mapping[str, Any]) -> None:
+    if self._writer is None:
+      return
+    for name, value in metrics.items():
+      self._writer.add_scalar(f'{prefix}/{name}', float(value), step)
+
+  def text(self, step: int, tag: str, text: str) -> None:
+    if self._writer is not None:
+      self._writer.add_text(tag, text, step)
+
+  def flush(self) -> None:
+    if self._writer is not None:
+      self._writer.flush()
+
+  def close(self) -> None:
+    if self._writer is not None:
+      self._writer.close()
+      self._writer = None
+
+
+class Throughput:
+  """Tokens/s and steps/s between `mark`s, and an ETA from this run's average step time."""
+
+  def __init__(self, start_step: int):
+    self.start_time = self.last_time = time.time()
+    self.start_step = start_step
+    self.tokens = 0.0
+
+  def add_tokens(self, n: float) -> None:
+    self.tokens += n
+
+  def mark(self, step: int, num_steps: int) -> tuple[float, float, float]:
+    """-> (tokens/s since the last mark, elapsed seconds of this run, ETA seconds)."""
+    now = time.time()
+    rate = self.tokens / max(now - self.last_time, 1e-9)
+    self.tokens, self.last_time = 0.0, now
+    elapsed = now - self.start_time
+    done = step - self.start_step
+    eta = elapsed / done * (num_steps - step) if done > 0 else 0.0
+    return rate, elapsed, eta

@@ -1,0 +1,256 @@
+"""The training loop: `train_and_evaluate(config, workdir)`.
+
+Order of work: validate the config and the workdir (one-line errors, nothing compiled or
+written yet), write DIR/config.json, build data/model/optimizer, restore the newest good
+checkpoint (or initialise), then train with periodic logging, evaluation and checkpoints.
+SIGTERM/SIGINT save a checkpoint and return; a non-finite loss raises `NonFiniteLossError`
+without saving.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from model import build_model
+from training import checkpoint as ckpt_lib
+from training import config_io, evaluation, metrics as metrics_lib, optim, steps
+from training import mesh as mesh_lib
+from training import state as state_lib
+from training.metrics import log
+
+
+class NonFiniteLossError(RuntimeError):
+  """The loss or gradient became NaN/inf; the message names the step."""
+
+
+class _StopSignal:
+  """Records SIGTERM/SIGINT; a second SIGINT interrupts at once."""
+
+  def __init__(self):
+    self.signum = None
+    self._previous = {}
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      for signum in (signal.SIGTERM, signal.SIGINT):
+        self._previous[signum] = signal.signal(signum, self._handle)
+    return self
+
+  def _handle(self, signum, frame):
+    if self.signum is not None and signum == signal.SIGINT:
+      raise KeyboardInterrupt
+    self.signum = signum
+    metrics_lib.warn(f'received {signal.Signals(signum).name}: saving a checkpoint and stopping '
+                     '(press Ctrl-C again to stop at once)')
+
+  def __exit__(self, *exc):
+    for signum, handler in self._previous.items():
+      signal.signal(signum, handler)
+
+  def should_stop(self, sync: bool) -> bool:
+    """True when this process (or, with `sync`, any process) got a signal."""
+    stop = self.signum is not None
+    if sync and jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+      stop = bool(np.any(multihost_utils.process_allgather(np.array([stop]))))
+    return stop
+
+
+def _get_datasets(config, workdir: str):
+  import input_pipeline  # pylint: disable=import-outside-toplevel
+  return input_pipeline.get_datasets(config, workdir=workdir, process_index=jax.process_index(),
+                                     process_count=jax.process_count())
+
+
+class _Run:
+  """State of one call to `train_and_evaluate` (kept small: the loop lives in `run`)."""
+
+  def __init__(self, config, workdir: str, datasets=None):
+    self.config, self.workdir = config, workdir
+    self.mesh = mesh_lib.make_mesh()
+    self.model_config = config_io.validate_config(
+        config, num_devices=self.mesh.size, process_count=jax.process_count())
+    changes = config_io.check_compatible(config, workdir)
+    if metrics_lib.is_main_process():
+      config_io.save_config(config, workdir)
+    if changes:
+      log(f'config differs from the previous run in this workdir: {"; ".join(changes)}')
+    self.datasets = datasets if datasets is not None else _get_datasets(config, workdir)
+    vocab = getattr(self.datasets.tokenizer, 'vocab_size', None)
+    if vocab is not None and vocab > self.model_config.vocab_size:
+      raise config_io.ConfigError(
+          f'the tokenizer has {vocab} ids but config.model.vocab_size={self.model_config.vocab_size}')
+    self.module = build_model(self.model_config)
+    self.schedule = optim.make_schedule(config)
+    self.tx = optim.make_optimizer(config, self.schedule)
+    self.writer = metrics_lib.MetricsWriter(workdir)
+    self.checkpointer = ckpt_lib.Checkpointer(workdir, max_to_keep=config.train.max_checkpoints)
+    self.best = {'loss': (float('inf'), None), 'bleu': (float('-inf'), None)}
+
+  # -- state --------------------------------------------------------------------------------
+  def restore_or_init(self):
+    t = self.config.train
+    abstract = state_lib.abstract_train_state(self.module, self.tx, t.seed, self.mesh)
+    restored = self.checkpointer.restore(abstract)
+    if restored is None:
+      return state_lib.create_train_state(self.module, self.tx, t.seed, self.mesh)
+    state, data_state, step = restored
+    if data_state is not None:
+      self.datasets.train_iter.set_state(data_state)
+    log(f'resumed from the checkpoint at step {step}')
+    return state
+
+  def save(self, state, step: int) -> None:
+    self.checkpointer.save(step, state, self.datasets.train_iter.get_state())
+
+  # -- evaluation ---------------------------------------------------------------------------
+  def evaluate(self, eval_step, state, step: int) -> dict[str, float]:
+    t0 = time.time()
+    cfg = self.config
+    results = evaluation.evaluate(eval_step, state.params, self.datasets.eval_batches(),
+                                  self.mesh, cfg.train.num_eval_batches)
+    results.pop('num_tokens', None)
+    if results['loss'] < self.best['loss'][0]:
+      self.best['loss'] = (results['loss'], step)
+    line = (f'eval step {step} | loss {results["loss"]:.4f} | accuracy {results["accuracy"]:.4f} '
+            f'| perplexity {results["perplexity"]:.2f}')
+    if self.model_config.kind == 'encoder_decoder' and cfg.decode.num_eval_sentences > 0:
+      score, signature = self.bleu(state)
+      if score is not None:
+        results['bleu'] = score
+        if score > self.best['bleu'][0]:
+          self.best['bleu'] = (score, step)
+        line += f' | BLEU {score:.2f} ({signature})'
+    log(line + f' | {time.time() - t0:.1f}s')
+    self.writer.scalars(step, 'eval', results)
+    self.writer.flush()
+    return results
+
+  def bleu(self, state) -> tuple[float | None, str]:
+    """BLEU of the first `num_eval_sentences` validation sentences, computed on process 0."""
+    if not metrics_lib.is_main_process():
+      return None, ''
+    dec = self.config.decode
+    if not hasattr(self, '_translate_fn'):
+      max_len = min(dec.max_len, self.model_config.max_len)
+      self._translate_fn = evaluation.make_translate_fn(
+          self.module, beam_size=dec.beam_size, alpha=dec.alpha, max_len=max_len)
+    examples = list(self.datasets.eval_examples())[:dec.num_eval_sentences]
+    if not examples:
+      return None, ''
+    hypotheses = evaluation.translate(
+        self._translate_fn, mesh_lib.to_local(state.params), self.datasets.tokenizer,
+        [e['source'] for e in examples], batch_size=min(dec.batch_size, len(examples)),
+        max_source_len=self.model_config.max_len)
+    return evaluation.bleu(hypotheses, [e['target'] for e in examples])
+
+  # -- the loop -----------------------------------------------------------------------------
+  def run(self) -> dict[str, Any]:
+    cfg, t = self.config, self.config.train
+    start_time = time.time()
+    replicated, batch_sharding = mesh_lib.replicated(self.mesh), mesh_lib.batch_sharding(self.mesh)
+    state = self.restore_or_init()
+    start_step = int(jax.device_get(state.step))
+    log(f'model: {self.model_config.kind}, {state_lib.count_params(state.params):,} parameters, '
+        f'compute dtype {self.model_config.dtype}')
+    log(mesh_lib.describe(self.mesh))
+    train_step = jax.jit(
+        steps.make_train_step(self.module, self.tx, self.schedule,
+                              label_smoothing=t.label_smoothing,
+                              grad_accum_steps=t.grad_accum_steps),
+        in_shardings=(replicated, batch_sharding), out_shardings=(replicated, replicated),
+        donate_argnums=0)
+    eval_step = jax.jit(steps.make_eval_step(self.module),
+                        in_shardings=(replicated, batch_sharding), out_shardings=replicated)
+    throughput = metrics_lib.Throughput(start_step)
+    window: list[dict[str, float]] = []
+    pending: list[tuple[int, Any]] = []  # (step, device metrics) not yet checked on the host
+    last_saved = start_step if start_step > 0 else None
+    last_eval = None
+    interrupted = None
+
+    def drain():
+      while pending:
+        done_step, device_metrics = pending.pop(0)
+        values = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
+        if not values.pop('finite'):
+          self.checkpointer.wait()
+          good = self.checkpointer.latest_step()
+          raise NonFiniteLossError(
+              f'non-finite loss ({values["loss"]}) or gradient norm ({values["grad_norm"]}) at '
+              f'step {done_step}; stopping. The last good checkpoint is '
+              f'{"step " + str(good) if good is not None else "none"} in '
+              f'{ckpt_lib.checkpoint_dir(self.workdir)}')
+        throughput.add_tokens(values['num_tokens'])
+        window.append(values)
+
+    if start_step >= t.num_steps:
+      log(f'already trained to step {start_step} (config.train.num_steps={t.num_steps})')
+    with _StopSignal() as stop:
+      step = start_step
+      while step < t.num_steps:
+        batch = mesh_lib.shard_batch(next(self.datasets.train_iter), self.mesh)
+        state, device_metrics = train_step(state, batch)
+        step += 1
+        if len(pending) > 0:
+          drain()  # the previous step's metrics: one step stays in flight
+        pending.append((step, device_metrics))
+        if step % t.log_every_steps == 0 or step == t.num_steps:
+          drain()
+          tokens_per_sec, elapsed, eta = throughput.mark(step, t.num_steps)
+          mean = {k: float(np.mean([w[k] for w in window])) for k in window[0]}
+          mean['learning_rate'] = window[-1]['learning_rate']
+          window.clear()
+          log(metrics_lib.progress_line(step, t.num_steps, mean, tokens_per_sec=tokens_per_sec,
+                                        elapsed=elapsed, eta=eta))
+          self.writer.scalars(step, 'train', {**mean, 'tokens_per_sec': tokens_per_sec})
+        if step % t.eval_every_steps == 0 or step == t.num_steps:
+          drain()
+          self.evaluate(eval_step, state, step)
+          last_eval = step
+        if step % t.checkpoint_every_steps == 0 or step == t.num_steps:
+          drain()
+          self.save(state, step)
+          last_saved = step
+        if stop.should_stop(sync=step % t.log_every_steps == 0):
+          drain()
+          if last_saved != step:
+            self.save(state, step)
+            last_saved = step
+          interrupted = signal.Signals(stop.signum).name if stop.signum else 'a signal'
+          log(f'stopped by {interrupted} at step {step}; checkpoint saved')
+          break
+      drain()
+      if interrupted is None and last_eval != step:
+        self.evaluate(eval_step, state, step)
+      if last_saved != step and step > 0:
+        self.save(state, step)
+      self.checkpointer.close()
+    self.writer.close()
+    summary = {'step': step, 'interrupted': interrupted, 'total_time': time.time() - start_time,
+               'best_eval_loss': self.best['loss'][0], 'best_eval_loss_step': self.best['loss'][1],
+               'best_bleu': self.best['bleu'][0] if self.best['bleu'][1] is not None else None,
+               'best_bleu_step': self.best['bleu'][1], 'state': state}
+    line = (f'done: step {step}/{t.num_steps} in {metrics_lib.format_duration(summary["total_time"])}'
+            f' | best val loss {self.best["loss"][0]:.4f} (step {self.best["loss"][1]})')
+    if summary['best_bleu'] is not None:
+      line += f' | best BLEU {summary["best_bleu"]:.2f} (step {summary["best_bleu_step"]})'
+    log(line)
+    return summary
+
+
+def train_and_evaluate(config, workdir: str, *, datasets=None) -> dict[str, Any]:
+  """Trains `config` in `workdir` (resuming from its newest good checkpoint) -> summary dict
+  with 'step', 'interrupted', 'total_time', best eval loss/BLEU and the final 'state'.
+
+  `datasets` (tests) replaces `input_pipeline.get_datasets(config, workdir=...)`.
+  Raises `model.ConfigError` (bad config, incompatible workdir), `CheckpointError`,
+  `NonFiniteLossError`.
+  """
+  return _Run(config, workdir, datasets).run()
