@@ -1,0 +1,431 @@
+"""Decoding on the KV cache: greedy, sampling (temperature, top-k, top-p) and beam search.
+
+Every function runs the whole generation inside one jitted `lax.while_loop` over the
+model's `cache` collection (no per-token Python round trips, no recomputation of the
+prefix) and stops early once every sequence of the batch has finished. Compiled
+functions are cached by `jax.jit` (static: the module, which hashes by its config, and
+the shapes), so repeated calls with the same shapes do not recompile.
+
+Models:
+  encoder-decoder  `inputs` `[batch, src_len]` (right-padded with 0) are encoded once;
+                   the decoder starts from the start token 0. The encoder-decoder
+                   attention keys/values are projected on the first step and cached.
+  decoder-only     `prompt` `[batch, prompt_len]` (right-padded with 0; rows may have
+                   different lengths, and a row may be empty). The decoder reads
+                   `[0] + prompt` and continues the prompt. The common prefix (the
+                   shortest prompt) is run in one prefill call; the rest of each longer
+                   prompt is force-fed token by token inside the loop, so every row keeps
+                   its true absolute positions (no left padding).
+  An encoder-decoder model also accepts a `prompt`: a forced target prefix.
+
+Outputs hold the generated tokens only (not the prompt), `[..., max_len]`; a
+sequence that emits EOS (id 1 by default; `eos_id=None` for vocabularies without
+one, e.g. characters) keeps the EOS and has zeros after it. The pad id 0 is never
+generated.
+
+Beam search keeps alive and finished beams (the Flax-WMT/t5x layout) with fairseq's
+selection rule: each step extends the `beam_size` (k) alive hypotheses and takes the
+best 2k candidates by log-probability; those among the best k that end (EOS, or
+`max_len` reached) join the finished set, scored `log P(y) / lp(y)` with the GNMT
+penalty `lp(y) = ((5 + |y|) / 6) ** alpha` (|y| counts the EOS); the best k that did
+not end stay alive. A batch row is done once it has k finished hypotheses (so beam
+size 1 is exactly greedy decoding), and the loop stops when every row is done.
+Only the self-attention key/value caches are reordered by beam; the cached
+encoder-decoder keys/values are the same for every beam of a sentence.
+"""
+
+from __future__ import annotations
+
+import functools
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+
+PAD_ID = 0
+EOS_ID = 1
+NEG_INF = -np.inf
+
+# Cache leaves that hold one row per hypothesis and follow the beams (see layers.py).
+_BEAM_CACHE_LEAVES = ('cached_key', 'cached_value')
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def length_penalty(length: Array, alpha: float) -> Array:
+  """GNMT length penalty `((5 + length) / 6) ** alpha`."""
+  return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+
+
+def _unwrap_params(params):
+  """Accepts the params tree or the variables dict `{'params': tree}`."""
+  if isinstance(params, dict) or hasattr(params, 'keys'):
+    keys = set(params.keys())
+    if keys == {'params'}:
+      return params['params']
+  return params
+
+
+def _kind(module) -> str:
+  return module.config.kind
+
+
+def _prompt_lengths(prompt: np.ndarray) -> np.ndarray:
+  """Per-row length of a right-padded prompt: the index of the last non-pad token + 1."""
+  if prompt.shape[1] == 0:
+    return np.zeros((prompt.shape[0],), np.int32)
+  nonpad = prompt != PAD_ID
+  last = prompt.shape[1] - np.argmax(nonpad[:, ::-1], axis=1)
+  return np.where(nonpad.any(axis=1), last, 0).astype(np.int32)
+
+
+def _prepare(module, inputs, prompt, max_len: int):
+  """Validates and normalises the arguments -> (inputs, prompt, lengths, prefill_len)."""
+  kind = _kind(module)
+  cfg = module.config
+  if kind == 'encoder_only':
+    raise ValueError('decoding needs a decoder: this is an encoder_only model')
+  if not isinstance(max_len, (int, np.integer)) or max_len <= 0:
+    raise ValueError(f'max_len must be a positive integer, got {max_len!r}')
+  if kind == 'decoder_only':
+    if prompt is None:
+      prompt, inputs = inputs, None
+    if inputs is not None:
+      raise ValueError('a decoder_only model takes a `prompt`, not `inputs`')
+    if prompt is None:
+      raise ValueError('a decoder_only model needs a `prompt` `[batch, len]` (it may have length 0)')
+  else:
+    if inputs is None:
+      raise ValueError('an encoder_decoder model needs `inputs` `[batch, src_len]`')
+    inputs = np.asarray(inputs)
+    if inputs.ndim != 2:
+      raise ValueError(f'inputs must be [batch, src_len], got shape {inputs.shape}')
+    if inputs.shape[1] > cfg.max_len:
+      raise ValueError(f'inputs have length {inputs.shape[1]} > the model\'s max_len '
+                       f'{cfg.max_len}; truncate them')
+    if prompt is None:
+      prompt = np.zeros((inputs.shape[0], 0), np.int32)
+  prompt = np.asarray(prompt)
+  if prompt.ndim != 2:
+    raise ValueError(f'prompt must be [batch, len], got shape {prompt.shape}')
+  if inputs is not None and inputs.shape[0] != prompt.shape[0]:
+    raise ValueError(f'inputs batch {inputs.shape[0]} != prompt batch {prompt.shape[0]}')
+  if prompt.shape[1] + max_len > cfg.max_len:
+    raise ValueError(
+        f'prompt length {prompt.shape[1]} + max_len {max_len} = {prompt.shape[1] + max_len} '
+        f'positions > the model\'s max_len {cfg.max_len}')
+  lengths = _prompt_lengths(prompt)
+  prefill_len = int(lengths.min()) if lengths.size else 0
+  if inputs is not None:
+    inputs = jnp.asarray(inputs, jnp.int32)
+  return inputs, jnp.asarray(prompt, jnp.int32), jnp.asarray(lengths), prefill_len
+
+
+def _encode(module, params, inputs):
+  if inputs is None:
+    return None
+  return module.apply({'params': params}, inputs, method=module.encode)
+
+
+def _init_cache(module, params, encoded, inputs, batch: int, cache_len: int):
+  """Zero cache for `batch` rows and `cache_len` positions (shapes only: no init compute)."""
+  dummy = jnp.zeros((batch, cache_len), jnp.int32)
+  rng = jax.random.PRNGKey(0)
+  if encoded is None:
+    fn = lambda: module.init(rng, dummy, decode=True)
+  else:
+    fn = lambda: module.init(rng, encoded, inputs, dummy, decode=True, method=module.decode)
+  shapes = jax.eval_shape(fn)['cache']
+  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
+def _decoder_step(module, params, cache, encoded, inputs, tokens):
+  """tokens `[batch, n]` (decoder inputs) -> (logits `[batch, n, vocab]` float32, cache)."""
+  variables = {'params': params, 'cache': cache}
+  if encoded is None:
+    logits, state = module.apply(variables, tokens, decode=True, mutable=['cache'])
+  else:
+    logits, state = module.apply(variables, encoded, inputs, tokens, decode=True,
+                                 method=module.decode, mutable=['cache'])
+  return logits.astype(jnp.float32), state['cache']
+
+
+def _prefill(module, params, inputs, prompt, prefill_len, max_len, batch_repeat=1):
+  """Encodes, makes the cache and runs `[0] + prompt[:, :prefill_len]`.
+
+  With `batch_repeat=k` every row is repeated k times (beam search), after encoding.
+  Returns (logits of the last position `[batch*k, vocab]`, cache, encoded, inputs).
+  """
+  encoded = _encode(module, params, inputs)
+  batch = prompt.shape[0]
+  if batch_repeat > 1:
+    rep = lambda x: None if x is None else jnp.repeat(x, batch_repeat, axis=0)
+    encoded, inputs = rep(encoded), rep(inputs)
+  cache_len = prompt.shape[1] + max_len
+  cache = _init_cache(module, params, encoded, inputs, batch * batch_repeat, cache_len)
+  first = jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), prompt[:, :prefill_len]], axis=1)
+  if batch_repeat > 1:
+    first = jnp.repeat(first, batch_repeat, axis=0)
+  logits, cache = _decoder_step(module, params, cache, encoded, inputs, first)
+  return logits[:, -1], cache, encoded, inputs
+
+
+def _forced_tokens(prompt, lengths, t):
+  """(forced `[batch]` bool, the prompt token at target index t `[batch]`)."""
+  forced = t < lengths
+  if prompt.shape[1] == 0:
+    return forced, jnp.zeros_like(lengths)
+  return forced, prompt[:, jnp.minimum(t, prompt.shape[1] - 1)]
+
+
+# ----------------------------------------------------------------------------- greedy / sample
+
+def _select(logits, rng, temperature, top_p, *, greedy: bool, top_k: int | None,
+            use_top_p: bool):
+  """Next token `[batch]` from logits `[batch, vocab]` (pad excluded)."""
+  logits = logits.at[:, PAD_ID].set(NEG_INF)
+  if greedy:
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  logits = logits / temperature
+  if top_k is not None:
+    kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
+    logits = jnp.where(logits < kth, NEG_INF, logits)
+  if use_top_p:
+    # Nucleus: the smallest set of most likely tokens whose probability reaches top_p.
+    sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]
+    probs = jax.nn.softmax(sorted_logits, axis=-1)
+    before = jnp.cumsum(probs, axis=-1) - probs  # mass of the strictly better tokens
+    keep = before < top_p
+    threshold = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+    logits = jnp.where(logits < threshold, NEG_INF, logits)
+  return jax.random.categorical(rng, logits, axis=-1).astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=('module', 'max_len', 'prefill_len', 'greedy',
+                                             'top_k', 'use_top_p', 'eos_id'))
+def _generate(module, params, inputs, prompt, lengths, rng, temperature, top_p, *,
+              max_len, prefill_len, greedy, top_k, use_top_p, eos_id):
+  logits, cache, encoded, inputs = _prefill(module, params, inputs, prompt, prefill_len, max_len)
+  batch = prompt.shape[0]
+  positions = jnp.arange(max_len)
+
+  def choose(t, logits, out, done):
+    forced, forced_tok = _forced_tokens(prompt, lengths, t)
+    chosen = _select(logits, jax.random.fold_in(rng, t), temperature, top_p, greedy=greedy,
+                     top_k=top_k, use_top_p=use_top_p)
+    tok = jnp.where(forced, forced_tok, chosen)
+    g = t - lengths  # index among the generated tokens
+    write = (g >= 0) & ~done
+    out = jnp.where((positions[None, :] == g[:, None]) & write[:, None], tok[:, None], out)
+    finished = g >= max_len - 1
+    if eos_id is not None:
+      finished |= write & (tok == eos_id)
+    return tok, out, done | finished
+
+  out = jnp.zeros((batch, max_len), jnp.int32)
+  tok, out, done = choose(prefill_len, logits, out, jnp.zeros((batch,), jnp.bool_))
+
+  def cond(state):
+    return ~jnp.all(state[4])
+
+  def body(state):
+    t, tok, cache, out, done = state
+    logits, cache = _decoder_step(module, params, cache, encoded, inputs, tok[:, None])
+    tok, out, done = choose(t + 1, logits[:, -1], out, done)
+    return t + 1, tok, cache, out, done
+
+  state = (jnp.asarray(prefill_len, jnp.int32), tok, cache, out, done)
+  return jax.lax.while_loop(cond, body, state)[3]
+
+
+def greedy_decode(module, params, inputs=None, *, prompt=None, max_len: int,
+                  eos_id: int | None = EOS_ID) -> Array:
+  """Greedy decoding -> generated tokens `[batch, max_len]` (EOS kept, zeros after it).
+
+  Args:
+    module: an encoder-decoder or decoder-only model from `model.build_model`.
+    params: its parameters (the tree, or `{'params': tree}`).
+    inputs: encoder-decoder source tokens `[batch, src_len]`, right-padded with 0.
+      For a decoder-only model, a positional `inputs` is taken as the prompt.
+    prompt: decoder-only prompt `[batch, len]` right-padded with 0 (rows may differ in
+      length); for an encoder-decoder, an optional forced target prefix.
+    max_len: number of tokens to generate (prompt length + max_len must fit in the
+      model's `max_len` positions).
+    eos_id: the id that ends a sequence, or None (e.g. character vocabularies).
+  """
+  params = _unwrap_params(params)
+  inputs, prompt, lengths, prefill_len = _prepare(module, inputs, prompt, max_len)
+  return _generate(module, params, inputs, prompt, lengths, jax.random.PRNGKey(0),
+                   jnp.float32(1.0), jnp.float32(1.0), max_len=max_len,
+                   prefill_len=prefill_len, greedy=True, top_k=None, use_top_p=False,
+                   eos_id=eos_id)
+
+
+def sample(module, params, prompt=None, *, inputs=None, rng, max_len: int,
+           temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+           eos_id: int | None = EOS_ID) -> Array:
+  """Ancestral sampling -> generated tokens `[batch, max_len]` (EOS kept, zeros after it).
+
+  `logits / temperature`, restricted to the `top_k` most likely tokens and/or the nucleus
+  of probability `top_p`; `temperature=0` is greedy. For an encoder-decoder model give
+  the source as `inputs` (a positional argument is taken as the source when `inputs` is
+  None). The same `rng` gives the same tokens.
+  """
+  params = _unwrap_params(params)
+  if _kind(module) == 'encoder_decoder' and inputs is None:
+    inputs, prompt = prompt, None
+  if top_k is not None and top_k <= 0:
+    top_k = None
+  if top_k is not None:
+    top_k = min(int(top_k), module.config.vocab_size)
+  if top_p is not None and not 0.0 < top_p <= 1.0:
+    raise ValueError(f'top_p must be in (0, 1], got {top_p}')
+  if temperature < 0:
+    raise ValueError(f'temperature must be >= 0, got {temperature}')
+  inputs, prompt, lengths, prefill_len = _prepare(module, inputs, prompt, max_len)
+  greedy = temperature == 0
+  return _generate(module, params, inputs, prompt, lengths, rng,
+                   jnp.float32(temperature if not greedy else 1.0),
+                   jnp.float32(1.0 if top_p is None else top_p), max_len=max_len,
+                   prefill_len=prefill_len, greedy=greedy, top_k=top_k,
+                   use_top_p=top_p is not None and top_p < 1.0, eos_id=eos_id)
+
+
+# ----------------------------------------------------------------------------- beam search
+
+def _gather_beams(tree, batch_index):
+  """Reorders the per-hypothesis cache leaves by `batch_index` `[batch * beam]`."""
+  def gather(path, x):
+    name = getattr(path[-1], 'key', None)
+    if name in _BEAM_CACHE_LEAVES:
+      return jnp.take(x, batch_index, axis=0)
+    return x
+  return jax.tree_util.tree_map_with_path(gather, tree)
+
+
+@functools.partial(jax.jit, static_argnames=('module', 'beam_size', 'max_len', 'prefill_len',
+                                             'eos_id'))
+def _beam_search(module, params, inputs, prompt, lengths, alpha, *, beam_size, max_len,
+                 prefill_len, eos_id):
+  k = beam_size
+  batch = prompt.shape[0]
+  logits, cache, encoded, inputs = _prefill(module, params, inputs, prompt, prefill_len,
+                                            max_len, batch_repeat=k)
+  vocab = logits.shape[-1]
+  positions = jnp.arange(max_len)
+  rows = jnp.arange(batch)[:, None]
+
+  def step(t, logits, alive_seq, alive_lp, fin_seq, fin_score):
+    """One extension of every alive beam -> the new beams and the next decoder inputs."""
+    lp = jax.nn.log_softmax(logits).reshape(batch, k, vocab)
+    lp = lp.at[:, :, PAD_ID].set(NEG_INF)
+    forced, forced_tok = _forced_tokens(prompt, lengths, t)
+    if prompt.shape[1]:
+      onehot = jnp.arange(vocab)[None, :] == forced_tok[:, None]
+      forced_lp = jnp.where(onehot, 0.0, NEG_INF)[:, None, :]
+      lp = jnp.where(forced[:, None, None], forced_lp, lp)
+    cand = (alive_lp[:, :, None] + lp).reshape(batch, k * vocab)
+    top_lp, top_idx = jax.lax.top_k(cand, 2 * k)  # [batch, 2k]
+    beam, tok = top_idx // vocab, top_idx % vocab
+    g = t - lengths  # [batch]
+    seq = jnp.take_along_axis(alive_seq, beam[:, :, None], axis=1)
+    seq = jnp.where(positions[None, None, :] == g[:, None, None], tok[:, :, None], seq)
+    at_end = (g >= max_len - 1)[:, None]
+    ends = at_end & ~forced[:, None]
+    if eos_id is not None:
+      ends |= (tok == eos_id) & ~forced[:, None]
+    # As in fairseq, a hypothesis that ends is finished only when it is among the best
+    # `k` candidates of this step (so beam size 1 is greedy decoding).
+    finishing = ends & (jnp.arange(2 * k) < k)[None, :]
+    # Finished: merge the new ones into the best k so far.
+    new_score = jnp.where(finishing, top_lp / length_penalty(g + 1, alpha)[:, None], NEG_INF)
+    all_score = jnp.concatenate([fin_score, new_score], axis=1)
+    all_seq = jnp.concatenate([fin_seq, seq], axis=1)
+    fin_score, idx = jax.lax.top_k(all_score, k)
+    fin_seq = all_seq[rows, idx]
+    # Alive: the best k candidates that did not end.
+    alive_lp, idx = jax.lax.top_k(jnp.where(ends, NEG_INF, top_lp), k)
+    alive_seq = seq[rows, idx]
+    origin = beam[rows, idx]  # [batch, k] index of the parent beam
+    next_tok = tok[rows, idx]
+    # A row is done with k finished hypotheses, or nothing left alive, or at max_len.
+    done = ((g >= max_len - 1) | jnp.isfinite(fin_score[:, -1]) |
+            ~jnp.isfinite(alive_lp[:, 0]))
+    done &= ~(t + 1 < lengths)
+    return alive_seq, alive_lp, fin_seq, fin_score, origin, next_tok.reshape(-1), done
+
+  alive_seq = jnp.zeros((batch, k, max_len), jnp.int32)
+  alive_lp = jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), jnp.float32), (batch, 1))
+  fin_seq = jnp.zeros((batch, k, max_len), jnp.int32)
+  fin_score = jnp.full((batch, k), NEG_INF, jnp.float32)
+  beams = step(prefill_len, logits, alive_seq, alive_lp, fin_seq, fin_score)
+
+  def cond(state):
+    return ~jnp.all(state[2][-1])
+
+  def body(state):
+    t, cache, (alive_seq, alive_lp, fin_seq, fin_score, origin, tok, _) = state
+    cache = _gather_beams(cache, (rows * k + origin).reshape(-1))
+    logits, cache = _decoder_step(module, params, cache, encoded, inputs, tok[:, None])
+    t = t + 1
+    return t, cache, step(t, logits[:, -1], alive_seq, alive_lp, fin_seq, fin_score)
+
+  state = (jnp.asarray(prefill_len, jnp.int32), cache, beams)
+  _, _, (_, _, fin_seq, fin_score, _, _, _) = jax.lax.while_loop(cond, body, state)
+  fin_seq = jnp.where(jnp.isfinite(fin_score)[:, :, None], fin_seq, 0)
+  return fin_seq, fin_score
+
+
+def beam_search_decode(module, params, inputs=None, *, beam_size: int, alpha: float,
+                       max_len: int, prompt=None, eos_id: int | None = EOS_ID):
+  """Beam search -> (tokens `[batch, beam, max_len]`, scores `[batch, beam]`), best first.
+
+  `scores` are `sum log P(token) / ((5 + len) / 6) ** alpha` of each returned sequence
+  (log-softmax of the model's logits; `len` counts the EOS; a sequence that reaches
+  `max_len` without EOS ends there). Tokens are zero after EOS. When fewer than
+  `beam_size` distinct sequences exist (tiny vocabularies) the extra entries have score
+  -inf and all-zero tokens. Arguments as in `greedy_decode`.
+  """
+  params = _unwrap_params(params)
+  if not isinstance(beam_size, (int, np.integer)) or beam_size <= 0:
+    raise ValueError(f'beam_size must be a positive integer, got {beam_size!r}')
+  inputs, prompt, lengths, prefill_len = _prepare(module, inputs, prompt, max_len)
+  return _beam_search(module, params, inputs, prompt, lengths, jnp.float32(alpha),
+                      beam_size=int(beam_size), max_len=max_len, prefill_len=prefill_len,
+                      eos_id=eos_id)
+
+
+# ----------------------------------------------------------------------------- scoring
+
+def sequence_log_probs(module, params, inputs=None, *, prompt=None, tokens) -> Array:
+  """Full-forward-pass log P of candidate continuations `tokens` `[batch, n, len]` -> `[batch, n]`.
+
+  Sums the log-softmax of the teacher-forced logits up to and including the first EOS
+  (all tokens when there is none); the zeros after EOS are ignored. For a decoder-only
+  model the tokens continue each row's `prompt`. For tests and rescoring.
+  """
+  params = _unwrap_params(params)
+  tokens = np.asarray(tokens, np.int32)
+  batch, n, length = tokens.shape
+  flat = tokens.reshape(batch * n, length)
+  if _kind(module) == 'decoder_only':
+    prompt = np.asarray(prompt, np.int32).reshape(batch, -1)
+    lengths = _prompt_lengths(prompt)
+    full = np.zeros((batch * n, prompt.shape[1] + length), np.int32)
+    for r in range(batch * n):
+      b = r // n
+      full[r, :lengths[b]] = prompt[b, :lengths[b]]
+      full[r, lengths[b]:lengths[b] + length] = flat[r]
+    logits = module.apply({'params': params}, jnp.asarray(full))
+    lp = jnp.take_along_axis(jax.nn.log_softmax(logits), full[..., None], -1)[..., 0]
+    cols = np.repeat(lengths, n)[:, None] + np.arange(length)[None, :]
+    lp = jnp.take_along_axis(lp, jnp.asarray(cols), axis=1)
+  else:
+    src = jnp.repeat(jnp.asarray(inputs, jnp.int32), n, axis=0)
+    logits = module.apply({'params': params}, src, jnp.asarray(flat))
+    lp = jnp.take_along_axis(jax.nn.log_softmax(logits), flat[..., None], -1)[..., 0]
+  is_eos = flat == EOS_ID
+  after_eos = np.cumsum(is_eos, axis=1) - is_eos > 0
+  lp = jnp.where(after_eos, 0.0, lp)
+  return lp.sum(axis=1).reshape(batch, n)

@@ -1,0 +1,264 @@
+"""model.decoding: cached greedy/sampling/beam search against the full forward pass."""
+
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from model import ModelConfig, build_model
+from model import decoding
+
+EOS = 1
+
+
+def _model(kind='encoder_decoder', vocab=20, max_len=24, seed=0, eos_boost=1.0, **kw):
+  cfg = ModelConfig(kind=kind, vocab_size=vocab, num_encoder_layers=2, num_decoder_layers=2,
+                    d_model=32, num_heads=4, d_ff=64, dropout_rate=0.0, max_len=max_len, **kw)
+  module = build_model(cfg)
+  if kind == 'encoder_decoder':
+    args = (jnp.ones((1, 4), jnp.int32), jnp.ones((1, 4), jnp.int32))
+  else:
+    args = (jnp.ones((1, 4), jnp.int32),)
+  params = module.init(jax.random.PRNGKey(seed), *args)['params']
+  # Larger weights give peakier, more varied distributions than the near-uniform init.
+  params = jax.tree.map(lambda x: x * 2.0, params)
+  if eos_boost != 1.0:  # make EOS likely enough that some (not all) sequences end early
+    emb = params['embed']['embedding']
+    params['embed']['embedding'] = emb.at[EOS].multiply(eos_boost)
+  return module, params
+
+
+def _sources(batch=3, length=7, vocab=20, seed=0):
+  rng = np.random.RandomState(seed)
+  src = rng.randint(3, vocab, size=(batch, length)).astype(np.int32)
+  for i in range(1, batch):  # different source lengths in one batch
+    src[i, length - 2 * i:] = 0
+  return src
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _forward_log_probs(module, params, *args):
+  return jax.nn.log_softmax(module.apply({'params': params}, *args))
+
+
+def _log_probs_full(module, params, inputs, targets):
+  """log_softmax of the full teacher-forced forward pass `[batch, len, vocab]`."""
+  targets = np.asarray(targets)
+  # A pad target would mask its own query; fill it (only future positions read it).
+  filled = np.where(targets == 0, 3, targets)
+  args = (filled,) if inputs is None else (np.asarray(inputs), filled)
+  return np.asarray(_forward_log_probs(module, params, *args))
+
+
+def _greedy_full(module, params, inputs, max_len, eos=EOS):
+  """Greedy decoding by re-running the full forward pass for every token."""
+  out = np.zeros((inputs.shape[0], max_len), np.int32)
+  done = np.zeros(inputs.shape[0], bool)
+  for t in range(max_len):
+    lp = _log_probs_full(module, params, inputs, out)[:, t].copy()
+    lp[:, 0] = -np.inf
+    tok = lp.argmax(-1)
+    out[:, t] = np.where(done, 0, tok)
+    done |= tok == eos
+  return out
+
+
+def _score(lp_rows, seq, alpha):
+  """sum log P up to and including EOS, over the GNMT length penalty."""
+  total, n = 0.0, 0
+  for t, tok in enumerate(seq):
+    total += lp_rows[t, tok]
+    n += 1
+    if tok == EOS:
+      break
+  return total / ((5 + n) / 6) ** alpha
+
+
+# ----------------------------------------------------------------------------- cache
+
+def test_cached_step_by_step_equals_full_forward_encoder_decoder():
+  module, params = _model()
+  src = _sources()
+  tgt = np.random.RandomState(1).randint(2, 20, size=(3, 6)).astype(np.int32)
+  full = module.apply({'params': params}, src, tgt)
+  encoded = module.apply({'params': params}, src, method=module.encode)
+  cache = decoding._init_cache(module, params, encoded, src, 3, 6)
+  dec_in = np.pad(tgt, ((0, 0), (1, 0)))[:, :-1]
+  for t in range(6):
+    logits, cache = decoding._decoder_step(module, params, cache, encoded, src, dec_in[:, t:t + 1])
+    np.testing.assert_allclose(logits[:, 0], full[:, t], atol=1e-4, rtol=1e-4)
+
+
+def test_cached_prefill_then_steps_equals_full_forward_decoder_only():
+  module, params = _model('decoder_only', positional_encoding='learned', norm_position='pre')
+  tokens = np.random.RandomState(2).randint(2, 20, size=(2, 8)).astype(np.int32)
+  full = module.apply({'params': params}, tokens)
+  cache = decoding._init_cache(module, params, None, None, 2, 8)
+  dec_in = np.pad(tokens, ((0, 0), (1, 0)))[:, :-1]
+  logits, cache = decoding._decoder_step(module, params, cache, None, None, dec_in[:, :3])
+  np.testing.assert_allclose(logits, full[:, :3], atol=1e-4, rtol=1e-4)
+  for t in range(3, 8):
+    logits, cache = decoding._decoder_step(module, params, cache, None, None, dec_in[:, t:t + 1])
+    np.testing.assert_allclose(logits[:, 0], full[:, t], atol=1e-4, rtol=1e-4)
+
+
+# ----------------------------------------------------------------------------- greedy
+
+def test_greedy_equals_full_forward_greedy_with_eos():
+  module, params = _model(eos_boost=1.6)
+  src = _sources(batch=4)
+  out = np.asarray(decoding.greedy_decode(module, params, src, max_len=8))
+  ref = _greedy_full(module, params, src, 8)
+  np.testing.assert_array_equal(out, ref)
+  assert out.shape == (4, 8)
+  ended = (out == EOS).any(axis=1)
+  assert ended.any() and not ended.all(), out  # exercises both EOS and max_len endings
+  for row in out:  # zeros after EOS
+    if (row == EOS).any():
+      assert (row[np.argmax(row == EOS) + 1:] == 0).all()
+  assert (out != 0).sum() > 0 and not (out[:, 0] == 0).any()
+
+
+def test_greedy_decoder_only_prompts_of_different_lengths():
+  module, params = _model('decoder_only', vocab=20, max_len=20)
+  prompts = [[5, 6, 7, 8, 9], [3], [4, 4, 12], []]
+  width = max(map(len, prompts))
+  batch = np.zeros((len(prompts), width), np.int32)
+  for i, p in enumerate(prompts):
+    batch[i, :len(p)] = p
+  out = np.asarray(decoding.greedy_decode(module, params, prompt=batch, max_len=6, eos_id=None))
+  alone = np.asarray(decoding.greedy_decode(module, params, prompt=batch[:1, :5], max_len=6,
+                                            eos_id=None))
+  np.testing.assert_array_equal(out[0], alone[0])
+  for i, p in enumerate(prompts):
+    # Against the full forward pass on [0] + prompt + generated (fixed width: one compile).
+    seq = list(p)
+    for _ in range(6):
+      padded = np.array([seq + [3] * (12 - len(seq))], np.int32)
+      lp = _log_probs_full(module, params, None, padded)[0, len(seq)].copy()
+      lp[0] = -np.inf
+      seq.append(int(lp.argmax()))
+    np.testing.assert_array_equal(out[i], seq[len(p):])
+
+
+def test_too_long_is_a_clear_error():
+  module, params = _model(max_len=10)
+  with pytest.raises(ValueError, match='max_len'):
+    decoding.greedy_decode(module, params, _sources(length=7), max_len=11)
+  with pytest.raises(ValueError, match='max_len'):
+    decoding.greedy_decode(module, params, _sources(length=11), max_len=4)
+
+
+# ----------------------------------------------------------------------------- beam search
+
+def test_beam_size_one_equals_greedy():
+  module, params = _model(eos_boost=1.6)
+  src = _sources(batch=4)
+  tokens, scores = decoding.beam_search_decode(module, params, src, beam_size=1, alpha=0.6, max_len=8)
+  greedy = decoding.greedy_decode(module, params, src, max_len=8)
+  np.testing.assert_array_equal(np.asarray(tokens)[:, 0], np.asarray(greedy))
+  assert tokens.shape == (4, 1, 8) and scores.shape == (4, 1)
+
+
+@pytest.mark.parametrize('alpha', [0.0, 0.6, 2.0])
+def test_beam_search_matches_exhaustive_enumeration(alpha):
+  vocab, max_len = 6, 3  # tokens 1..5; 2..5 continue a sequence
+  module, params = _model(vocab=vocab, eos_boost=1.3, seed=3)
+  src = _sources(batch=3, vocab=vocab)
+  # Every sequence: ends with EOS before max_len, or has max_len tokens.
+  seqs = []
+  for n in range(1, max_len + 1):
+    for body in itertools.product(range(2, vocab), repeat=n - 1):
+      ends = [EOS] if n < max_len else range(1, vocab)
+      for last in ends:
+        seqs.append(list(body) + [last] + [0] * (max_len - n))
+  seqs = np.array(seqs, np.int32)
+  # Wide enough to keep every candidate of every step: the search is exhaustive.
+  beam = (vocab - 1) * (vocab - 2) ** (max_len - 2)
+  tokens, scores = decoding.beam_search_decode(module, params, src, beam_size=beam, alpha=alpha,
+                                               max_len=max_len)
+  tokens, scores = np.asarray(tokens), np.asarray(scores)
+  for b in range(src.shape[0]):
+    lp = _log_probs_full(module, params, np.repeat(src[b:b + 1], len(seqs), 0), seqs)
+    ref = np.array([_score(lp[i], seqs[i], alpha) for i in range(len(seqs))])
+    order = np.argsort(-ref)[:beam]
+    np.testing.assert_array_equal(tokens[b, 0], seqs[order[0]])  # the best sequence
+    np.testing.assert_allclose(scores[b], ref[order], rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(tokens[b], seqs[order])
+  # A narrower beam still returns real, correctly scored sequences.
+  tokens4, scores4 = decoding.beam_search_decode(module, params, src, beam_size=4, alpha=alpha,
+                                                 max_len=max_len)
+  assert np.all(np.diff(np.asarray(scores4), axis=1) <= 1e-6)
+
+
+def test_beam_scores_sorted_and_equal_model_log_probs():
+  module, params = _model(eos_boost=1.5, seed=1)
+  src = _sources(batch=3)
+  alpha = 0.6
+  tokens, scores = decoding.beam_search_decode(module, params, src, beam_size=4, alpha=alpha,
+                                               max_len=7)
+  tokens, scores = np.asarray(tokens), np.asarray(scores)
+  assert np.isfinite(scores).all()
+  assert np.all(np.diff(scores, axis=1) <= 1e-6)
+  for b in range(3):
+    lp = _log_probs_full(module, params, np.repeat(src[b:b + 1], 4, 0), tokens[b])
+    ref = [_score(lp[j], tokens[b, j], alpha) for j in range(4)]
+    np.testing.assert_allclose(scores[b], ref, rtol=1e-4, atol=1e-4)
+    assert len({tuple(t) for t in tokens[b]}) == 4  # distinct hypotheses
+  # decoding.sequence_log_probs agrees with the hand-made scorer.
+  lens = np.where((tokens == EOS).any(-1), np.argmax(tokens == EOS, -1) + 1, tokens.shape[-1])
+  lp = np.asarray(decoding.sequence_log_probs(module, params, src, tokens=tokens))
+  np.testing.assert_allclose(lp / ((5 + lens) / 6) ** alpha, scores, rtol=1e-4, atol=1e-4)
+
+
+def test_beam_search_decoder_only_with_prompts():
+  module, params = _model('decoder_only', vocab=12, max_len=16, eos_boost=1.4)
+  prompt = np.array([[4, 5, 6], [7, 0, 0]], np.int32)
+  tokens, scores = decoding.beam_search_decode(module, params, prompt=prompt, beam_size=3,
+                                               alpha=0.6, max_len=5)
+  tokens, scores = np.asarray(tokens), np.asarray(scores)
+  lens = np.where((tokens == EOS).any(-1), np.argmax(tokens == EOS, -1) + 1, tokens.shape[-1])
+  lp = np.asarray(decoding.sequence_log_probs(module, params, prompt=prompt, tokens=tokens))
+  np.testing.assert_allclose(lp / ((5 + lens) / 6) ** 0.6, scores, rtol=1e-4, atol=1e-4)
+  alone, _ = decoding.beam_search_decode(module, params, prompt=prompt[1:, :1], beam_size=3,
+                                         alpha=0.6, max_len=5)
+  np.testing.assert_array_equal(np.asarray(alone)[0], tokens[1])
+
+
+# ----------------------------------------------------------------------------- sampling
+
+def test_sampling_reproducible_and_top_k():
+  module, params = _model('decoder_only', vocab=20, max_len=24)
+  prompt = np.tile(np.array([[5, 6, 7]], np.int32), (16, 1))
+  prompt[8:, 1:] = 0  # two prompt lengths
+  kw = dict(max_len=10, temperature=1.0, top_k=3, eos_id=None)
+  a = np.asarray(decoding.sample(module, params, prompt, rng=jax.random.PRNGKey(0), **kw))
+  b = np.asarray(decoding.sample(module, params, prompt, rng=jax.random.PRNGKey(0), **kw))
+  c = np.asarray(decoding.sample(module, params, prompt, rng=jax.random.PRNGKey(1), **kw))
+  np.testing.assert_array_equal(a, b)
+  assert (a != c).any()
+  assert len({tuple(r) for r in a[:8]}) > 1  # it samples, not argmax
+  for i in range(16):
+    p = [t for t in prompt[i] if t]
+    seq = p + a[i].tolist()
+    lp = _log_probs_full(module, params, None, np.array([seq + [3] * (13 - len(seq))]))[0].copy()
+    lp[:, 0] = -np.inf
+    for t in range(len(p), len(seq)):
+      top3 = np.argsort(-lp[t])[:3]
+      assert seq[t] in top3, (i, t, seq[t], top3)
+
+
+def test_sampling_top_p_and_temperature_zero():
+  module, params = _model(eos_boost=1.5)
+  src = _sources(batch=4)
+  greedy = np.asarray(decoding.greedy_decode(module, params, src, max_len=6))
+  zero_t = np.asarray(decoding.sample(module, params, src, rng=jax.random.PRNGKey(3), max_len=6,
+                                      temperature=0.0))
+  np.testing.assert_array_equal(greedy, zero_t)
+  # A tiny nucleus keeps only the most likely token: greedy again.
+  tiny_p = np.asarray(decoding.sample(module, params, inputs=src, rng=jax.random.PRNGKey(3),
+                                      max_len=6, top_p=1e-6))
+  np.testing.assert_array_equal(greedy, tiny_p)
