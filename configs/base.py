@@ -49,6 +49,9 @@ def base_config() -> ml_collections.ConfigDict:
   d.test_files = config_dict.placeholder(str)
   d.shuffle_buffer = 0  # 0 = global shuffle of the index (Grain)
   d.num_workers = 0  # Grain worker processes (0 = in-process)
+  d.packing_window = 1024  # examples packed together (first-fit decreasing), per process
+  d.tokenizer_model_type = 'bpe'  # sentencepiece model: 'bpe' (the paper) | 'unigram'
+  d.tokenizer_max_sentences = 1_000_000  # train examples sampled to train sentencepiece (0 = all)
 
   config.optimizer = o = ml_collections.ConfigDict()
   o.name = 'adam'  # 'adam' | 'adamw'

@@ -1,0 +1,129 @@
+"""tfds builders for the bundled corpora and for local parallel text files.
+
+All builders are `GeneratorBasedBuilder`s that prepare ArrayRecord files
+(`file_format='array_record'`) from local files, with no network and no
+TensorFlow. They are not registered in the tfds catalog (the catalog already
+has a `tiny_shakespeare`); `sources.py` maps `config.data.dataset` names to
+them.
+
+Features (all `tfds.features.Text`, read back as UTF-8 bytes):
+  Multi30k:        {'en', 'de'}; splits train / validation / test
+                   (29,000 / 1,014 / 1,000; test = test_2016_flickr).
+  ShakespeareChar: {'text'}; one example per split: train = first 90% of the
+                   characters of input.txt, validation = last 10% (nanoGPT).
+  ParallelText:    {'source', 'target'}; splits from the files in its config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tensorflow_datasets as tfds
+
+from input_pipeline import textfiles
+
+_MULTI30K_CITATION = """@inproceedings{elliott-etal-2016-multi30k,
+  title = {Multi30K: Multilingual English-German Image Descriptions},
+  author = {Elliott, Desmond and Frank, Stella and Sima'an, Khalil and Specia, Lucia},
+  booktitle = {Proceedings of the 5th Workshop on Vision and Language},
+  year = {2016}, doi = {10.18653/v1/W16-3210}}"""
+
+MULTI30K_FILES = {  # split -> file prefix in data/multi30k/
+    'train': 'train',
+    'validation': 'val',
+    'test': 'test_2016_flickr',
+}
+
+
+def _text_features(*names: str) -> tfds.features.FeaturesDict:
+  return tfds.features.FeaturesDict({n: tfds.features.Text() for n in names})
+
+
+class Multi30k(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+  """Multi30k task 1 En-De (raw, cased) from the bundled `data/multi30k/`."""
+
+  VERSION = tfds.core.Version('1.0.0')
+  RELEASE_NOTES = {'1.0.0': 'Bundled raw task-1 files, lines stripped.'}
+  disable_shuffling = True  # keep file order (test output lines up with references)
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return self.dataset_info_from_configs(
+        features=_text_features('en', 'de'),
+        supervised_keys=('en', 'de'),
+        homepage='https://github.com/multi30k/dataset',
+        citation=_MULTI30K_CITATION,
+    )
+
+  def _split_generators(self, dl_manager):
+    del dl_manager  # bundled files; nothing to download
+    return {split: self._generate_examples(prefix) for split, prefix in MULTI30K_FILES.items()}
+
+  def _generate_examples(self, prefix: str):
+    pairs = textfiles.read_parallel(
+        textfiles.bundled_path('multi30k', f'{prefix}.en.gz'),
+        textfiles.bundled_path('multi30k', f'{prefix}.de.gz'))
+    for i, (en, de) in enumerate(pairs):
+      yield i, {'en': en, 'de': de}
+
+
+class ShakespeareChar(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+  """Tiny Shakespeare from the bundled `data/tinyshakespeare/input.txt`."""
+
+  VERSION = tfds.core.Version('1.0.0')
+  RELEASE_NOTES = {'1.0.0': 'nanoGPT split: first 90% train, last 10% validation.'}
+  disable_shuffling = True
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return self.dataset_info_from_configs(
+        features=_text_features('text'),
+        homepage='https://github.com/karpathy/char-rnn',
+        citation='Andrej Karpathy, char-rnn, https://github.com/karpathy/char-rnn (2015).',
+    )
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    text = textfiles.read_text(textfiles.bundled_path('tinyshakespeare', 'input.txt'))
+    n = int(len(text) * 0.9)  # as nanoGPT's data/shakespeare_char/prepare.py
+    return {
+        'train': self._generate_examples(text[:n]),
+        'validation': self._generate_examples(text[n:]),
+    }
+
+  def _generate_examples(self, text: str):
+    yield 0, {'text': text}
+
+
+@dataclasses.dataclass(eq=False)
+class ParallelTextConfig(tfds.core.BuilderConfig):
+  """`files`: ((split, source_file, target_file), ...). `name` keys the data dir."""
+
+  files: tuple[tuple[str, str, str], ...] = ()
+
+
+def parallel_text_config(files: dict[str, tuple[str, str]]) -> ParallelTextConfig:
+  """A config named by a hash of the files' contents, so files never collide."""
+  flat = tuple((split, src, tgt) for split, (src, tgt) in sorted(files.items()))
+  key = textfiles.files_fingerprint([p for _, s, t in flat for p in (s, t)])
+  splits = '_'.join(split for split, _, _ in flat)
+  return ParallelTextConfig(name=f'{splits}_{key}', files=flat,
+                            description='; '.join(f'{s}: {a}, {b}' for s, a, b in flat))
+
+
+class ParallelText(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+  """Any pair of aligned local text files (plain or .gz), one sentence a line."""
+
+  VERSION = tfds.core.Version('1.0.0')
+  RELEASE_NOTES = {'1.0.0': 'Lines stripped; pairs with an empty side skipped.'}
+  disable_shuffling = True
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return self.dataset_info_from_configs(
+        features=_text_features('source', 'target'), supervised_keys=('source', 'target'))
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    return {split: self._generate_examples(src, tgt) for split, src, tgt in self.builder_config.files}
+
+  def _generate_examples(self, source_path: str, target_path: str):
+    for i, (src, tgt) in enumerate(textfiles.read_parallel(source_path, target_path)):
+      yield i, {'source': src, 'target': tgt}

@@ -1,0 +1,147 @@
+"""`get_datasets(config, workdir=...)`: the trainer's one entry point to data."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterator
+
+from input_pipeline import pipeline, sources, tokenizers
+from input_pipeline.errors import DataError
+
+
+@dataclasses.dataclass
+class Datasets:
+  """Tokenizer, training iterator and evaluation data of one process.
+
+  Attributes:
+    tokenizer: see `input_pipeline.tokenizers`.
+    train_iter: infinite `TrainIterator` of per-process batches (dicts of numpy
+      arrays `[batch_size // process_count, length]`) with `get_state()` /
+      `set_state(state)`.
+    batch_size: rows per batch on this process.
+  """
+
+  tokenizer: tokenizers.Tokenizer
+  train_iter: pipeline.TrainIterator
+  batch_size: int
+  config: Any  # the full ml_collections config
+  process_index: int
+  process_count: int
+  _streams: dict = dataclasses.field(default_factory=dict, repr=False)
+
+  @property
+  def is_language_model(self) -> bool:
+    return self.config.model.kind == 'decoder_only'
+
+  def _split(self, split: str | None) -> str:
+    return split or self.config.data.eval_split
+
+  def _stream(self, split: str):
+    if split not in self._streams:
+      source = sources.get_source(self.config.data, split)
+      self._streams[split] = pipeline.lm_stream(source, self.tokenizer,
+                                                sources.text_keys(self.config.data)[0])
+    return self._streams[split]
+
+  def eval_batches(self, split: str | None = None) -> Iterator[dict[str, Any]]:
+    """Padded batches over this process's shard of `split` (default: eval_split).
+
+    Every example of the split is in exactly one batch of exactly one process;
+    rows past the end are all zeros (no loss weight). Every process yields
+    the same number of batches.
+    """
+    split = self._split(split)
+    data = self.config.data
+    if self.is_language_model:
+      return pipeline.lm_eval(self._stream(split), max_length=data.max_length,
+                              batch_size=self.batch_size, process_index=self.process_index,
+                              process_count=self.process_count)
+    return pipeline.translation_eval(
+        sources.get_source(data, split), self.tokenizer, sources.text_keys(data),
+        max_length=data.max_length, batch_size=self.batch_size,
+        process_index=self.process_index, process_count=self.process_count)
+
+  def num_eval_batches(self, split: str | None = None) -> int:
+    """How many batches `eval_batches(split)` yields (on every process)."""
+    split = self._split(split)
+    if self.is_language_model:
+      n = len(pipeline.lm_eval_blocks(self._stream(split), self.config.data.max_length)['targets'])
+    else:
+      n = len(sources.get_source(self.config.data, split))
+    return pipeline.num_eval_batches(n, self.batch_size, self.process_count)
+
+  def eval_examples(self, split: str | None = None) -> list[dict[str, str]]:
+    """Raw text of every example of `split` (all processes get all of them).
+
+    Translation: [{'source': str, 'target': str}, ...] in file order;
+    language model: [{'text': str}, ...].
+    """
+    data = self.config.data
+    source = sources.get_source(data, self._split(split))
+    keys = sources.text_keys(data)
+    names = ('text',) if len(keys) == 1 else ('source', 'target')
+    out = []
+    for i in range(len(source)):
+      example = source[i]
+      out.append({n: sources.as_str(example[k]) for n, k in zip(names, keys)})
+    return out
+
+
+def _process(process_index, process_count) -> tuple[int, int]:
+  if process_index is None or process_count is None:
+    import jax  # pylint: disable=g-import-not-at-top
+    process_index = jax.process_index() if process_index is None else process_index
+    process_count = jax.process_count() if process_count is None else process_count
+  if not 0 <= process_index < process_count:
+    raise DataError(f'process_index={process_index} is not in [0, {process_count})')
+  return process_index, process_count
+
+
+def get_datasets(config, *, workdir: str | None, process_index: int | None = None,
+                 process_count: int | None = None) -> Datasets:
+  """Builds (and on first use prepares) the data of `config` for one process.
+
+  Args:
+    config: the full config (`config.data`, `config.train.batch_size` global,
+      `config.train.seed`, `config.model.kind`).
+    workdir: where the tokenizer is saved / loaded (`workdir/tokenizer/`).
+    process_index, process_count: default to jax.process_index() / count().
+  """
+  process_index, process_count = _process(process_index, process_count)
+  data = config.data
+  global_batch = config.train.batch_size
+  if global_batch % process_count:
+    raise DataError(f'config.train.batch_size={global_batch} is not divisible by the '
+                    f'{process_count} processes')
+  batch_size = global_batch // process_count
+  if data.max_length < 2:
+    raise DataError(f'config.data.max_length={data.max_length} must be at least 2')
+  tokenizer = tokenizers.get_tokenizer(data, workdir)
+  seed = config.train.seed
+  train_source = sources.get_source(data, 'train')
+  keys = sources.text_keys(data)
+  info = {'dataset': data.dataset, 'process_index': process_index,
+          'process_count': process_count, 'batch_size': batch_size,
+          'max_length': data.max_length, 'seed': seed}
+  streams = {}
+  if config.model.kind == 'decoder_only':
+    if len(keys) != 1:
+      raise DataError(f'config.model.kind=decoder_only needs a text dataset; '
+                      f'{data.dataset!r} is a translation dataset')
+    streams['train'] = pipeline.lm_stream(train_source, tokenizer, keys[0])
+    train = pipeline.lm_train(streams['train'], max_length=data.max_length,
+                              batch_size=batch_size, seed=seed, process_index=process_index)
+  else:
+    if len(keys) != 2:
+      raise DataError(f'config.model.kind={config.model.kind} needs a translation dataset; '
+                      f'{data.dataset!r} has only text')
+    info['packing'] = bool(data.packing)
+    train = pipeline.translation_train(
+        train_source, tokenizer, keys, max_length=data.max_length, batch_size=batch_size,
+        seed=seed, packing_enabled=bool(data.packing),
+        packing_window=data.get('packing_window') or pipeline.DEFAULT_PACKING_WINDOW,
+        process_index=process_index, process_count=process_count,
+        num_workers=data.get('num_workers') or 0)
+  return Datasets(tokenizer=tokenizer, train_iter=pipeline.TrainIterator(train, info),
+                  batch_size=batch_size, config=config, process_index=process_index,
+                  process_count=process_count, _streams=streams)

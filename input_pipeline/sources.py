@@ -1,0 +1,161 @@
+"""From `config.data` to random-access sources of examples (tfds.data_source).
+
+`dataset` names:
+  'multi30k'                       bundled Multi30k En-De (builders.Multi30k)
+  'tiny_shakespeare' | 'shakespeare_char'
+                                   bundled Tiny Shakespeare (builders.ShakespeareChar)
+  'parallel_text'                  local files from `train_files` / `eval_files` /
+                                   `test_files` ('SRC,TGT' each; plain or .gz)
+  anything else                    a tfds catalog dataset (e.g. 'wmt14_translate/de-en')
+                                   already prepared as ArrayRecord in `data_dir`.
+
+Local builders are prepared on first use, once per data dir, under an
+exclusive file lock so that processes starting together do not collide.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+from typing import Any, Sequence
+
+import tensorflow_datasets as tfds
+
+from input_pipeline import builders
+from input_pipeline.errors import DataError
+
+LOCAL_BUILDERS = {
+    'multi30k': builders.Multi30k,
+    'tiny_shakespeare': builders.ShakespeareChar,
+    'shakespeare_char': builders.ShakespeareChar,
+    'parallel_text': builders.ParallelText,
+}
+
+# Which `config.data` field names the files of each parallel_text split.
+_PARALLEL_TEXT_FIELDS = {'train': 'train_files', 'validation': 'eval_files', 'test': 'test_files'}
+
+
+def resolve_data_dir(data_dir: str | None) -> str:
+  """`data_dir`, or `$TFDS_DATA_DIR`, or `~/tensorflow_datasets`."""
+  if data_dir:
+    return os.path.abspath(os.path.expanduser(data_dir))
+  return os.path.abspath(os.path.expanduser(
+      os.environ.get('TFDS_DATA_DIR') or os.path.join('~', 'tensorflow_datasets')))
+
+
+@contextlib.contextmanager
+def _file_lock(path: str):
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, 'a') as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _parallel_text_files(data_config) -> dict[str, tuple[str, str]]:
+  files = {}
+  for split, field in _PARALLEL_TEXT_FIELDS.items():
+    value = data_config.get(field)
+    if not value:
+      if split == 'train':
+        raise DataError("config.data.train_files must be 'SOURCE_FILE,TARGET_FILE' "
+                        "for dataset 'parallel_text'")
+      continue
+    parts = [p.strip() for p in str(value).split(',')]
+    if len(parts) != 2 or not all(parts):
+      raise DataError(f"config.data.{field} must be 'SOURCE_FILE,TARGET_FILE', got {value!r}")
+    files[split] = tuple(os.path.abspath(os.path.expanduser(p)) for p in parts)
+  return files
+
+
+def _local_builder(data_config, data_dir: str) -> tfds.core.DatasetBuilder:
+  name = data_config.dataset
+  cls = LOCAL_BUILDERS[name]
+  if cls is builders.ParallelText:
+    config = builders.parallel_text_config(_parallel_text_files(data_config))
+    return cls(config=config, data_dir=data_dir, file_format='array_record')
+  return cls(data_dir=data_dir, file_format='array_record')
+
+
+def get_builder(data_config) -> tfds.core.DatasetBuilder:
+  """The prepared builder of `config.data.dataset` (preparing local ones once)."""
+  name = data_config.dataset
+  data_dir = resolve_data_dir(data_config.get('data_dir'))
+  if name in LOCAL_BUILDERS:
+    builder = _local_builder(data_config, data_dir)
+    if not os.path.exists(os.path.join(builder.data_dir, 'dataset_info.json')):
+      lock = os.path.join(data_dir, f'.{builder.name}.lock')
+      with _file_lock(lock):
+        builder = _local_builder(data_config, data_dir)  # re-check under the lock
+        if not os.path.exists(os.path.join(builder.data_dir, 'dataset_info.json')):
+          logging.info('Preparing %s in %s', name, builder.data_dir)
+          tfds.disable_progress_bar()
+          builder.download_and_prepare(file_format='array_record')
+        builder = _local_builder(data_config, data_dir)
+    return builder
+  try:
+    builder = tfds.builder(name, data_dir=data_dir)
+  except Exception as e:  # DatasetNotFoundError, or a catalog module needing TF
+    raise DataError(
+        f'unknown dataset {name!r} (config.data.dataset): not one of '
+        f'{sorted(LOCAL_BUILDERS)} and not prepared in data_dir {data_dir} '
+        f'({type(e).__name__}); prepare a catalog dataset with '
+        f"`tfds build {name} --data_dir={data_dir} --file_format=array_record`") from None
+  if not builder.is_prepared():
+    raise DataError(f'dataset {name!r} (config.data.dataset) is not prepared in data_dir '
+                    f'{data_dir}; run `tfds build {name} --data_dir={data_dir} '
+                    '--file_format=array_record` on a machine with TensorFlow')
+  return builder
+
+
+def get_source(data_config, split: str) -> Sequence[dict[str, Any]]:
+  """Random-access source (len, [i]) of example dicts of `split`."""
+  builder = get_builder(data_config)
+  if split not in builder.info.splits:
+    raise DataError(f'dataset {data_config.dataset!r} has no split {split!r} '
+                    f'(splits: {sorted(builder.info.splits)}); check config.data.eval_split / '
+                    'test_split, or eval_files / test_files for parallel_text')
+  try:
+    return builder.as_data_source(split=split)
+  except NotImplementedError as e:
+    raise DataError(f'dataset {data_config.dataset!r} in {builder.data_dir} is not stored as '
+                    f'ArrayRecord ({e}); prepare it with --file_format=array_record') from None
+
+
+def text_keys(data_config) -> tuple[str, str] | tuple[str]:
+  """Feature names to read: (source, target) for translation, ('text',) for LM."""
+  if data_config.dataset == 'parallel_text':
+    return ('source', 'target')
+  if data_config.dataset in ('tiny_shakespeare', 'shakespeare_char'):
+    return ('text',)
+  features = get_builder(data_config).info.features
+  src, tgt = data_config.source_lang, data_config.target_lang
+  if src in features and tgt in features:
+    return (src, tgt)
+  if 'text' in features:
+    return ('text',)
+  raise DataError(f'dataset {data_config.dataset!r} has features {sorted(features)}; '
+                  f'config.data.source_lang={src!r} / target_lang={tgt!r} are not among them')
+
+
+def as_str(value) -> str:
+  """A decoded tfds Text value (bytes, numpy bytes or str) as str."""
+  if isinstance(value, bytes):
+    return value.decode('utf-8')
+  if hasattr(value, 'item'):
+    value = value.item()
+    return value.decode('utf-8') if isinstance(value, bytes) else str(value)
+  return str(value)
+
+
+def read_examples(source, indices) -> list[dict[str, Any]]:
+  """Examples `source[i] for i in indices`, read in one batched call when possible."""
+  indices = [int(i) for i in indices]
+  getitems = getattr(source, '__getitems__', None)
+  if getitems is not None:
+    return list(getitems(indices))
+  return [source[i] for i in indices]

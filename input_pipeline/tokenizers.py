@@ -1,0 +1,256 @@
+"""Tokenizers: sentencepiece (trained on the train split) and characters.
+
+Both are saved in `workdir/tokenizer/` (`tokenizer.json` + `spm.model`) so a
+resumed run and `decode.py` reuse them with nothing but the workdir.
+
+Common interface:
+  encode(text) -> list[int]     sentencepiece appends EOS (1); char does not
+  decode(ids) -> str            stops at the first EOS, drops pad (0)
+  vocab_size: int               including pad
+  id_to_piece(i) -> str         for attention-plot labels
+  pad_id = 0, eos_id (1; None for char: its id 1 is a character)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import io
+import json
+import logging
+import math
+import os
+import re
+import tempfile
+import time
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+import sentencepiece as spm
+
+from input_pipeline.errors import DataError, DataFileError
+
+TOKENIZER_DIR = 'tokenizer'
+_META = 'tokenizer.json'
+_SPM_MODEL = 'spm.model'
+PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
+
+
+class SentencePieceTokenizer:
+  """pad=0, eos=1, unk=2, no BOS; identity normalization (round-trips raw text)."""
+
+  kind = 'sentencepiece'
+  pad_id = PAD_ID
+  eos_id = EOS_ID
+  unk_id = UNK_ID
+
+  def __init__(self, model_proto: bytes):
+    self.model_proto = model_proto
+    self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    self.vocab_size = int(self._sp.get_piece_size())
+
+  def encode(self, text: str) -> list[int]:
+    return self._sp.encode(text) + [EOS_ID]
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    return [ids + [EOS_ID] for ids in self._sp.encode(list(texts))]
+
+  def decode(self, ids: Iterable[int]) -> str:
+    out = []
+    for i in np.asarray(ids).reshape(-1).tolist():
+      if i == EOS_ID:
+        break
+      if i != PAD_ID:
+        out.append(i)
+    return self._sp.decode(out)
+
+  def id_to_piece(self, i: int) -> str:
+    return self._sp.id_to_piece(int(i))
+
+  def save(self, directory: str) -> None:
+    _atomic_write(os.path.join(directory, _SPM_MODEL), self.model_proto)
+    _atomic_write(os.path.join(directory, _META), json.dumps(
+        {'kind': self.kind, 'vocab_size': self.vocab_size, 'model_file': _SPM_MODEL}).encode())
+
+
+class CharTokenizer:
+  """Character vocabulary: id 0 = pad, the sorted characters take ids 1..N."""
+
+  kind = 'char'
+  pad_id = PAD_ID
+  eos_id = None  # no EOS: id 1 is a character
+
+  def __init__(self, chars: Sequence[str]):
+    self.chars = list(chars)
+    self._ids = {c: i + 1 for i, c in enumerate(self.chars)}
+    self.vocab_size = len(self.chars) + 1
+
+  def encode(self, text: str) -> list[int]:
+    try:
+      return [self._ids[c] for c in text]
+    except KeyError as e:
+      raise DataError(f'character {e.args[0]!r} is not in the character vocabulary '
+                      f'({len(self.chars)} characters of the training split)') from None
+
+  def decode(self, ids: Iterable[int]) -> str:
+    n = len(self.chars)
+    return ''.join(self.chars[i - 1] for i in np.asarray(ids).reshape(-1).tolist() if 0 < i <= n)
+
+  def id_to_piece(self, i: int) -> str:
+    i = int(i)
+    return '<pad>' if i == 0 else self.chars[i - 1]
+
+  def save(self, directory: str) -> None:
+    _atomic_write(os.path.join(directory, _META), json.dumps(
+        {'kind': self.kind, 'vocab_size': self.vocab_size, 'chars': self.chars}).encode())
+
+
+Tokenizer = SentencePieceTokenizer | CharTokenizer
+
+
+def _atomic_write(path: str, data: bytes) -> None:
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix='.tmp-')
+  with os.fdopen(fd, 'wb') as f:
+    f.write(data)
+  os.replace(tmp, path)
+
+
+def train_sentencepiece(sentences: Iterable[str], vocab_size: int, *,
+                        model_type: str = 'bpe', what: str = 'the training split'
+                        ) -> SentencePieceTokenizer:
+  """Trains sentencepiece on `sentences` (deterministic for a given input order).
+
+  Identity normalization and `remove_extra_whitespaces=False` keep raw text
+  (no-break spaces, tabs, double spaces) intact; byte fallback covers
+  characters outside the vocabulary, so any text round-trips.
+  """
+  model = io.BytesIO()
+  start = time.time()
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences), model_writer=model,
+        vocab_size=vocab_size, model_type=model_type,
+        pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
+        normalization_rule_name='identity', remove_extra_whitespaces=False,
+        character_coverage=1.0, byte_fallback=True,
+        input_sentence_size=0, max_sentence_length=1 << 16,
+        num_threads=os.cpu_count() or 1, minloglevel=2)
+  except RuntimeError as e:
+    msg = ' '.join(str(e).split())
+    if 'Vocabulary size' in msg or 'vocab_size' in msg:
+      m = re.search(r'<= (\d+)', msg)
+      hint = f'sentencepiece allows at most {m.group(1)}' if m else msg
+      raise DataError(f'config.data.vocab_size={vocab_size} is too large for {what}: '
+                      f'{hint}') from None
+    raise DataError(f'sentencepiece training on {what} failed: {msg}') from None
+  logging.info('Trained sentencepiece (%s, vocab %d) in %.1fs', model_type, vocab_size,
+               time.time() - start)
+  return SentencePieceTokenizer(model.getvalue())
+
+
+def build_char_vocab(texts: Iterable[str]) -> CharTokenizer:
+  chars = set()
+  for text in texts:
+    chars.update(text)
+  if not chars:
+    raise DataError('cannot build a character vocabulary from an empty training split')
+  return CharTokenizer(sorted(chars))
+
+
+def load_tokenizer(workdir: str) -> Tokenizer:
+  """The tokenizer saved in `workdir/tokenizer/` (needs nothing else)."""
+  directory = os.path.join(os.fspath(workdir), TOKENIZER_DIR)
+  meta_path = os.path.join(directory, _META)
+  if not os.path.isfile(meta_path):
+    raise DataFileError(f'no tokenizer in workdir: {meta_path} not found')
+  try:
+    with open(meta_path) as f:
+      meta = json.load(f)
+    if meta['kind'] == 'char':
+      return CharTokenizer(meta['chars'])
+    if meta['kind'] == 'sentencepiece':
+      with open(os.path.join(directory, meta['model_file']), 'rb') as f:
+        return SentencePieceTokenizer(f.read())
+  except (OSError, ValueError, KeyError, RuntimeError) as e:
+    raise DataFileError(f'cannot read tokenizer {meta_path}: {type(e).__name__}: {e}') from None
+  raise DataError(f'unknown tokenizer kind {meta["kind"]!r} in {meta_path}')
+
+
+def has_tokenizer(workdir: str | None) -> bool:
+  return bool(workdir) and os.path.isfile(os.path.join(workdir, TOKENIZER_DIR, _META))
+
+
+@contextlib.contextmanager
+def workdir_lock(workdir: str):
+  """Exclusive lock so that processes sharing a workdir train the tokenizer once."""
+  path = os.path.join(workdir, TOKENIZER_DIR, '.lock')
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, 'a') as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _training_texts(data_config, max_sentences: int, whole_documents: bool = False
+                    ) -> Iterator[str]:
+  """Sentences of the train split for sentencepiece: both sides for translation.
+
+  At most `max_sentences` examples, evenly strided over the split (deterministic).
+  """
+  from input_pipeline import sources  # pylint: disable=g-import-not-at-top
+
+  source = sources.get_source(data_config, 'train')
+  keys = sources.text_keys(data_config)
+  n = len(source)
+  stride = max(1, math.ceil(n / max_sentences)) if max_sentences else 1
+  indices = range(0, n, stride)
+  for start in range(0, len(indices), 4096):
+    for example in sources.read_examples(source, indices[start:start + 4096]):
+      for key in keys:
+        text = sources.as_str(example[key])
+        if len(keys) == 1 and not whole_documents:  # a document: train on its lines
+          yield from (line for line in text.split('\n') if line.strip())
+        else:
+          yield text
+
+
+def get_tokenizer(data_config, workdir: str | None) -> Tokenizer:
+  """The tokenizer saved in `workdir`, else one trained on the train split (and saved).
+
+  sentencepiece: `data_config.vocab_size` pieces (pad=0, eos=1, unk=2, no
+  BOS), shared by source and target. char: sorted characters of the train
+  split (ids 1..N). With `workdir=None` nothing is saved.
+  """
+  kind = data_config.get('tokenizer', 'sentencepiece')
+  if kind not in ('sentencepiece', 'char'):
+    raise DataError(f"config.data.tokenizer must be 'sentencepiece' or 'char', got {kind!r}")
+  if workdir is None:
+    return _train(data_config, kind)
+  with workdir_lock(workdir):
+    if has_tokenizer(workdir):
+      tokenizer = load_tokenizer(workdir)
+      if tokenizer.kind != kind:
+        raise DataError(f'workdir {workdir} holds a {tokenizer.kind} tokenizer but '
+                        f'config.data.tokenizer={kind!r}; use a new workdir')
+      if kind == 'sentencepiece' and tokenizer.vocab_size != data_config.vocab_size:
+        raise DataError(f'workdir {workdir} holds a tokenizer with {tokenizer.vocab_size} pieces '
+                        f'but config.data.vocab_size={data_config.vocab_size}; use a new workdir')
+      return tokenizer
+    tokenizer = _train(data_config, kind)
+    tokenizer.save(os.path.join(workdir, TOKENIZER_DIR))
+    logging.info('Saved %s tokenizer (vocab %d) in %s', kind, tokenizer.vocab_size, workdir)
+    return tokenizer
+
+
+def _train(data_config, kind: str) -> Tokenizer:
+  max_sentences = data_config.get('tokenizer_max_sentences', 0) or 0
+  texts = _training_texts(data_config, max_sentences, whole_documents=kind == 'char')
+  if kind == 'char':
+    return build_char_vocab(texts)
+  return train_sentencepiece(
+      texts, data_config.vocab_size,
+      model_type=data_config.get('tokenizer_model_type', 'bpe') or 'bpe',
+      what=f'the train split of {data_config.dataset!r}')
