@@ -72,11 +72,17 @@ class MetricsWriter:
 
 
 class Throughput:
-  """Tokens/s and steps/s between `mark`s, and an ETA from this run's average step time."""
+  """Tokens/s between `mark`s and an ETA from the steps after the first (compiling) one."""
 
   def __init__(self, start_step: int):
-    self.start_time = self.last_time = time.time()
-    self.start_step = start_step
+    self.start_time = self.last_time = self.rate_time = time.time()
+    self.rate_step = start_step
+    self.tokens = 0.0
+
+  def restart(self, step: int) -> None:
+    """Call once the first step (compilation) is done: rates then exclude compile time."""
+    self.last_time = self.rate_time = time.time()
+    self.rate_step = step
     self.tokens = 0.0
 
   def add_tokens(self, n: float) -> None:
@@ -87,7 +93,6 @@ class Throughput:
     now = time.time()
     rate = self.tokens / max(now - self.last_time, 1e-9)
     self.tokens, self.last_time = 0.0, now
-    elapsed = now - self.start_time
-    done = step - self.start_step
-    eta = elapsed / done * (num_steps - step) if done > 0 else 0.0
-    return rate, elapsed, eta
+    done = step - self.rate_step
+    eta = (now - self.rate_time) / done * (num_steps - step) if done > 0 else 0.0
+    return rate, now - self.start_time, eta

@@ -86,8 +86,9 @@ def _split_micro_batches(batch: Batch, num: int) -> Batch:
 def make_train_step(module, tx: optax.GradientTransformation, schedule: optax.Schedule, *,
                     label_smoothing: float, grad_accum_steps: int = 1
                     ) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, Any]]]:
-  """(state, global batch) -> (new state, scalar metrics). A non-finite loss or gradient
-  leaves the state unchanged (`metrics['finite']` is False) so it can never be saved."""
+  """(state, global batch) -> (new state, scalar metrics). A non-finite loss, gradient or
+  updated parameter leaves the state unchanged (`metrics['finite']` is False) so a NaN can
+  never reach a checkpoint."""
   grad_fn = jax.value_and_grad(_loss_sums, has_aux=True)
 
   def gradients(params, batch, rng):
@@ -114,11 +115,13 @@ def make_train_step(module, tx: optax.GradientTransformation, schedule: optax.Sc
     grads = jax.tree.map(lambda g: g / denominator, grads)  # mean over non-pad tokens
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    loss, grad_norm = loss_sum / denominator, optax.global_norm(grads)
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    loss, grad_norm = loss_sum / denominator, optax.tree.norm(grads)
+    param_norm = optax.tree.norm(params)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(param_norm)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
     new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state)
     metrics = {'loss': loss, 'accuracy': correct / denominator, 'grad_norm': grad_norm,
+               'param_norm': param_norm,
                'learning_rate': schedule(state.step), 'num_tokens': weight_sum,
                'finite': finite}
     return new_state, metrics

@@ -170,6 +170,7 @@ class _Run:
                         in_shardings=(replicated, batch_sharding), out_shardings=replicated)
     throughput = metrics_lib.Throughput(start_step)
     window: list[dict[str, float]] = []
+    losses: dict[int, float] = {}  # step -> train loss, for this run's steps
     pending: list[tuple[int, Any]] = []  # (step, device metrics) not yet checked on the host
     last_saved = start_step if start_step > 0 else None
     last_eval = None
@@ -183,12 +184,14 @@ class _Run:
           self.checkpointer.wait()
           good = self.checkpointer.latest_step()
           raise NonFiniteLossError(
-              f'non-finite loss ({values["loss"]}) or gradient norm ({values["grad_norm"]}) at '
+              f'non-finite loss ({values["loss"]}), gradient norm ({values["grad_norm"]}) or '
+              f'parameter norm ({values["param_norm"]}) at '
               f'step {done_step}; stopping. The last good checkpoint is '
               f'{"step " + str(good) if good is not None else "none"} in '
               f'{ckpt_lib.checkpoint_dir(self.workdir)}')
         throughput.add_tokens(values['num_tokens'])
         window.append(values)
+        losses[done_step] = values['loss']
 
     if start_step >= t.num_steps:
       log(f'already trained to step {start_step} (config.train.num_steps={t.num_steps})')
@@ -201,6 +204,9 @@ class _Run:
         if len(pending) > 0:
           drain()  # the previous step's metrics: one step stays in flight
         pending.append((step, device_metrics))
+        if step == start_step + 1:  # compiled and run once: time the rest
+          drain()
+          throughput.restart(step)
         if step % t.log_every_steps == 0 or step == t.num_steps:
           drain()
           tokens_per_sec, elapsed, eta = throughput.mark(step, t.num_steps)
@@ -236,7 +242,7 @@ class _Run:
     summary = {'step': step, 'interrupted': interrupted, 'total_time': time.time() - start_time,
                'best_eval_loss': self.best['loss'][0], 'best_eval_loss_step': self.best['loss'][1],
                'best_bleu': self.best['bleu'][0] if self.best['bleu'][1] is not None else None,
-               'best_bleu_step': self.best['bleu'][1], 'state': state}
+               'best_bleu_step': self.best['bleu'][1], 'losses': losses, 'state': state}
     line = (f'done: step {step}/{t.num_steps} in {metrics_lib.format_duration(summary["total_time"])}'
             f' | best val loss {self.best["loss"][0]:.4f} (step {self.best["loss"][1]})')
     if summary['best_bleu'] is not None:

@@ -1,0 +1,133 @@
+"""Unit tests of the training pieces: schedules, loss, config validation, workdir checks."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from model.config import ConfigError
+from training import config_io, optim, steps
+from test_train_synthetic import tiny_config
+
+
+def paper_rate(step, d_model, warmup):
+  """Vaswani et al. 2017, eq. 3 (steps counted from 1)."""
+  return d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+
+
+@pytest.mark.parametrize('d_model,warmup', [(512, 4000), (1024, 4000), (256, 800)])
+def test_rsqrt_schedule_matches_paper(d_model, warmup):
+  schedule = optim.rsqrt_schedule(2.0, d_model, warmup)
+  for step in [1, 2, 10, warmup // 2, warmup - 1, warmup, warmup + 1, 3 * warmup, 100_000]:
+    # Optax counts updates from 0: update `step - 1` uses the paper's step `step`.
+    np.testing.assert_allclose(schedule(step - 1), 2.0 * paper_rate(step, d_model, warmup),
+                               rtol=1e-6)
+  assert schedule(0) > 0
+  rates = [float(schedule(s)) for s in range(0, 3 * warmup, 37)]
+  peak = int(np.argmax(rates)) * 37
+  assert abs(peak - (warmup - 1)) <= 37
+
+
+def test_rsqrt_schedule_from_config():
+  config = tiny_config()
+  config.model.d_model, config.optimizer.warmup_steps, config.optimizer.learning_rate = 64, 10, 1.5
+  schedule = optim.make_schedule(config)
+  np.testing.assert_allclose(schedule(9), 1.5 * paper_rate(10, 64, 10), rtol=1e-6)
+
+
+def test_cosine_and_constant_schedules():
+  schedule = optim.cosine_schedule(1e-3, warmup_steps=10, num_steps=110, min_ratio=0.1)
+  assert 0 < schedule(0) < schedule(5) < schedule(9)
+  np.testing.assert_allclose(schedule(9), 1e-3, rtol=1e-6)
+  np.testing.assert_allclose(schedule(10), 1e-3, rtol=1e-6)
+  np.testing.assert_allclose(schedule(60), 0.55e-3, rtol=1e-5)  # half way down
+  np.testing.assert_allclose(schedule(110), 1e-4, rtol=1e-5)
+  np.testing.assert_allclose(schedule(500), 1e-4, rtol=1e-5)
+  assert all(schedule(s) >= schedule(s + 1) for s in range(10, 110, 7))
+  constant = optim.constant_schedule(3e-4, warmup_steps=0)
+  np.testing.assert_allclose([constant(0), constant(1000)], [3e-4, 3e-4], rtol=1e-6)
+
+
+def test_smoothed_cross_entropy():
+  vocab, ls = 7, 0.1
+  targets = jnp.array([[1, 3, 6]])
+  # A model predicting exactly the smoothed distribution has loss 0.
+  smoothed = jnp.full((1, 3, vocab), ls / (vocab - 1)).at[0, jnp.arange(3), targets[0]].set(1 - ls)
+  loss = steps.smoothed_cross_entropy(jnp.log(smoothed), targets, ls)
+  np.testing.assert_allclose(loss, 0.0, atol=1e-6)
+  # Without smoothing it is the usual cross-entropy.
+  logits = jax.random.normal(jax.random.PRNGKey(0), (1, 3, vocab))
+  np.testing.assert_allclose(steps.smoothed_cross_entropy(logits, targets, 0.0),
+                             optax.softmax_cross_entropy_with_integer_labels(logits, targets),
+                             rtol=1e-6)
+  # Smoothed loss = KL(smoothed || model) >= 0.
+  assert (steps.smoothed_cross_entropy(logits, targets, ls) >= -1e-6).all()
+
+
+def test_target_weights():
+  batch = {'targets': jnp.array([[4, 5, 0]])}
+  np.testing.assert_array_equal(steps.target_weights(batch), [[1, 1, 0]])
+  batch['targets_weights'] = jnp.array([[0.0, 1.0, 1.0]])
+  np.testing.assert_array_equal(steps.target_weights(batch), [[0, 1, 1]])
+
+
+@pytest.mark.parametrize('field,value,match', [
+    ('optimizer.name', 'sgd', r'config\.optimizer\.name'),
+    ('optimizer.schedule', 'linear', r'config\.optimizer\.schedule'),
+    ('optimizer.learning_rate', -1.0, r'config\.optimizer\.learning_rate'),
+    ('optimizer.weight_decay', 0.1, r'config\.optimizer\.weight_decay.*adamw'),
+    ('train.batch_size', 0, r'config\.train\.batch_size'),
+    ('train.batch_size', 9, r'config\.train\.batch_size=9 must be divisible'),
+    ('train.grad_accum_steps', 3, r'config\.train\.batch_size=8 must be divisible'),
+    ('train.label_smoothing', 1.0, r'config\.train\.label_smoothing'),
+    ('train.num_steps', 0, r'config\.train\.num_steps'),
+    ('model.num_heads', 5, r'config\.model\.d_model=32 is not divisible'),
+    ('model.kind', 'encoder_only', r'config\.model\.kind'),
+    ('model.dtype', 'float16', r'config\.model\.dtype'),
+    ('data.max_length', 40, r'config\.model\.max_len >= 40'),
+    ('decode.beam_size', 0, r'config\.decode\.beam_size'),
+])
+def test_validate_config_names_the_field(field, value, match):
+  config = tiny_config(**{field: value})
+  with pytest.raises(ConfigError, match=match):
+    config_io.validate_config(config, num_devices=2)
+
+
+def test_validate_config_accepts_presets():
+  from configs import default, multi30k, shakespeare_char, wmt14_base, wmt14_big
+  for module, presets in [(default, [None, 'tiny']), (multi30k, [None]),
+                          (shakespeare_char, [None, 'tiny', 'large']), (wmt14_base, [None]),
+                          (wmt14_big, [None])]:
+    for preset in presets:
+      config_io.validate_config(module.get_config(preset) if preset else module.get_config())
+
+
+def test_config_roundtrip_and_compatibility(tmp_path):
+  workdir = str(tmp_path)
+  config = tiny_config()
+  config_io.save_config(config, workdir)
+  assert config_io.load_config(workdir).to_dict() == config.to_dict()
+  # Other learning rate / steps: allowed, reported.
+  changed = tiny_config(**{'optimizer.learning_rate': 0.5, 'train.num_steps': 99})
+  diffs = config_io.check_compatible(changed, workdir)
+  assert any('optimizer.learning_rate' in d for d in diffs)
+  assert any('train.num_steps' in d for d in diffs)
+  # Another model shape: refused, config.json untouched.
+  before = open(config_io.config_path(workdir)).read()
+  with pytest.raises(config_io.IncompatibleWorkdirError, match=r'model\.d_model=32 \(new 64\)'):
+    config_io.check_compatible(tiny_config(**{'model.d_model': 64}), workdir)
+  assert open(config_io.config_path(workdir)).read() == before
+  assert json.loads(before)['model']['d_model'] == 32
+
+
+def test_load_config_missing(tmp_path):
+  with pytest.raises(ConfigError, match='config.json not found'):
+    config_io.load_config(str(tmp_path))
+  with open(os.path.join(tmp_path, 'config.json'), 'w') as f:
+    f.write('{not json')
+  with pytest.raises(ConfigError, match='not a readable config'):
+    config_io.load_config(str(tmp_path))
