@@ -44,10 +44,10 @@ class Multi30k(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
   VERSION = tfds.core.Version('1.0.0')
   RELEASE_NOTES = {'1.0.0': 'Bundled raw task-1 files, lines stripped.'}
-  disable_shuffling = True  # keep file order (test output lines up with references)
 
   def _info(self) -> tfds.core.DatasetInfo:
     return self.dataset_info_from_configs(
+        disable_shuffling=True,  # keep file order (outputs line up with references)
         features=_text_features('en', 'de'),
         supervised_keys=('en', 'de'),
         homepage='https://github.com/multi30k/dataset',
@@ -71,10 +71,10 @@ class ShakespeareChar(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
   VERSION = tfds.core.Version('1.0.0')
   RELEASE_NOTES = {'1.0.0': 'nanoGPT split: first 90% train, last 10% validation.'}
-  disable_shuffling = True
 
   def _info(self) -> tfds.core.DatasetInfo:
     return self.dataset_info_from_configs(
+        disable_shuffling=True,  # keep file order (outputs line up with references)
         features=_text_features('text'),
         homepage='https://github.com/karpathy/char-rnn',
         citation='Andrej Karpathy, char-rnn, https://github.com/karpathy/char-rnn (2015).',
@@ -114,11 +114,11 @@ class ParallelText(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
   VERSION = tfds.core.Version('1.0.0')
   RELEASE_NOTES = {'1.0.0': 'Lines stripped; pairs with an empty side skipped.'}
-  disable_shuffling = True
 
   def _info(self) -> tfds.core.DatasetInfo:
     return self.dataset_info_from_configs(
-        features=_text_features('source', 'target'), supervised_keys=('source', 'target'))
+        disable_shuffling=True, features=_text_features('source', 'target'),
+        supervised_keys=('source', 'target'))
 
   def _split_generators(self, dl_manager):
     del dl_manager

@@ -138,6 +138,11 @@ def train_sentencepiece(sentences: Iterable[str], vocab_size: int, *,
         num_threads=os.cpu_count() or 1, minloglevel=2)
   except RuntimeError as e:
     msg = ' '.join(str(e).split())
+    m = re.search(r'smaller than required_chars\. \d+ vs (\d+)', msg)
+    if m:
+      raise DataError(f'config.data.vocab_size={vocab_size} is too small for {what}: '
+                      f'sentencepiece needs at least {m.group(1)} (256 byte-fallback pieces, '
+                      'the characters and the special ids)') from None
     if 'Vocabulary size' in msg or 'vocab_size' in msg:
       m = re.search(r'<= (\d+)', msg)
       hint = f'sentencepiece allows at most {m.group(1)}' if m else msg

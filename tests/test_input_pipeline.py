@@ -1,0 +1,423 @@
+"""Tests of input_pipeline/: builders, tokenizers, packing, batching, sharding, state."""
+
+import collections
+import gzip
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from configs import default, shakespeare_char
+import input_pipeline as ip
+from input_pipeline import packing, pipeline, sources, textfiles
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VOCAB = 2000
+BATCH = 64
+
+
+def _mt_config(data_dir, **data):
+  config = default.get_config()
+  config.data.data_dir = str(data_dir)
+  config.data.vocab_size = VOCAB
+  config.model.vocab_size = VOCAB
+  config.train.batch_size = BATCH
+  config.data.packing_window = 512
+  for k, v in data.items():
+    setattr(config.data, k, v)
+  return config
+
+
+def _lm_config(data_dir):
+  config = shakespeare_char.get_config()
+  config.data.data_dir = str(data_dir)
+  config.train.batch_size = 8
+  config.data.max_length = 64
+  return config
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+  return tmp_path_factory.mktemp('tfds')
+
+
+@pytest.fixture(scope='module')
+def workdir(tmp_path_factory):
+  return str(tmp_path_factory.mktemp('workdir'))
+
+
+@pytest.fixture(scope='module')
+def mt(data_dir, workdir):
+  """Multi30k datasets of a single process (prepares and trains the tokenizer once)."""
+  return ip.get_datasets(_mt_config(data_dir), workdir=workdir, process_index=0, process_count=1)
+
+
+def _lines(name):
+  return textfiles.read_lines(os.path.join(ROOT, 'data', 'multi30k', name))
+
+
+@pytest.fixture(scope='module')
+def train_pairs(mt):
+  """Encoded (inputs, targets) tuples of every training pair, with the pipeline's truncation."""
+  encode = pipeline.EncodeTranslation(mt.tokenizer, ('en', 'de'), mt.config.data.max_length)
+  pairs = list(zip(_lines('train.en.gz'), _lines('train.de.gz')))
+  encoded = encode([{'en': s, 'de': t} for s, t in pairs])
+  return [(tuple(e['inputs']), tuple(e['targets'])) for e in encoded]
+
+
+def _unpack_batch(batch):
+  """(inputs, targets) tuples of every example of a packed batch; checks the layout."""
+  out = []
+  for r in range(batch['inputs'].shape[0]):
+    row = {k: v[r] for k, v in batch.items()}
+    for f in ('inputs', 'targets'):
+      seg, pos, tok = row[f'{f}_segmentation'], row[f'{f}_position'], row[f]
+      np.testing.assert_array_equal(tok > 0, seg > 0)  # pad exactly where segment 0
+      used = seg[seg > 0]
+      assert np.all(np.diff(used) >= 0)  # each segment contiguous, in order
+      np.testing.assert_array_equal(np.unique(used), np.arange(1, len(np.unique(used)) + 1))
+      assert np.all(seg[len(used):] == 0)  # padding only at the end
+      for s in np.unique(used):
+        np.testing.assert_array_equal(pos[seg == s], np.arange((seg == s).sum()))
+    segments = [set(np.unique(row[f'{f}_segmentation'])) - {0} for f in ('inputs', 'targets')]
+    assert segments[0] == segments[1]
+    for i, t in zip(packing.unpack(row, 'inputs'), packing.unpack(row, 'targets')):
+      out.append((tuple(i), tuple(t)))
+  return out
+
+
+# ----------------------------------------------------------------------------- builders
+
+
+def test_multi30k_builder_counts(mt):
+  counts = {s: len(sources.get_source(mt.config.data, s)) for s in ('train', 'validation', 'test')}
+  assert counts == {'train': 29_000, 'validation': 1_014, 'test': 1_000}
+  examples = mt.eval_examples('test')
+  assert examples[0] == {'source': _lines('test_2016_flickr.en.gz')[0],
+                         'target': _lines('test_2016_flickr.de.gz')[0]}
+  assert [e['target'] for e in mt.eval_examples()] == _lines('val.de.gz')
+  assert 'tensorflow' not in sys.modules
+
+
+def test_shakespeare_builder_split(data_dir):
+  config = _lm_config(data_dir)
+  text = open(os.path.join(ROOT, 'data', 'tinyshakespeare', 'input.txt')).read()
+  train = sources.get_source(config.data, 'train')
+  val = sources.get_source(config.data, 'validation')
+  train_text, val_text = sources.as_str(train[0]['text']), sources.as_str(val[0]['text'])
+  assert (len(train_text), len(val_text)) == (1_003_854, 111_540)
+  assert train_text + val_text == text
+
+
+def test_concurrent_prepare_without_tensorflow(tmp_path):
+  """Two processes prepare one data dir at once, and neither imports tensorflow."""
+  script = textwrap.dedent(f"""
+      import sys
+      sys.path.insert(0, {ROOT!r})
+      from configs import default
+      from input_pipeline import sources
+      config = default.get_config()
+      config.data.data_dir = {str(tmp_path)!r}
+      print(len(sources.get_source(config.data, 'train')))
+      assert 'tensorflow' not in sys.modules
+  """)
+  procs = [subprocess.Popen([sys.executable, '-c', script], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True) for _ in range(2)]
+  for p in procs:
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err[-2000:]
+    assert out.strip().splitlines()[-1] == '29000'
+
+
+# ----------------------------------------------------------------------------- tokenizers
+
+
+def test_tokenizer_roundtrip_validation(mt, workdir):
+  tok = mt.tokenizer
+  assert (tok.pad_id, tok.eos_id, tok.vocab_size) == (0, 1, VOCAB)
+  sentences = _lines('val.en.gz') + _lines('val.de.gz')
+  assert any('\u00a0' in s for s in sentences)
+  for s in sentences:
+    ids = tok.encode(s)
+    assert ids[-1] == 1 and 0 not in ids and 1 not in ids[:-1]
+    assert tok.decode(ids) == s
+  tab_line = next(s for s in _lines('train.de.gz') if '\t' in s)
+  for s in (tab_line, 'a\u00a0b\tc  d', 'Überraschung: 日本語!'):
+    assert tok.decode(tok.encode(s)) == s
+  ids = tok.encode('Ein Hund.')
+  assert tok.decode(ids + [0, 0] + tok.encode('rest')) == 'Ein Hund.'
+  assert tok.decode(np.array([0] + ids)) == 'Ein Hund.'
+  assert isinstance(tok.id_to_piece(ids[0]), str)
+  # Saved into the workdir, reloaded with nothing but the workdir, reused by get_tokenizer.
+  loaded = ip.load_tokenizer(workdir)
+  assert loaded.encode(sentences[0]) == tok.encode(sentences[0])
+  assert ip.get_tokenizer(mt.config.data, workdir).model_proto == tok.model_proto
+
+
+def test_tokenizer_training_is_deterministic(mt):
+  again = ip.get_tokenizer(mt.config.data, None)
+  assert again.model_proto == mt.tokenizer.model_proto
+
+
+def test_tokenizer_mismatch_with_workdir(mt, workdir):
+  config = _mt_config(mt.config.data.data_dir, vocab_size=1000)
+  with pytest.raises(ip.DataError, match='vocab_size'):
+    ip.get_tokenizer(config.data, workdir)
+
+
+def test_char_tokenizer(data_dir, tmp_path):
+  tok = ip.get_tokenizer(_lm_config(data_dir).data, str(tmp_path))
+  assert tok.vocab_size == 66 and tok.pad_id == 0 and tok.eos_id is None
+  assert tok.id_to_piece(1) == '\n' and tok.id_to_piece(65) == 'z'
+  assert tok.decode(tok.encode('To be, or not to be?\n')) == 'To be, or not to be?\n'
+  assert ip.load_tokenizer(str(tmp_path)).chars == tok.chars
+
+
+# ----------------------------------------------------------------------------- packing
+
+
+def test_pack_window_keeps_every_token(mt, train_pairs):
+  rng = np.random.default_rng(0)
+  chosen = [train_pairs[i] for i in rng.permutation(len(train_pairs))[:1000]]
+  examples = [{'inputs': np.array(i, np.int32), 'targets': np.array(t, np.int32)}
+              for i, t in chosen]
+  rows = packing.pack_window(examples, ('inputs', 'targets'), 64, rng)
+  assert rows['inputs'].shape[0] < len(examples) / 2  # several examples per row
+  assert ((rows['inputs'] > 0).mean() + (rows['targets'] > 0).mean()) / 2 > 0.9
+  assert collections.Counter(_unpack_batch(rows)) == collections.Counter(chosen)
+
+
+def test_packed_train_batches(mt, train_pairs):
+  known = set(train_pairs)
+  nonpad = total = 0
+  for _ in range(12):
+    batch = next(mt.train_iter)
+    assert set(batch) == {'inputs', 'targets', 'inputs_segmentation', 'inputs_position',
+                          'targets_segmentation', 'targets_position'}
+    for v in batch.values():
+      assert v.shape == (BATCH, 64) and v.dtype == np.int32
+    examples = _unpack_batch(batch)
+    assert all(e in known for e in examples)  # segments never mix examples
+    nonpad += (batch['inputs'] > 0).sum() + (batch['targets'] > 0).sum()
+    total += 2 * batch['inputs'].size
+  assert nonpad / total > 0.9
+
+
+def test_unpacked_train_batches(mt, workdir, train_pairs):
+  config = _mt_config(mt.config.data.data_dir, packing=False)
+  ds = ip.get_datasets(config, workdir=workdir, process_index=0, process_count=1)
+  batch = next(ds.train_iter)
+  assert set(batch) == {'inputs', 'targets'} and batch['inputs'].shape == (BATCH, 64)
+  known = set(train_pairs)
+  for i, t in zip(batch['inputs'], batch['targets']):
+    assert (tuple(i[i > 0]), tuple(t[t > 0])) in known
+
+
+def test_truncation_keeps_eos(mt):
+  encode = pipeline.EncodeTranslation(mt.tokenizer, ('en', 'de'), 8)
+  (ex,) = encode([{'en': 'word ' * 50, 'de': 'kurz'}])
+  assert len(ex['inputs']) == 8 and ex['inputs'][-1] == 1
+  assert ex['targets'][-1] == 1 and len(ex['targets']) < 8
+
+
+# ----------------------------------------------------------------------------- eval + sharding
+
+
+def _eval_rows(ds, split=None):
+  batches = list(ds.eval_batches(split))
+  assert len(batches) == ds.num_eval_batches(split)
+  rows = []
+  for b in batches:
+    assert b['inputs'].shape == (ds.batch_size, 64)
+    for i, t in zip(b['inputs'], b['targets']):
+      if i.any():
+        rows.append((tuple(i[i > 0]), tuple(t[t > 0])))
+      else:
+        assert not t.any()  # padding rows are all zero
+  return rows, batches
+
+
+def test_eval_batches_cover_each_example_once(mt):
+  rows, batches = _eval_rows(mt)
+  assert len(batches) == -(-1014 // BATCH)
+  encode = pipeline.EncodeTranslation(mt.tokenizer, ('en', 'de'), 64)
+  expected = [(tuple(e['inputs']), tuple(e['targets'])) for e in encode(
+      [{'en': s, 'de': t} for s, t in zip(_lines('val.en.gz'), _lines('val.de.gz'))])]
+  assert collections.Counter(rows) == collections.Counter(expected)
+  assert not batches[-1]['inputs'][1014 % BATCH:].any()
+
+
+def test_two_processes_read_disjoint_shards(mt, workdir, train_pairs):
+  shards = [ip.get_datasets(mt.config, workdir=workdir, process_index=p, process_count=2)
+            for p in (0, 1)]
+  assert all(ds.batch_size == BATCH // 2 for ds in shards)
+  rows = [_eval_rows(ds)[0] for ds in shards]
+  assert len(rows[0]) + len(rows[1]) == 1014
+  assert shards[0].num_eval_batches() == shards[1].num_eval_batches()
+  full, _ = _eval_rows(mt)
+  assert collections.Counter(rows[0]) + collections.Counter(rows[1]) == collections.Counter(full)
+  # Training: each process only sees examples of its own shard of the train split.
+  for p, ds in enumerate(shards):
+    own = set(train_pairs[p::2])
+    batch = next(ds.train_iter)
+    assert batch['inputs'].shape == (BATCH // 2, 64)
+    assert all(e in own for e in _unpack_batch(batch))
+  test_rows = [_eval_rows(ds, 'test')[0] for ds in shards]
+  assert len(test_rows[0]) == len(test_rows[1]) == 500
+
+
+# ----------------------------------------------------------------------------- iterator state
+
+
+def _check_state_roundtrip(make, skip):
+  it = make().train_iter
+  for _ in range(skip):
+    next(it)
+  state = json.loads(json.dumps(it.get_state()))
+  expected = [next(it) for _ in range(4)]
+  restored = make().train_iter
+  restored.set_state(state)
+  for want in expected:
+    got = next(restored)
+    assert set(got) == set(want)
+    for k in want:
+      np.testing.assert_array_equal(got[k], want[k])
+
+
+@pytest.mark.parametrize('packed,skip', [(True, 3), (True, 0), (False, 5)])
+def test_iterator_state_roundtrip(mt, workdir, packed, skip):
+  config = _mt_config(mt.config.data.data_dir, packing=packed)
+  _check_state_roundtrip(
+      lambda: ip.get_datasets(config, workdir=workdir, process_index=0, process_count=1), skip)
+
+
+def test_lm_iterator_state_roundtrip(data_dir, tmp_path):
+  config = _lm_config(data_dir)
+  _check_state_roundtrip(lambda: ip.get_datasets(config, workdir=str(tmp_path), process_index=0,
+                                                 process_count=1), 7)
+
+
+# ----------------------------------------------------------------------------- language model
+
+
+def test_lm_blocks(data_dir, tmp_path):
+  config = _lm_config(data_dir)
+  ds = ip.get_datasets(config, workdir=str(tmp_path), process_index=0, process_count=1)
+  text = open(os.path.join(ROOT, 'data', 'tinyshakespeare', 'input.txt')).read()
+  train_text, val_text = text[:1_003_854], text[1_003_854:]
+  batch = next(ds.train_iter)
+  assert batch['targets'].shape == (8, 65) and batch['targets'].dtype == np.int32
+  assert batch['targets_weights'].dtype == np.float32
+  assert np.all(batch['targets_weights'][:, 0] == 0) and np.all(batch['targets_weights'][:, 1:] == 1)
+  for row in batch['targets']:
+    assert ds.tokenizer.decode(row) in train_text
+  # Eval blocks: stride 64, overlapping by one token; every val char but the first predicted once.
+  blocks = pipeline.lm_eval_blocks(np.array(ds.tokenizer.encode(val_text), np.int32), 64)
+  assert blocks['targets_weights'].sum() == len(val_text) - 1
+  batches = list(ds.eval_batches())
+  assert len(batches) == ds.num_eval_batches() == -(-len(blocks['targets']) // 8)
+  rebuilt = ds.tokenizer.decode(batches[0]['targets'][0][:1])
+  for b in batches:
+    for row, w in zip(b['targets'], b['targets_weights']):
+      rebuilt += ds.tokenizer.decode(row[w > 0])
+  assert rebuilt == val_text
+  assert ds.eval_examples()[0]['text'] == val_text
+
+
+def test_lm_two_processes(data_dir, tmp_path):
+  config = _lm_config(data_dir)
+  shards = [ip.get_datasets(config, workdir=str(tmp_path), process_index=p, process_count=2)
+            for p in (0, 1)]
+  first = [next(ds.train_iter)['targets'] for ds in shards]
+  assert first[0].shape == (4, 65) and not np.array_equal(first[0], first[1])
+  weights = [sum(b['targets_weights'].sum() for b in ds.eval_batches()) for ds in shards]
+  assert sum(weights) == 111_540 - 1
+  assert shards[0].num_eval_batches() == shards[1].num_eval_batches()
+
+
+# ----------------------------------------------------------------------------- parallel_text
+
+
+def _write(path, lines, gz=False):
+  data = ''.join(line + '\n' for line in lines).encode()
+  if gz:
+    with gzip.open(path, 'wb') as f:
+      f.write(data)
+  else:
+    path.write_bytes(data)
+  return str(path)
+
+
+def test_parallel_text(tmp_path, caplog):
+  en = [f'sentence number {i} is here' for i in range(300)]
+  de = [f'Satz Nummer {i} ist hier' for i in range(300)]
+  en[5] = ''  # an empty line: the pair is skipped with a warning
+  src = _write(tmp_path / 'train.en.gz', en, gz=True)
+  tgt = _write(tmp_path / 'train.de', de)
+  vsrc, vtgt = _write(tmp_path / 'v.en', en[:40]), _write(tmp_path / 'v.de', de[:40])
+  config = _mt_config(tmp_path / 'tfds', dataset='parallel_text', train_files=f'{src},{tgt}',
+                      eval_files=f'{vsrc},{vtgt}', vocab_size=300)
+  with caplog.at_level('WARNING'):
+    ds = ip.get_datasets(config, workdir=str(tmp_path / 'wd'), process_index=0, process_count=1)
+  assert 'Skipped 1 of 300' in caplog.text
+  assert len(sources.get_source(config.data, 'train')) == 299
+  examples = ds.eval_examples()
+  assert len(examples) == 39 and examples[0] == {'source': en[0], 'target': de[0]}
+  assert next(ds.train_iter)['inputs'].shape == (BATCH, 64)
+  # Other files get their own prepared directory (keyed by a hash of the contents).
+  other = _write(tmp_path / 'other.de', [s.upper() for s in de])
+  config2 = _mt_config(tmp_path / 'tfds', dataset='parallel_text', train_files=f'{src},{other}')
+  first = sources.get_builder(config.data).data_dir
+  second = sources.get_builder(config2.data).data_dir
+  assert first != second
+  assert sources.as_str(sources.get_source(config2.data, 'train')[0]['target']) == de[0].upper()
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def _error(config, exc=ip.DataError):
+  with pytest.raises(exc) as info:
+    ip.get_datasets(config, workdir=None, process_index=0, process_count=1)
+  message = str(info.value)
+  assert '\n' not in message
+  return message
+
+
+def test_bad_input_messages(tmp_path, data_dir):
+  good = _write(tmp_path / 'good.en', ['a b c', 'd e f'])
+  short = _write(tmp_path / 'short.de', ['x y z'])
+  empty = _write(tmp_path / 'empty.de', [])
+  missing = str(tmp_path / 'missing.de')
+  dd = tmp_path / 'tfds'
+
+  def pt(files, **kw):
+    return _mt_config(dd, dataset='parallel_text', train_files=files, **kw)
+
+  msg = _error(pt(f'{good},{missing}'), FileNotFoundError)
+  assert missing in msg
+  msg = _error(pt(f'{good},{short}'))
+  assert 'line counts' in msg and good in msg and short in msg
+  msg = _error(pt(f'{good},{empty}'))
+  assert 'empty' in msg and empty in msg
+  msg = _error(pt(good))
+  assert 'config.data.train_files' in msg
+  msg = _error(pt(f'{good},{good}', vocab_size=8000))
+  assert 'config.data.vocab_size=8000 is too large' in msg
+  msg = _error(pt(f'{good},{good}', vocab_size=100))
+  assert 'config.data.vocab_size=100 is too small' in msg
+  msg = _error(_mt_config(data_dir, dataset='no_such_dataset'))
+  assert 'no_such_dataset' in msg and 'config.data.dataset' in msg
+  msg = _error(_mt_config(data_dir, dataset='wmt14_translate/de-en'))
+  assert 'wmt14_translate/de-en' in msg and 'tfds build' in msg
+  with pytest.raises(ip.DataError, match="no split 'nope'"):
+    ip.get_datasets(_mt_config(data_dir, eval_split='nope'), workdir=None, process_index=0,
+                    process_count=1).num_eval_batches()
+  with pytest.raises(ip.DataError, match='not divisible'):
+    ip.get_datasets(_mt_config(data_dir), workdir=None, process_index=0, process_count=3)
+  with pytest.raises(ip.DataFileError, match='no tokenizer'):
+    ip.load_tokenizer(str(tmp_path / 'nowhere'))
