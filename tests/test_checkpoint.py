@@ -1,0 +1,156 @@
+"""Checkpoints: exact resume, damaged-checkpoint fallback, params-only restore, signals."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from training import checkpoint
+import test_train_synthetic as syn
+
+syn.enable_compilation_cache()
+
+STRAIGHT = {'train.num_steps': 6, 'train.checkpoint_every_steps': 3, 'train.log_every_steps': 3}
+
+
+def _assert_trees_equal(a, b):
+  leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
+  assert len(leaves_a) == len(leaves_b)
+  for x, y in zip(leaves_a, leaves_b):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.fixture(scope='module')
+def straight_run(tmp_path_factory):
+  """6 steps without interruption (checkpoints at 3 and 6), with dropout."""
+  workdir = str(tmp_path_factory.mktemp('straight'))
+  summary = syn.run(workdir, 'encoder_decoder', STRAIGHT)
+  return workdir, summary
+
+
+def test_exact_resume(straight_run, tmp_path):
+  _, straight = straight_run
+  workdir = str(tmp_path)
+  first = syn.run(workdir, 'encoder_decoder', {**STRAIGHT, 'train.num_steps': 3})
+  assert first['step'] == 3 and checkpoint.list_steps(workdir) == [3]
+  resumed = syn.run(workdir, 'encoder_decoder', STRAIGHT)  # restarts from step 3
+  assert sorted(resumed['losses']) == [4, 5, 6]
+  assert [resumed['losses'][s] for s in (4, 5, 6)] == [straight['losses'][s] for s in (4, 5, 6)]
+  # Bitwise identical params, optimizer state, step and RNG (CPU).
+  _assert_trees_equal(resumed['state'], straight['state'])
+
+
+def test_restore_params_and_average(straight_run):
+  workdir, straight = straight_run
+  assert checkpoint.list_steps(workdir) == [3, 6]
+  params, step = checkpoint.restore_params(workdir)
+  assert step == 6
+  _assert_trees_equal(params, straight['state'].params)
+  p3, _ = checkpoint.restore_params(workdir, step=3)
+  averaged, step = checkpoint.restore_params(workdir, average_last=2)
+  assert step == 6
+  jax.tree.map(lambda a, x, y: np.testing.assert_allclose(a, (x + y) / 2, rtol=1e-6, atol=1e-7),
+               averaged, p3, params)
+  leaf = jax.tree.leaves(params)[0]
+  assert leaf.sharding.device_set == {jax.local_devices()[0]}
+
+
+def test_restore_params_errors(straight_run, tmp_path):
+  workdir, _ = straight_run
+  with pytest.raises(checkpoint.CheckpointError, match='no checkpoint in'):
+    checkpoint.restore_params(str(tmp_path))
+  with pytest.raises(checkpoint.CheckpointError, match=r'step 5 .*available: \[3, 6\]'):
+    checkpoint.restore_params(workdir, step=5)
+  with pytest.raises(checkpoint.CheckpointError, match='average_last=3 needs 3'):
+    checkpoint.restore_params(workdir, average_last=3)
+
+
+def test_incompatible_checkpoint_is_a_clear_error(straight_run):
+  workdir, _ = straight_run
+  with pytest.raises(checkpoint.CheckpointError, match=r'does not fit the model: params/'):
+    syn.restore_full_state(workdir, overrides={'model.d_ff': 128})
+
+
+def _damage(step_dir):
+  for root, _, files in os.walk(os.path.join(step_dir, 'state')):
+    for name in files:
+      with open(os.path.join(root, name), 'wb') as f:
+        f.write(b'garbage')
+
+
+def test_damaged_latest_checkpoint_falls_back(straight_run, tmp_path, capsys):
+  source, straight = straight_run
+  workdir = str(tmp_path / 'w')
+  shutil.copytree(source, workdir)
+  ckpt_dir = checkpoint.checkpoint_dir(workdir)
+  _damage(os.path.join(ckpt_dir, '6'))
+  # A save killed mid-write leaves only a temporary directory: never listed.
+  os.makedirs(os.path.join(ckpt_dir, '9.orbax-checkpoint-tmp-1234', 'state'))
+  assert checkpoint.list_steps(workdir) == [3, 6]
+
+  params, step = checkpoint.restore_params(workdir)
+  assert step == 3
+  assert 'checkpoint 6' in capsys.readouterr().err
+  expected, _ = checkpoint.restore_params(source, step=3)
+  _assert_trees_equal(params, expected)
+
+  # The trainer resumes from step 3 (warning, damaged step removed) and redoes 4..6 exactly.
+  resumed = syn.run(workdir, 'encoder_decoder', STRAIGHT)
+  err = capsys.readouterr().err
+  assert 'checkpoint 6 is' in err and 'trying the previous one' in err
+  assert sorted(resumed['losses']) == [4, 5, 6]
+  _assert_trees_equal(resumed['state'].params, straight['state'].params)
+  assert checkpoint.list_steps(workdir) == [3, 6]
+
+
+def _start(workdir, overrides):
+  spec = {'kind': 'encoder_decoder', 'overrides': overrides}
+  import json
+  return subprocess.Popen([sys.executable, syn.__file__, workdir, json.dumps(spec)],
+                          env=syn.subprocess_env(1), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, cwd=syn.REPO)
+
+
+def _wait_for(proc, pattern, timeout=240):
+  deadline = time.time() + timeout
+  lines = []
+  for line in proc.stdout:
+    lines.append(line)
+    if pattern in line:
+      return lines
+    if time.time() > deadline:
+      break
+  proc.kill()
+  raise AssertionError(f'{pattern!r} not seen:\n{"".join(lines)}')
+
+
+def test_sigterm_saves_and_sigkill_loses_only_recent_steps(tmp_path):
+  workdir = str(tmp_path)
+  overrides = {'train.num_steps': 100_000, 'train.checkpoint_every_steps': 5,
+               'train.log_every_steps': 1}
+  proc = _start(workdir, overrides)
+  _wait_for(proc, 'step 7/')
+  proc.send_signal(signal.SIGTERM)
+  out = proc.communicate(timeout=120)[0]
+  assert proc.returncode == 0, out
+  assert 'stopped by SIGTERM at step' in out
+  stopped_at = int(out.split('stopped by SIGTERM at step ')[1].split(';')[0])
+  assert stopped_at >= 7 and checkpoint.list_steps(workdir)[-1] == stopped_at
+
+  # Resume, then SIGKILL at some moment: only the steps after the last checkpoint are lost.
+  proc = _start(workdir, overrides)
+  lines = _wait_for(proc, f'step {stopped_at + 6}/')
+  assert any(f'resumed from the checkpoint at step {stopped_at}' in line for line in lines)
+  proc.kill()
+  proc.communicate()
+  steps = checkpoint.list_steps(workdir)
+  assert steps[-1] >= stopped_at
+  params, step = checkpoint.restore_params(workdir)
+  assert step == steps[-1] or step == steps[-2]
+  assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))

@@ -1,0 +1,83 @@
+"""train.py's command line: overrides, one-line errors, and one end-to-end run on the real data."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import test_train_synthetic as syn
+
+TRAIN = os.path.join(syn.REPO, 'train.py')
+
+
+def _train(*args, timeout=300):
+  return subprocess.run([sys.executable, TRAIN, *args], env=syn.subprocess_env(1), cwd=syn.REPO,
+                        capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize('args,message', [
+    (['--config.model.num_headz=2'],
+     'unknown config field --config.model.num_headz; did you mean config.model.num_heads?'),
+    (['--config.trian.num_steps=2'], 'unknown config field --config.trian.num_steps'),
+    (['--config.train.num_steps=abc'], "--config.train.num_steps=abc: invalid literal for int()"),
+    (['--config.optimizer.name=sgd'], "config.optimizer.name='sgd' is not one of"),
+    (['--config.model.d_model=30'], 'config.model.d_model=30 is not divisible by'),
+    (['--config=configs/default.py:huge'], "unknown preset 'huge'"),
+    (['--config=configs/nope.py'], "config file 'configs/nope.py' not found"),
+])
+def test_bad_config_is_one_line_before_anything_runs(tmp_path, args, message):
+  workdir = str(tmp_path / 'w')
+  proc = _train('--config=configs/default.py:tiny', f'--workdir={workdir}', *args)
+  assert proc.returncode == 2
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1, proc.stderr
+  assert lines[0].startswith('train.py: error: ') and message in lines[0], lines[0]
+  assert 'Traceback' not in proc.stdout + proc.stderr
+  assert not os.path.exists(workdir)
+
+
+def test_workdir_is_required():
+  proc = _train('--config=configs/default.py:tiny')
+  assert proc.returncode == 2
+  assert proc.stderr.strip() == 'train.py: error: --workdir is required'
+
+
+def test_end_to_end_tiny_run_with_overrides_and_resume(tmp_path):
+  """The real input pipeline (bundled Multi30k), BLEU, outputs in DIR, then a resume."""
+  workdir = str(tmp_path)
+  args = ['--config=configs/default.py:tiny', f'--workdir={workdir}',
+          '--config.train.num_steps=4', '--config.train.eval_every_steps=4',
+          '--config.train.log_every_steps=2', '--config.train.checkpoint_every_steps=2',
+          '--config.model.num_heads=2', '--config.model.vocab_size=512',
+          '--config.data.vocab_size=512', '--config.decode.num_eval_sentences=8']
+  proc = _train(*args)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  out = proc.stdout
+  assert 'parameters' in out and 'mesh (data=1)' in out
+  assert 'step 4/4 | loss ' in out and 'tok/s' in out and 'ETA' in out
+  assert 'BLEU' in out and 'nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:' in out
+  assert out.strip().splitlines()[-1].startswith('done: step 4/4')
+  assert 'best BLEU' in out.strip().splitlines()[-1]
+  with open(os.path.join(workdir, 'config.json')) as f:
+    config = json.load(f)
+  assert config['model']['num_heads'] == 2 and config['train']['num_steps'] == 4
+  names = os.listdir(workdir)
+  assert 'checkpoints' in names and 'tokenizer' in names
+  assert any(n.startswith('events.out.tfevents') for n in names)
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['2', '4']
+
+  # Again with more steps: resumes at 4, reports the changed field.
+  proc = _train(*args[:2], '--config.train.num_steps=6', *args[3:])
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert 'resumed from the checkpoint at step 4' in proc.stdout
+  assert 'train.num_steps: 4 -> 6' in proc.stdout
+  assert 'step 6/6' in proc.stdout and 'step 2/' not in proc.stdout
+
+  # A different model shape in the same workdir: refused, nothing overwritten.
+  proc = _train(*args[:2], '--config.model.d_model=64', *args[2:])
+  assert proc.returncode == 2
+  assert 'different model/data setup: model.d_model=32 (new 64)' in proc.stderr
+  with open(os.path.join(workdir, 'config.json')) as f:
+    assert json.load(f)['model']['d_model'] == 32

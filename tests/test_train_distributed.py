@@ -1,0 +1,123 @@
+"""Data parallelism: 1 vs 8 simulated devices, checkpoints across device counts, 2 processes."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from training import checkpoint
+import test_train_synthetic as syn
+
+syn.enable_compilation_cache()
+
+OVERRIDES = {'train.num_steps': 6, 'train.checkpoint_every_steps': 3, 'train.log_every_steps': 3}
+
+
+def _flat(tree):
+  return {jax.tree_util.keystr(k): np.asarray(v)
+          for k, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _assert_same(a: dict, b: dict, **tolerance):
+  assert sorted(a) == sorted(b)
+  for key in a:
+    if tolerance:
+      np.testing.assert_allclose(a[key], b[key], err_msg=key, **tolerance)
+    else:
+      np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+@pytest.fixture(scope='module')
+def one_device_run(tmp_path_factory):
+  if jax.device_count() != 1:
+    pytest.skip('the in-process run must have exactly 1 device')
+  workdir = str(tmp_path_factory.mktemp('one'))
+  return workdir, syn.run(workdir, 'encoder_decoder', OVERRIDES)
+
+
+@pytest.fixture(scope='module')
+def eight_device_run(one_device_run, tmp_path_factory):
+  """Same config, same global batch on 8 devices; also restores the 1-device checkpoint."""
+  workdir = str(tmp_path_factory.mktemp('eight'))
+  proc, result = syn.run_subprocess(
+      workdir, {'overrides': OVERRIDES, 'restore_from': one_device_run[0]}, num_devices=8)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert 'mesh (data=8) over 8 cpu device(s)' in proc.stdout
+  return workdir, result
+
+
+def test_one_and_eight_devices_give_the_same_loss_curve(one_device_run, eight_device_run):
+  _, one = one_device_run
+  _, eight = eight_device_run
+  assert eight['num_devices'] == 8
+  steps = sorted(one['losses'])
+  assert steps == [int(s) for s in sorted(eight['losses'], key=int)] == list(range(1, 7))
+  np.testing.assert_allclose([eight['losses'][str(s)] for s in steps],
+                             [one['losses'][s] for s in steps], rtol=2e-5)
+  np.testing.assert_allclose(eight['best_eval_loss'], one['best_eval_loss'], rtol=2e-5)
+
+
+def test_checkpoint_from_one_device_restores_on_eight(one_device_run, eight_device_run):
+  _, one = one_device_run
+  workdir, _ = eight_device_run
+  _assert_same(syn.load_npz(os.path.join(workdir, 'restored.npz')), _flat(one['state'].params))
+
+
+def test_checkpoint_from_eight_devices_restores_on_one(eight_device_run):
+  workdir, _ = eight_device_run
+  trained = syn.load_npz(os.path.join(workdir, 'params.npz'))
+  state = syn.restore_full_state(workdir, overrides=OVERRIDES)  # whole TrainState, 1 device
+  assert int(state.step) == 6
+  _assert_same(_flat(state.params), trained)
+  params, step = checkpoint.restore_params(workdir)
+  assert step == 6
+  _assert_same(_flat(params), trained)
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def test_two_processes_agree_on_the_loss(tmp_path, one_device_run):
+  """jax.distributed on 127.0.0.1 with gloo CPU collectives; 2 processes x 2 devices."""
+  workdir = str(tmp_path)
+  port = _free_port()
+  procs = []
+  for i in range(2):
+    spec = {'overrides': OVERRIDES, 'coordinator': f'127.0.0.1:{port}', 'num_processes': 2,
+            'process_id': i}
+    procs.append(subprocess.Popen(
+        [sys.executable, syn.__file__, workdir, json.dumps(spec)], env=syn.subprocess_env(2),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=syn.REPO))
+  outputs = []
+  try:
+    for proc in procs:
+      outputs.append(proc.communicate(timeout=300)[0])
+  finally:
+    for proc in procs:
+      proc.kill()
+  for proc, out in zip(procs, outputs):
+    assert proc.returncode == 0, out[-4000:]
+  results = []
+  for i in range(2):
+    with open(os.path.join(workdir, f'result.{i}.json')) as f:
+      results.append(json.load(f))
+  assert results[0]['num_devices'] == results[1]['num_devices'] == 4
+  assert results[0]['losses'] == results[1]['losses']
+  assert len(results[0]['losses']) == 6
+  assert results[0]['losses']['6'] < results[0]['losses']['1']
+  # Only process 0 logs; the checkpoint holds both processes' data iterator states.
+  assert 'step 6/6' in outputs[0] and 'step 6/6' not in outputs[1]
+  assert checkpoint.list_steps(workdir) == [3, 6]
+  with open(os.path.join(checkpoint.checkpoint_dir(workdir), '6', 'data', 'metadata')) as f:
+    assert json.load(f) == {'process_count': 2, 'states': [{'index': 6}, {'index': 6}]}
+  # The 2-process checkpoint restores in one process.
+  params, _ = checkpoint.restore_params(workdir)
+  _assert_same(_flat(params), syn.load_npz(os.path.join(workdir, 'params.0.npz')))
