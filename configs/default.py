@@ -45,7 +45,7 @@ def get_config(preset=None):
   dec.num_eval_sentences = 256
 
   if preset == 'tiny':
-    m.vocab_size = d.vocab_size = 256
+    m.vocab_size = d.vocab_size = 512
     m.num_encoder_layers = m.num_decoder_layers = 2
     m.d_model, m.d_ff, m.num_heads = 32, 64, 4
     m.max_len = 64
