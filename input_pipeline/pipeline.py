@@ -147,6 +147,9 @@ _READ_OPTIONS = grain.ReadOptions(num_threads=1, prefetch_buffer_size=2)
 
 def _to_iter(ds: grain.MapDataset, num_workers: int) -> grain.IterDataset:
   if num_workers:
+    from absl import flags  # pylint: disable=g-import-not-at-top
+    if not flags.FLAGS.is_parsed():  # Grain's worker processes read absl flags
+      flags.FLAGS.mark_as_parsed()
     return ds.to_iter_dataset(_READ_OPTIONS).mp_prefetch(
         grain.MultiprocessingOptions(num_workers=num_workers))
   return ds.to_iter_dataset(_READ_OPTIONS)

@@ -22,6 +22,7 @@ import os
 from typing import Any, Sequence
 
 import tensorflow_datasets as tfds
+from tensorflow_datasets.proto import tf_example_pb2
 
 from input_pipeline import builders
 from input_pipeline.errors import DataError
@@ -119,11 +120,46 @@ def get_source(data_config, split: str) -> Sequence[dict[str, Any]]:
     raise DataError(f'dataset {data_config.dataset!r} has no split {split!r} '
                     f'(splits: {sorted(builder.info.splits)}); check config.data.eval_split / '
                     'test_split, or eval_files / test_files for parallel_text')
+  features = builder.info.features
+  text_only = isinstance(features, tfds.features.FeaturesDict) and all(
+      isinstance(f, tfds.features.Text) for f in features.values())
   try:
+    if text_only:
+      return TextSource(builder.as_data_source(
+          split=split, deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES),
+          tuple(features.keys()))
     return builder.as_data_source(split=split)
   except NotImplementedError as e:
     raise DataError(f'dataset {data_config.dataset!r} in {builder.data_dir} is not stored as '
                     f'ArrayRecord ({e}); prepare it with --file_format=array_record') from None
+
+
+class TextSource:
+  """A data source of all-Text examples, parsed straight from the stored protos.
+
+  Same interface as `tfds.data_source` (len, [i], __getitems__) returning
+  {feature: bytes}; about 3x faster than tfds' generic decoding.
+  """
+
+  def __init__(self, raw_source, keys: tuple[str, ...]):
+    self._raw = raw_source
+    self._keys = keys
+
+  def __len__(self) -> int:
+    return len(self._raw)
+
+  def _parse(self, record: bytes) -> dict[str, bytes]:
+    feature = tf_example_pb2.Example.FromString(record).features.feature
+    return {k: (feature[k].bytes_list.value[0] if k in feature else b'') for k in self._keys}
+
+  def __getitem__(self, index: int) -> dict[str, bytes]:
+    return self._parse(self._raw[index])
+
+  def __getitems__(self, indices: Sequence[int]) -> list[dict[str, bytes]]:
+    return [self._parse(r) for r in self._raw.__getitems__(list(indices))]
+
+  def __repr__(self) -> str:
+    return f'TextSource({self._raw!r})'
 
 
 def text_keys(data_config) -> tuple[str, str] | tuple[str]:
