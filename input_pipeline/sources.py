@@ -82,8 +82,19 @@ def _local_builder(data_config, data_dir: str) -> tfds.core.DatasetBuilder:
   return cls(data_dir=data_dir, file_format='array_record')
 
 
+_BUILDERS: dict[tuple, tfds.core.DatasetBuilder] = {}  # prepared builders, per process
+
+
 def get_builder(data_config) -> tfds.core.DatasetBuilder:
   """The prepared builder of `config.data.dataset` (preparing local ones once)."""
+  key = (data_config.dataset, resolve_data_dir(data_config.get('data_dir')),
+         *(data_config.get(f) for f in _PARALLEL_TEXT_FIELDS.values()))
+  if key not in _BUILDERS:
+    _BUILDERS[key] = _prepared_builder(data_config)
+  return _BUILDERS[key]
+
+
+def _prepared_builder(data_config) -> tfds.core.DatasetBuilder:
   name = data_config.dataset
   data_dir = resolve_data_dir(data_config.get('data_dir'))
   if name in LOCAL_BUILDERS:
@@ -96,7 +107,6 @@ def get_builder(data_config) -> tfds.core.DatasetBuilder:
           logging.info('Preparing %s in %s', name, builder.data_dir)
           tfds.disable_progress_bar()
           builder.download_and_prepare(file_format='array_record')
-        builder = _local_builder(data_config, data_dir)
     return builder
   try:
     builder = tfds.builder(name, data_dir=data_dir)

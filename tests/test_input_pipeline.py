@@ -113,6 +113,18 @@ def test_shakespeare_builder_split(data_dir):
   assert train_text + val_text == text
 
 
+def test_catalog_dataset_path(mt, monkeypatch):
+  """A dataset prepared in data_dir but not one of ours loads by name (read-only builder)."""
+  monkeypatch.delitem(sources.LOCAL_BUILDERS, 'multi30k')
+  monkeypatch.setattr(sources, '_BUILDERS', {})
+  builder = sources.get_builder(mt.config.data)
+  assert type(builder).__name__ == 'ReadOnlyBuilder'
+  assert sources.text_keys(mt.config.data) == ('en', 'de')
+  test = sources.get_source(mt.config.data, 'test')
+  assert len(test) == 1000
+  assert sources.as_str(test[0]['en']) == _lines('test_2016_flickr.en.gz')[0]
+
+
 def test_concurrent_prepare_without_tensorflow(tmp_path):
   """Two processes prepare one data dir at once, and neither imports tensorflow."""
   script = textwrap.dedent(f"""
