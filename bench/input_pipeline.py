@@ -22,10 +22,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
 
-from configs import default, shakespeare_char  # noqa: E402
-import input_pipeline  # noqa: E402
+import input_pipeline
+from configs import default, shakespeare_char
 
 
 def _measure(config, workdir, num_batches):
@@ -96,7 +95,8 @@ def main():
       'num_batches': args.num_batches,
       'packing_efficiency': {'packed': packed['nonpad_fraction'],
                              'padded': padded['nonpad_fraction'],
-                             'gain': round(packed['nonpad_fraction'] / padded['nonpad_fraction'], 2)},
+                             'gain': round(packed['nonpad_fraction']
+                                           / padded['nonpad_fraction'], 2)},
       'results': results,
   }, indent=2))
 

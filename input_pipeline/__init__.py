@@ -10,8 +10,13 @@
 from input_pipeline.datasets import Datasets, get_datasets
 from input_pipeline.errors import DataError, DataFileError
 from input_pipeline.pipeline import TrainIterator
-from input_pipeline.tokenizers import (CharTokenizer, SentencePieceTokenizer, Tokenizer,
-                                       get_tokenizer, load_tokenizer)
+from input_pipeline.tokenizers import (
+                                       CharTokenizer,
+                                       SentencePieceTokenizer,
+                                       Tokenizer,
+                                       get_tokenizer,
+                                       load_tokenizer,
+)
 
 __all__ = [
     'CharTokenizer', 'DataError', 'DataFileError', 'Datasets', 'SentencePieceTokenizer',

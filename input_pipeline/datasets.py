@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from input_pipeline import pipeline, sources, tokenizers
 from input_pipeline.errors import DataError

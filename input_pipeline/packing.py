@@ -15,7 +15,7 @@ be recomputed from its index alone (exact, cheap checkpoint/resume).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

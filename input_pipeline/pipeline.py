@@ -24,13 +24,16 @@ from __future__ import annotations
 import json
 import logging
 import math
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import grain
 import numpy as np
 
 from input_pipeline import packing, sources
 from input_pipeline.errors import DataError
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PACKING_WINDOW = 1024  # examples packed together (per process)
 _LM_STEPS = 2 ** 62  # "infinite" number of LM training batches
@@ -57,7 +60,7 @@ class TrainIterator:
     self._iter = iter(dataset)
     self._info = info  # what the state is only valid for
 
-  def __iter__(self) -> 'TrainIterator':
+  def __iter__(self) -> TrainIterator:
     return self
 
   def __next__(self) -> dict[str, np.ndarray]:
@@ -73,7 +76,7 @@ class TrainIterator:
                       'TrainIterator.get_state()')
     changed = {k: (state.get(k), v) for k, v in self._info.items() if state.get(k) != v}
     if changed:
-      logging.warning('Restoring a data iterator saved with different settings %s '
+      log.warning('Restoring a data iterator saved with different settings %s '
                       '(saved, now): the batch sequence will not continue exactly', changed)
     self._iter.set_state(state['grain'])
 

@@ -19,13 +19,16 @@ import contextlib
 import fcntl
 import logging
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import tensorflow_datasets as tfds
 from tensorflow_datasets.proto import tf_example_pb2
 
 from input_pipeline import builders
 from input_pipeline.errors import DataError
+
+log = logging.getLogger(__name__)
 
 LOCAL_BUILDERS = {
     'multi30k': builders.Multi30k,
@@ -104,13 +107,13 @@ def _prepared_builder(data_config) -> tfds.core.DatasetBuilder:
       with _file_lock(lock):
         builder = _local_builder(data_config, data_dir)  # re-check under the lock
         if not os.path.exists(os.path.join(builder.data_dir, 'dataset_info.json')):
-          logging.info('Preparing %s in %s', name, builder.data_dir)
+          log.info('Preparing %s in %s', name, builder.data_dir)
           tfds.disable_progress_bar()
           builder.download_and_prepare(file_format='array_record')
     return builder
   try:
     builder = tfds.builder(name, data_dir=data_dir)
-  except Exception as e:  # DatasetNotFoundError, or a catalog module needing TF
+  except Exception as e:  # noqa: BLE001 (DatasetNotFoundError, or a catalog module needing TF)
     raise DataError(
         f'unknown dataset {name!r} (config.data.dataset): not one of '
         f'{sorted(LOCAL_BUILDERS)} and not prepared in data_dir {data_dir} '

@@ -14,6 +14,8 @@ import os
 
 from input_pipeline.errors import DataError, DataFileError
 
+log = logging.getLogger(__name__)
+
 # The project's bundled corpora, located relative to this package (not cwd).
 DATA_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data')
 
@@ -44,8 +46,7 @@ def read_text(path: str) -> str:
   except UnicodeDecodeError as e:
     line = raw[: e.start].count(b'\n') + 1
     raise DataError(f'data file {path} is not UTF-8 text (line {line}: {e.reason})') from None
-  if text.startswith('\ufeff'):
-    text = text[1:]
+  text = text.removeprefix('\ufeff')
   if not text.strip():
     raise DataError(f'data file is empty: {path}')
   return text
@@ -76,7 +77,7 @@ def read_parallel(source_path: str, target_path: str) -> list[tuple[str, str]]:
   pairs = [(s, t) for s, t in zip(src, tgt) if s and t]
   skipped = len(src) - len(pairs)
   if skipped:
-    logging.warning('Skipped %d of %d line pairs with an empty side in %s / %s',
+    log.warning('Skipped %d of %d line pairs with an empty side in %s / %s',
                     skipped, len(src), source_path, target_path)
   if not pairs:
     raise DataError(f'no non-empty line pairs in {source_path} / {target_path}')

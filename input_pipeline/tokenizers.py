@@ -23,12 +23,14 @@ import os
 import re
 import tempfile
 import time
-from typing import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import sentencepiece as spm
 
 from input_pipeline.errors import DataError, DataFileError
+
+log = logging.getLogger(__name__)
 
 TOKENIZER_DIR = 'tokenizer'
 _META = 'tokenizer.json'
@@ -149,7 +151,7 @@ def train_sentencepiece(sentences: Iterable[str], vocab_size: int, *,
       raise DataError(f'config.data.vocab_size={vocab_size} is too large for {what}: '
                       f'{hint}') from None
     raise DataError(f'sentencepiece training on {what} failed: {msg}') from None
-  logging.info('Trained sentencepiece (%s, vocab %d) in %.1fs', model_type, vocab_size,
+  log.info('Trained sentencepiece (%s, vocab %d) in %.1fs', model_type, vocab_size,
                time.time() - start)
   return SentencePieceTokenizer(model.getvalue())
 
@@ -246,7 +248,7 @@ def get_tokenizer(data_config, workdir: str | None) -> Tokenizer:
       return tokenizer
     tokenizer = _train(data_config, kind)
     tokenizer.save(os.path.join(workdir, TOKENIZER_DIR))
-    logging.info('Saved %s tokenizer (vocab %d) in %s', kind, tokenizer.vocab_size, workdir)
+    log.info('Saved %s tokenizer (vocab %d) in %s', kind, tokenizer.vocab_size, workdir)
     return tokenizer
 
 

@@ -11,8 +11,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from configs import default, shakespeare_char
 import input_pipeline as ip
+from configs import default, shakespeare_char
 from input_pipeline import packing, pipeline, sources, textfiles
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -54,6 +54,11 @@ def workdir(tmp_path_factory):
 def mt(data_dir, workdir):
   """Multi30k datasets of a single process (prepares and trains the tokenizer once)."""
   return ip.get_datasets(_mt_config(data_dir), workdir=workdir, process_index=0, process_count=1)
+
+
+def _shakespeare():
+  with open(os.path.join(ROOT, 'data', 'tinyshakespeare', 'input.txt')) as f:
+    return f.read()
 
 
 def _lines(name):
@@ -105,7 +110,7 @@ def test_multi30k_builder_counts(mt):
 
 def test_shakespeare_builder_split(data_dir):
   config = _lm_config(data_dir)
-  text = open(os.path.join(ROOT, 'data', 'tinyshakespeare', 'input.txt')).read()
+  text = _shakespeare()
   train = sources.get_source(config.data, 'train')
   val = sources.get_source(config.data, 'validation')
   train_text, val_text = sources.as_str(train[0]['text']), sources.as_str(val[0]['text'])
@@ -319,12 +324,13 @@ def test_lm_iterator_state_roundtrip(data_dir, tmp_path):
 def test_lm_blocks(data_dir, tmp_path):
   config = _lm_config(data_dir)
   ds = ip.get_datasets(config, workdir=str(tmp_path), process_index=0, process_count=1)
-  text = open(os.path.join(ROOT, 'data', 'tinyshakespeare', 'input.txt')).read()
+  text = _shakespeare()
   train_text, val_text = text[:1_003_854], text[1_003_854:]
   batch = next(ds.train_iter)
   assert batch['targets'].shape == (8, 65) and batch['targets'].dtype == np.int32
   assert batch['targets_weights'].dtype == np.float32
-  assert np.all(batch['targets_weights'][:, 0] == 0) and np.all(batch['targets_weights'][:, 1:] == 1)
+  weights = batch['targets_weights']
+  assert np.all(weights[:, 0] == 0) and np.all(weights[:, 1:] == 1)
   for row in batch['targets']:
     assert ds.tokenizer.decode(row) in train_text
   # Eval blocks: stride 64, overlapping by one token; every val char but the first predicted once.
