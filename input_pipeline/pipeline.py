@@ -76,8 +76,8 @@ class TrainIterator:
                       'TrainIterator.get_state()')
     changed = {k: (state.get(k), v) for k, v in self._info.items() if state.get(k) != v}
     if changed:
-      log.warning('Restoring a data iterator saved with different settings %s '
-                      '(saved, now): the batch sequence will not continue exactly', changed)
+      log.warning('Restoring a data iterator saved with different settings %s (saved, now): '
+                  'the batch sequence will not continue exactly', changed)
     self._iter.set_state(state['grain'])
 
   def close(self) -> None:

@@ -78,7 +78,7 @@ def read_parallel(source_path: str, target_path: str) -> list[tuple[str, str]]:
   skipped = len(src) - len(pairs)
   if skipped:
     log.warning('Skipped %d of %d line pairs with an empty side in %s / %s',
-                    skipped, len(src), source_path, target_path)
+                skipped, len(src), source_path, target_path)
   if not pairs:
     raise DataError(f'no non-empty line pairs in {source_path} / {target_path}')
   return pairs

@@ -152,7 +152,7 @@ def train_sentencepiece(sentences: Iterable[str], vocab_size: int, *,
                       f'{hint}') from None
     raise DataError(f'sentencepiece training on {what} failed: {msg}') from None
   log.info('Trained sentencepiece (%s, vocab %d) in %.1fs', model_type, vocab_size,
-               time.time() - start)
+           time.time() - start)
   return SentencePieceTokenizer(model.getvalue())
 
 
