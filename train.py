@@ -27,9 +27,12 @@ def _define_flags() -> None:
   flags.DEFINE_string('workdir', None, 'Directory for config.json, checkpoints, TensorBoard '
                       'events and the tokenizer; training resumes from it.')
   flags.DEFINE_bool('jax_distributed', False, 'Call jax.distributed.initialize() (multi-host).')
-  flags.DEFINE_string('coordinator_address', None, 'host:port of process 0 (multi-host).')
-  flags.DEFINE_integer('num_processes', None, 'Number of processes (multi-host).')
-  flags.DEFINE_integer('process_id', None, 'This process id (multi-host).')
+  flags.DEFINE_string('coordinator_address', None, 'host:port of process 0 (multi-host; '
+                      'default $JAX_COORDINATOR_ADDRESS or cluster auto-detection).')
+  flags.DEFINE_integer('num_processes', None, 'Number of processes (default $JAX_NUM_PROCESSES '
+                       'or cluster auto-detection).')
+  flags.DEFINE_integer('process_id', None, 'This process id (default $JAX_PROCESS_ID or cluster '
+                       'auto-detection).')
   flags.DEFINE_string('cpu_collectives', 'gloo', 'CPU collectives for multi-process CPU runs '
                       "('gloo' | 'mpi' | 'none').")
 
@@ -111,8 +114,14 @@ def _init_distributed() -> None:
   import jax  # pylint: disable=import-outside-toplevel
   if FLAGS.cpu_collectives != 'none':
     jax.config.update('jax_cpu_collectives_implementation', FLAGS.cpu_collectives)
-  kwargs = {k: getattr(FLAGS, k) for k in ('coordinator_address', 'num_processes', 'process_id')
-            if getattr(FLAGS, k) is not None}
+  env = {'coordinator_address': os.environ.get('JAX_COORDINATOR_ADDRESS'),
+         'num_processes': os.environ.get('JAX_NUM_PROCESSES'),
+         'process_id': os.environ.get('JAX_PROCESS_ID')}
+  kwargs = {}
+  for name, value in env.items():
+    value = getattr(FLAGS, name) if getattr(FLAGS, name) is not None else value
+    if value is not None:
+      kwargs[name] = value if name == 'coordinator_address' else int(value)
   jax.distributed.initialize(**kwargs)
 
 
@@ -121,7 +130,7 @@ def main(argv: list[str]) -> None:
     logging.set_verbosity(logging.WARNING)
   if len(argv) > 1:
     _fail(f'unexpected arguments {argv[1:]}')
-  if FLAGS.jax_distributed or FLAGS.coordinator_address:
+  if FLAGS.jax_distributed or FLAGS.coordinator_address or os.environ.get('JAX_COORDINATOR_ADDRESS'):
     _init_distributed()
   # Imported after jax.distributed.initialize (which must precede any other JAX call).
   from model.config import ConfigError  # pylint: disable=import-outside-toplevel

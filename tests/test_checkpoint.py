@@ -90,8 +90,9 @@ def test_damaged_latest_checkpoint_falls_back(straight_run, tmp_path, capsys):
   shutil.copytree(source, workdir)
   ckpt_dir = checkpoint.checkpoint_dir(workdir)
   _damage(os.path.join(ckpt_dir, '6'))
-  # A save killed mid-write leaves only a temporary directory: never listed.
-  os.makedirs(os.path.join(ckpt_dir, '9.orbax-checkpoint-tmp-1234', 'state'))
+  # A save killed mid-write leaves only a temporary directory: never listed, cleaned up.
+  os.makedirs(os.path.join(ckpt_dir, '6.orbax-checkpoint-tmp', 'state.orbax-checkpoint-tmp'))
+  os.makedirs(os.path.join(ckpt_dir, '9.orbax-checkpoint-tmp', 'state'))
   assert checkpoint.list_steps(workdir) == [3, 6]
 
   params, step = checkpoint.restore_params(workdir)
@@ -107,6 +108,8 @@ def test_damaged_latest_checkpoint_falls_back(straight_run, tmp_path, capsys):
   assert sorted(resumed['losses']) == [4, 5, 6]
   _assert_trees_equal(resumed['state'].params, straight['state'].params)
   assert checkpoint.list_steps(workdir) == [3, 6]
+  assert sorted(os.listdir(ckpt_dir)) == ['3', '6']
+  _assert_trees_equal(checkpoint.restore_params(workdir)[0], straight['state'].params)
 
 
 def _start(workdir, overrides):

@@ -49,7 +49,8 @@ def _manager(workdir: str, *, max_to_keep: int | None = None, async_save: bool =
   directory = checkpoint_dir(workdir)
   options = ocp.CheckpointManagerOptions(
       max_to_keep=max_to_keep, create=not read_only, read_only=read_only,
-      enable_async_checkpointing=async_save)
+      enable_async_checkpointing=async_save,
+      cleanup_tmp_directories=not read_only)  # leftovers of a save killed mid-write
   handlers = {'state': ocp.PyTreeCheckpointHandler(), 'data': ocp.JsonCheckpointHandler()}
   return ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
 

@@ -54,12 +54,15 @@ class _StopSignal:
       signal.signal(signum, handler)
 
   def should_stop(self, sync: bool) -> bool:
-    """True when this process (or, with `sync`, any process) got a signal."""
-    stop = self.signum is not None
-    if sync and jax.process_count() > 1:
-      from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
-      stop = bool(np.any(multihost_utils.process_allgather(np.array([stop]))))
-    return stop
+    """True when this process got a signal. With several processes all must stop at the same
+    step, so they agree (a collective) only at `sync` steps and report False in between."""
+    if jax.process_count() == 1:
+      return self.signum is not None
+    if not sync:
+      return False
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    flags = multihost_utils.process_allgather(np.array([self.signum is not None]))
+    return bool(np.any(flags))
 
 
 def _get_datasets(config, workdir: str):
@@ -243,8 +246,9 @@ class _Run:
                'best_eval_loss': self.best['loss'][0], 'best_eval_loss_step': self.best['loss'][1],
                'best_bleu': self.best['bleu'][0] if self.best['bleu'][1] is not None else None,
                'best_bleu_step': self.best['bleu'][1], 'losses': losses, 'state': state}
-    line = (f'done: step {step}/{t.num_steps} in {metrics_lib.format_duration(summary["total_time"])}'
-            f' | best val loss {self.best["loss"][0]:.4f} (step {self.best["loss"][1]})')
+    line = f'done: step {step}/{t.num_steps} in {metrics_lib.format_duration(summary["total_time"])}'
+    if self.best['loss'][1] is not None:
+      line += f' | best val loss {self.best["loss"][0]:.4f} (step {self.best["loss"][1]})'
     if summary['best_bleu'] is not None:
       line += f' | best BLEU {summary["best_bleu"]:.2f} (step {summary["best_bleu_step"]})'
     log(line)
