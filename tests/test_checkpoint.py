@@ -14,7 +14,7 @@ import pytest
 from training import checkpoint
 import test_train_synthetic as syn
 
-syn.enable_compilation_cache()
+compilation_cache = pytest.fixture(scope='module', autouse=True)(syn.compilation_cache_fixture)
 
 STRAIGHT = {'train.num_steps': 6, 'train.checkpoint_every_steps': 3, 'train.log_every_steps': 3}
 

@@ -69,7 +69,8 @@ def test_end_to_end_tiny_run_with_overrides_and_resume(tmp_path):
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['2', '4']
 
   # Again with more steps: resumes at 4, reports the changed field.
-  proc = _train(*args[:2], '--config.train.num_steps=6', *args[3:])
+  proc = _train(*args[:2], '--config.train.num_steps=6', *args[3:-1],
+                '--config.decode.num_eval_sentences=0')
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   assert 'resumed from the checkpoint at step 4' in proc.stdout
   assert 'train.num_steps: 4 -> 6' in proc.stdout

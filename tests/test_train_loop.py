@@ -10,7 +10,7 @@ from model.config import ConfigError
 from training import checkpoint, config_io, trainer
 import test_train_synthetic as syn
 
-syn.enable_compilation_cache()
+compilation_cache = pytest.fixture(scope='module', autouse=True)(syn.compilation_cache_fixture)
 
 
 def _mean(losses, steps):

@@ -24,16 +24,31 @@ CACHE_DIR = os.environ.get('JAX_COMPILATION_CACHE_DIR') or os.path.join(
     __import__('tempfile').gettempdir(), f'transformer-jax-tests-xla-cache-{os.getuid()}')
 
 
+def _set_cache(directory, min_secs) -> None:
+  import jax  # pylint: disable=import-outside-toplevel
+  jax.config.update('jax_compilation_cache_dir', directory)
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', min_secs)
+  try:
+    from jax.experimental.compilation_cache import compilation_cache  # pylint: disable=import-outside-toplevel
+    compilation_cache.reset_cache()
+  except (ImportError, AttributeError):
+    pass
+
+
 def enable_compilation_cache() -> None:
   import jax  # pylint: disable=import-outside-toplevel
   if jax.config.jax_compilation_cache_dir != CACHE_DIR:
-    jax.config.update('jax_compilation_cache_dir', CACHE_DIR)
-    jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)
-    try:
-      from jax.experimental.compilation_cache import compilation_cache  # pylint: disable=import-outside-toplevel
-      compilation_cache.reset_cache()
-    except (ImportError, AttributeError):
-      pass
+    _set_cache(CACHE_DIR, 0.5)
+
+
+def compilation_cache_fixture():
+  """A module-scoped pytest fixture body: the cache on for this module's tests only."""
+  import jax  # pylint: disable=import-outside-toplevel
+  before = (jax.config.jax_compilation_cache_dir,
+            jax.config.jax_persistent_cache_min_compile_time_secs)
+  enable_compilation_cache()
+  yield
+  _set_cache(*before)
 
 
 def subprocess_env(num_devices: int = 1) -> dict[str, str]:
