@@ -135,17 +135,13 @@ def main(argv: list[str]) -> None:
   # Imported after jax.distributed.initialize (which must precede any other JAX call).
   from model.config import ConfigError  # pylint: disable=import-outside-toplevel
   from training import checkpoint, trainer  # pylint: disable=import-outside-toplevel
+  user_errors = (ConfigError, checkpoint.CheckpointError, *_data_errors())
   try:
-    summary = trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)
-  except ConfigError as e:
-    _fail(e)
-  except checkpoint.CheckpointError as e:
-    _fail(e)
+    trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   except trainer.NonFiniteLossError as e:
     _fail(e, code=1)
-  except _data_errors() as e:
+  except user_errors as e:  # bad config/workdir/checkpoint/data: one line, no traceback
     _fail(e)
-  del summary
 
 
 def _data_errors() -> tuple[type[BaseException], ...]:
