@@ -71,17 +71,26 @@ def _kind(module) -> str:
   return module.config.kind
 
 
-def _prompt_lengths(prompt: np.ndarray) -> np.ndarray:
+def _prompt_lengths(prompt):
   """Per-row length of a right-padded prompt: the index of the last non-pad token + 1."""
-  if prompt.shape[1] == 0:
-    return np.zeros((prompt.shape[0],), np.int32)
-  nonpad = prompt != PAD_ID
-  last = prompt.shape[1] - np.argmax(nonpad[:, ::-1], axis=1)
-  return np.where(nonpad.any(axis=1), last, 0).astype(np.int32)
+  xp = np if isinstance(prompt, np.ndarray) else jnp
+  width = prompt.shape[1]
+  if width == 0:
+    return xp.zeros((prompt.shape[0],), xp.int32)
+  cols = xp.arange(1, width + 1)[None, :]
+  return xp.max(xp.where(prompt != PAD_ID, cols, 0), axis=1).astype(xp.int32)
+
+
+def _is_concrete(x) -> bool:
+  return not isinstance(x, jax.core.Tracer)
 
 
 def _prepare(module, inputs, prompt, max_len: int):
-  """Validates and normalises the arguments -> (inputs, prompt, lengths, prefill_len)."""
+  """Validates and normalises the arguments -> (inputs, prompt, lengths, prefill_len).
+
+  Works on host or device arrays, and on tracers (when the caller jits around us); the
+  prefill length (a static shape) needs concrete prompt values, else it is 0.
+  """
   kind = _kind(module)
   cfg = module.config
   if kind == 'encoder_only':
@@ -98,28 +107,32 @@ def _prepare(module, inputs, prompt, max_len: int):
   else:
     if inputs is None:
       raise ValueError('an encoder_decoder model needs `inputs` `[batch, src_len]`')
-    inputs = np.asarray(inputs)
+    if not hasattr(inputs, 'shape'):
+      inputs = np.asarray(inputs)
     if inputs.ndim != 2:
       raise ValueError(f'inputs must be [batch, src_len], got shape {inputs.shape}')
-    if inputs.shape[1] > cfg.max_len:
+    if inputs.shape[1] > cfg.max_len and cfg.positional_encoding != 'rope':
       raise ValueError(f'inputs have length {inputs.shape[1]} > the model\'s max_len '
                        f'{cfg.max_len}; truncate them')
     if prompt is None:
       prompt = np.zeros((inputs.shape[0], 0), np.int32)
-  prompt = np.asarray(prompt)
+  if not hasattr(prompt, 'shape'):
+    prompt = np.asarray(prompt)
   if prompt.ndim != 2:
     raise ValueError(f'prompt must be [batch, len], got shape {prompt.shape}')
   if inputs is not None and inputs.shape[0] != prompt.shape[0]:
     raise ValueError(f'inputs batch {inputs.shape[0]} != prompt batch {prompt.shape[0]}')
-  if prompt.shape[1] + max_len > cfg.max_len:
+  if prompt.shape[1] + max_len > cfg.max_len and cfg.positional_encoding != 'rope':
     raise ValueError(
         f'prompt length {prompt.shape[1]} + max_len {max_len} = {prompt.shape[1] + max_len} '
         f'positions > the model\'s max_len {cfg.max_len}')
-  lengths = _prompt_lengths(prompt)
-  prefill_len = int(lengths.min()) if lengths.size else 0
+  prefill_len = 0
+  if prompt.shape[1] and _is_concrete(prompt):
+    prefill_len = int(_prompt_lengths(np.asarray(prompt)).min())
+  prompt = jnp.asarray(prompt, jnp.int32)
   if inputs is not None:
     inputs = jnp.asarray(inputs, jnp.int32)
-  return inputs, jnp.asarray(prompt, jnp.int32), jnp.asarray(lengths), prefill_len
+  return inputs, prompt, _prompt_lengths(prompt), prefill_len
 
 
 def _encode(module, params, inputs):
@@ -151,11 +164,15 @@ def _decoder_step(module, params, cache, encoded, inputs, tokens):
   return logits.astype(jnp.float32), state['cache']
 
 
-def _prefill(module, params, inputs, prompt, prefill_len, max_len, batch_repeat=1):
-  """Encodes, makes the cache and runs `[0] + prompt[:, :prefill_len]`.
+def _start(module, params, inputs, prompt, prefill_len, max_len, batch_repeat=1):
+  """Encodes, makes the cache and runs the first decoder call, outside the loop.
 
-  With `batch_repeat=k` every row is repeated k times (beam search), after encoding.
-  Returns (logits of the last position `[batch*k, vocab]`, cache, encoded, inputs).
+  The decoder reads `[0] + prompt`; the first call feeds the start token and the prompt
+  prefix that every row shares in length (`prefill_len` tokens: one call, not one per
+  token); longer prompts are force-fed inside the loop. (The first call also projects the
+  encoder keys/values into the cache, which changes its structure: it cannot be a loop
+  step.) With `batch_repeat=k` every row is repeated k times (beam search), after encoding.
+  Returns (logits `[batch*k, vocab]` predicting target index t, cache, encoded, inputs, t).
   """
   encoded = _encode(module, params, inputs)
   batch = prompt.shape[0]
@@ -168,7 +185,7 @@ def _prefill(module, params, inputs, prompt, prefill_len, max_len, batch_repeat=
   if batch_repeat > 1:
     first = jnp.repeat(first, batch_repeat, axis=0)
   logits, cache = _decoder_step(module, params, cache, encoded, inputs, first)
-  return logits[:, -1], cache, encoded, inputs
+  return logits[:, -1], cache, encoded, inputs, prefill_len
 
 
 def _forced_tokens(prompt, lengths, t):
@@ -206,11 +223,13 @@ def _select(logits, rng, temperature, top_p, *, greedy: bool, top_k: int | None,
                                              'top_k', 'use_top_p', 'eos_id'))
 def _generate(module, params, inputs, prompt, lengths, rng, temperature, top_p, *,
               max_len, prefill_len, greedy, top_k, use_top_p, eos_id):
-  logits, cache, encoded, inputs = _prefill(module, params, inputs, prompt, prefill_len, max_len)
+  logits, cache, encoded, inputs, t0 = _start(module, params, inputs, prompt, prefill_len,
+                                              max_len)
   batch = prompt.shape[0]
   positions = jnp.arange(max_len)
 
   def choose(t, logits, out, done):
+    """Picks (or force-feeds) the token at target index t."""
     forced, forced_tok = _forced_tokens(prompt, lengths, t)
     chosen = _select(logits, jax.random.fold_in(rng, t), temperature, top_p, greedy=greedy,
                      top_k=top_k, use_top_p=use_top_p)
@@ -223,8 +242,8 @@ def _generate(module, params, inputs, prompt, lengths, rng, temperature, top_p, 
       finished |= write & (tok == eos_id)
     return tok, out, done | finished
 
-  out = jnp.zeros((batch, max_len), jnp.int32)
-  tok, out, done = choose(prefill_len, logits, out, jnp.zeros((batch,), jnp.bool_))
+  tok, out, done = choose(t0, logits, jnp.zeros((batch, max_len), jnp.int32),
+                          jnp.zeros((batch,), jnp.bool_))
 
   def cond(state):
     return ~jnp.all(state[4])
@@ -235,7 +254,7 @@ def _generate(module, params, inputs, prompt, lengths, rng, temperature, top_p, 
     tok, out, done = choose(t + 1, logits[:, -1], out, done)
     return t + 1, tok, cache, out, done
 
-  state = (jnp.asarray(prefill_len, jnp.int32), tok, cache, out, done)
+  state = (jnp.asarray(t0, jnp.int32), tok, cache, out, done)
   return jax.lax.while_loop(cond, body, state)[3]
 
 
@@ -310,8 +329,8 @@ def _beam_search(module, params, inputs, prompt, lengths, alpha, *, beam_size, m
                  prefill_len, eos_id):
   k = beam_size
   batch = prompt.shape[0]
-  logits, cache, encoded, inputs = _prefill(module, params, inputs, prompt, prefill_len,
-                                            max_len, batch_repeat=k)
+  logits, cache, encoded, inputs, t0 = _start(module, params, inputs, prompt, prefill_len,
+                                              max_len, batch_repeat=k)
   vocab = logits.shape[-1]
   positions = jnp.arange(max_len)
   rows = jnp.arange(batch)[:, None]
@@ -355,23 +374,29 @@ def _beam_search(module, params, inputs, prompt, lengths, alpha, *, beam_size, m
     done &= ~(t + 1 < lengths)
     return alive_seq, alive_lp, fin_seq, fin_score, origin, next_tok.reshape(-1), done
 
+  def reorder(cache, origin):
+    return _gather_beams(cache, (rows * k + origin).reshape(-1))
+
   alive_seq = jnp.zeros((batch, k, max_len), jnp.int32)
   alive_lp = jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), jnp.float32), (batch, 1))
   fin_seq = jnp.zeros((batch, k, max_len), jnp.int32)
   fin_score = jnp.full((batch, k), NEG_INF, jnp.float32)
-  beams = step(prefill_len, logits, alive_seq, alive_lp, fin_seq, fin_score)
+  beams = step(t0, logits, alive_seq, alive_lp, fin_seq, fin_score)
+  cache = reorder(cache, beams[4])
 
   def cond(state):
     return ~jnp.all(state[2][-1])
 
   def body(state):
-    t, cache, (alive_seq, alive_lp, fin_seq, fin_score, origin, tok, _) = state
-    cache = _gather_beams(cache, (rows * k + origin).reshape(-1))
+    t, cache, (alive_seq, alive_lp, fin_seq, fin_score, _, tok, _) = state
     logits, cache = _decoder_step(module, params, cache, encoded, inputs, tok[:, None])
     t = t + 1
-    return t, cache, step(t, logits[:, -1], alive_seq, alive_lp, fin_seq, fin_score)
+    beams = step(t, logits[:, -1], alive_seq, alive_lp, fin_seq, fin_score)
+    # Reordering here (not at the start of the next step) lets the decoder's cache update
+    # happen in place on the loop's buffers.
+    return t, reorder(cache, beams[4]), beams
 
-  state = (jnp.asarray(prefill_len, jnp.int32), cache, beams)
+  state = (jnp.asarray(t0, jnp.int32), cache, beams)
   _, _, (_, _, fin_seq, fin_score, _, _, _) = jax.lax.while_loop(cond, body, state)
   fin_seq = jnp.where(jnp.isfinite(fin_score)[:, :, None], fin_seq, 0)
   return fin_seq, fin_score

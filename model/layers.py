@@ -33,9 +33,14 @@ class MultiHeadAttention(nn.Module):
   projects Q from `x` and K, V from `kv`.
 
   With `decode=True` the module keeps a KV cache in the `cache` collection:
-    self-attention: `cached_key`/`cached_value` `[batch, max_len, heads, head_dim]` and
+    self-attention: `cached_key`/`cached_value` `[batch, heads, max_len, head_dim]` and
       `cache_index`; each call appends its `x` (one or more tokens) at `cache_index`.
-    cross-attention: the projected encoder keys/values, computed on the first call only.
+    cross-attention: `cross_key`/`cross_value` `[batch, heads, src_len, head_dim]`, the
+      projected encoder keys/values. `init` does not create them; the first decode call
+      (whose cache lacks them) projects and stores them, later calls only read them, so a
+      decoding loop after the first step does no projection and no conditional.
+  The caches are heads-major so that attending to them needs no per-step transpose of the
+  whole cache (the attention functions get `[batch, len, heads, head_dim]` views).
   The cache length is the length of `x` when the cache is created (init or the first
   mutable apply), as in the Flax WMT example.
   """
@@ -97,35 +102,42 @@ class MultiHeadAttention(nn.Module):
   def _update_self_cache(self, key, value, mask):
     """Writes this call's keys/values at `cache_index` and returns the whole cache."""
     initializing = not self.has_variable('cache', 'cached_key')
-    cached_key = self.variable('cache', 'cached_key', jnp.zeros, key.shape, key.dtype)
-    cached_value = self.variable('cache', 'cached_value', jnp.zeros, value.shape, value.dtype)
+    heads_major = lambda x: jnp.swapaxes(x, 1, 2)  # [b, len, h, d] <-> [b, h, len, d]
+    cached_key = self.variable('cache', 'cached_key', jnp.zeros, heads_major(key).shape, key.dtype)
+    cached_value = self.variable('cache', 'cached_value', jnp.zeros, heads_major(value).shape,
+                                 value.dtype)
     cache_index = self.variable('cache', 'cache_index', lambda: jnp.array(0, jnp.int32))
     if initializing:
       return key, value, mask
-    batch, max_len = cached_key.value.shape[:2]
+    max_len = cached_key.value.shape[2]
     num_new = key.shape[1]
     index = cache_index.value
-    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, (0, index, 0, 0))
-    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value, (0, index, 0, 0))
+    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, heads_major(key),
+                                                    (0, 0, index, 0))
+    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, heads_major(value),
+                                                      (0, 0, index, 0))
     cache_index.value = index + num_new
     # Query i (at absolute position index + i) sees cache slots 0 .. index + i.
     query_pos = index + jnp.arange(num_new)
     causal = (jnp.arange(max_len)[None, :] <= query_pos[:, None])[None, None]
-    return cached_key.value, cached_value.value, attn.combine_masks(mask, causal)
+    return (heads_major(cached_key.value), heads_major(cached_value.value),
+            attn.combine_masks(mask, causal))
 
   def _cross_cache(self, kv, heads):
-    """Projects the encoder output once per decode and reuses it at every later step."""
-    initializing = not self.has_variable('cache', 'cross_key')
-    shape = (kv.shape[0], kv.shape[1], *heads)
-    cross_key = self.variable('cache', 'cross_key', jnp.zeros, shape, self.dtype)
-    cross_value = self.variable('cache', 'cross_value', jnp.zeros, shape, self.dtype)
-    filled = self.variable('cache', 'cross_filled', lambda: jnp.array(False))
-    key, value = self._project_kv(kv, heads)  # creates the params even when reused
-    if initializing:
-      return key, value
-    key, value = jax.lax.cond(filled.value, lambda: (cross_key.value, cross_value.value),
-                              lambda: (key.astype(self.dtype), value.astype(self.dtype)))
-    cross_key.value, cross_value.value, filled.value = key, value, jnp.array(True)
+    """Projects the encoder output on the first decode call and reuses it at every later one.
+
+    Whether to project is static (does the cache hold `cross_key` yet?), so the decoding
+    loop body holds no projection and no `lax.cond` copying the keys/values each step.
+    """
+    heads_major = lambda x: jnp.swapaxes(x, 1, 2)
+    if self.has_variable('cache', 'cross_key'):
+      return (heads_major(self.get_variable('cache', 'cross_key')),
+              heads_major(self.get_variable('cache', 'cross_value')))
+    key, value = self._project_kv(kv, heads)
+    key, value = key.astype(self.dtype), value.astype(self.dtype)
+    if not self.is_initializing():
+      self.put_variable('cache', 'cross_key', heads_major(key))
+      self.put_variable('cache', 'cross_value', heads_major(value))
     return key, value
 
 
