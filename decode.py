@@ -1,0 +1,515 @@
+"""Translate or generate with a trained checkpoint: `python decode.py --workdir=DIR [...]`.
+
+Needs only the workdir (config.json, tokenizer/, checkpoints/): no dataset, no training code
+path, and it restores onto whatever devices exist. Nothing in the workdir is modified.
+
+Translation (encoder-decoder), one sentence per line, output in input order:
+  python decode.py --workdir=/tmp/run --input_file=test.en --output_file=test.de \\
+      --reference=test.de.ref --beam_size=4 --alpha=0.6 --attention_plot=/tmp/plots
+  echo "A man is riding a bike." | python decode.py --workdir=/tmp/run
+
+Language model (decoder-only):
+  python decode.py --workdir=/tmp/lm --prompt="ROMEO:" --num_tokens=300 \\
+      --temperature=0.8 --top_k=40 --seed=0
+
+Translations go to stdout (or --output_file); BLEU/chrF, warnings and the progress bar go
+to stderr. Bad input (no checkpoint, wrong model kind, non-UTF-8 line, reference with a
+different line count, ...) ends with one `decode.py: error: ...` line and exit status 2.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from absl import app, flags, logging
+
+FLAGS = flags.FLAGS
+
+
+def _define_flags() -> None:
+  flags.DEFINE_string('workdir', None, 'Training workdir: config.json, tokenizer/, checkpoints/.')
+  flags.DEFINE_integer('step', None, 'Checkpoint step to restore (default: the newest).')
+  flags.DEFINE_integer('average_last', 1, 'Average the parameters of the last N checkpoints '
+                       '(up to --step) before decoding.')
+  flags.DEFINE_string('input_file', None, 'Sentences (or LM prompts), one per line; '
+                      'default: stdin.')
+  flags.DEFINE_string('output_file', None, 'Where to write the outputs; default: stdout.')
+  flags.DEFINE_string('reference', None, 'Reference translations, one per line: prints '
+                      'sacreBLEU BLEU and chrF with their signatures.')
+  flags.DEFINE_integer('beam_size', None, 'Beam size (1 = greedy); default config.decode.beam_size.')
+  flags.DEFINE_float('alpha', None, 'GNMT length penalty exponent; default config.decode.alpha.')
+  flags.DEFINE_integer('max_len', None, 'Maximum generated tokens per sentence; default '
+                       'config.decode.max_len (at most the model\'s max_len).')
+  flags.DEFINE_integer('batch_size', None, 'Sentences per batch; default config.decode.batch_size.')
+  flags.DEFINE_string('attention_plot', None, 'Directory for attention heatmaps (PNG): one '
+                      'folder per sentence, a file per attention module, layer and head + '
+                      'the head average.')
+  flags.DEFINE_integer('attention_plot_max', 10, 'Plot at most this many sentences '
+                       '(0 = every sentence).')
+  flags.DEFINE_enum('attention_plot_heads', 'all', ['all', 'average'],
+                    'Plot every head and the average, or only the average.')
+  # Language model.
+  flags.DEFINE_string('prompt', None, 'Language model: text to continue.')
+  flags.DEFINE_integer('num_tokens', None, 'Language model: tokens to generate; default '
+                       'config.decode.max_len. Longer than the model\'s context is done in '
+                       'windows (the context is cut to its last half).')
+  flags.DEFINE_float('temperature', None, 'Language model sampling temperature (0 = greedy); '
+                     'default config.decode.temperature.')
+  flags.DEFINE_integer('top_k', None, 'Sample from the k most likely tokens (0 = all); '
+                       'default config.decode.top_k.')
+  flags.DEFINE_float('top_p', None, 'Nucleus sampling: the smallest set of tokens with this '
+                     'probability mass (1 = off).')
+  flags.DEFINE_integer('seed', 0, 'Random seed for sampling.')
+  flags.DEFINE_string('compilation_cache', '~/.cache/transformer_decode_xla',
+                      'JAX persistent compilation cache directory (\'\' = none): repeated runs '
+                      'with the same shapes start without compiling. Never inside --workdir.')
+
+
+class DecodeError(Exception):
+  """A user-facing error: printed as one line, no traceback."""
+
+
+def _fail(message) -> None:
+  print(f'decode.py: error: {" ".join(str(message).split())}', file=sys.stderr, flush=True)
+  sys.exit(2)
+
+
+def _warn(message: str) -> None:
+  print(f'decode.py: warning: {message}', file=sys.stderr, flush=True)
+
+
+def _info(message: str) -> None:
+  print(message, file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- input
+
+def read_lines(path: str | None, what: str = 'input') -> list[str]:
+  """UTF-8 lines of `path` (stdin when None) without their newlines.
+
+  A line that is not valid UTF-8 is an error naming the file and line.
+  """
+  name = path or '<stdin>'
+  try:
+    if path is None:
+      data = sys.stdin.buffer.read()
+    else:
+      with open(path, 'rb') as f:
+        data = f.read()
+  except OSError as e:
+    raise DecodeError(f'cannot read {what} file {name}: {e.strerror or e}') from None
+  raw = data.split(b'\n')
+  if raw and raw[-1] == b'':
+    raw.pop()
+  lines = []
+  for number, line in enumerate(raw, start=1):
+    if line.endswith(b'\r'):
+      line = line[:-1]
+    try:
+      lines.append(line.decode('utf-8'))
+    except UnicodeDecodeError as e:
+      raise DecodeError(f'{what} {name} line {number} is not valid UTF-8 (byte '
+                        f'0x{line[e.start]:02x} at column {e.start + 1})') from None
+  return lines
+
+
+# ----------------------------------------------------------------------------- restore
+
+def _expected_param_shapes(module, kind):
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  dummy = jnp.ones((1, 4), jnp.int32)
+  args = (dummy, dummy) if kind == 'encoder_decoder' else (dummy,)
+  return jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), *args))['params']
+
+
+def _check_params(params, module, kind, workdir) -> None:
+  """The restored tree must be the model of config.json (a clear error, not a JAX one)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  expected = _expected_param_shapes(module, kind)
+  flat_expected = {jax.tree_util.keystr(k): v.shape
+                   for k, v in jax.tree_util.tree_flatten_with_path(expected)[0]}
+  flat_stored = {jax.tree_util.keystr(k): tuple(v.shape)
+                 for k, v in jax.tree_util.tree_flatten_with_path(params)[0]}
+  problems = []
+  for name in sorted(set(flat_expected) | set(flat_stored)):
+    if name not in flat_stored:
+      problems.append(f'{name} missing from the checkpoint')
+    elif name not in flat_expected:
+      problems.append(f'{name} is not in the model')
+    elif tuple(flat_expected[name]) != flat_stored[name]:
+      problems.append(f'{name}: checkpoint {flat_stored[name]} vs model {tuple(flat_expected[name])}')
+  if problems:
+    more = f' (+{len(problems) - 3} more)' if len(problems) > 3 else ''
+    raise DecodeError(f'the checkpoint in {workdir} does not fit the model in its config.json '
+                      f'(kind={kind}): {"; ".join(problems[:3])}{more}')
+
+
+class Restored:
+  """Config, model, tokenizer and parameters of a workdir."""
+
+  def __init__(self, workdir: str, step: int | None, average_last: int):
+    from model import ConfigError, build_model  # pylint: disable=import-outside-toplevel
+    from training import checkpoint, config_io  # pylint: disable=import-outside-toplevel
+    from input_pipeline import tokenizers  # pylint: disable=import-outside-toplevel
+
+    if not workdir:
+      raise DecodeError('--workdir is required (a directory written by train.py)')
+    if not os.path.isdir(workdir):
+      raise DecodeError(f'--workdir {workdir} does not exist')
+    try:
+      self.config = config_io.load_config(workdir)
+      self.module = build_model(self.config.model)
+    except ConfigError as e:
+      raise DecodeError(str(e)) from None
+    self.kind = self.module.config.kind
+    if self.kind not in ('encoder_decoder', 'decoder_only'):
+      raise DecodeError(f'{workdir} holds a {self.kind} model: there is nothing to decode')
+    try:
+      self.tokenizer = tokenizers.load_tokenizer(workdir)
+    except Exception as e:  # DataError/DataFileError: one line already
+      raise DecodeError(str(e)) from None
+    if not checkpoint.list_steps(workdir):
+      raise DecodeError(f'no checkpoint in {checkpoint.checkpoint_dir(workdir)}: train first '
+                        f'(python train.py --workdir={workdir})')
+    started = time.time()
+    try:
+      self.params, self.step = checkpoint.restore_params(workdir, step=step,
+                                                         average_last=average_last)
+    except checkpoint.CheckpointError as e:
+      raise DecodeError(str(e)) from None
+    _check_params(self.params, self.module, self.kind, workdir)
+    averaged = f' (average of the last {average_last})' if average_last > 1 else ''
+    _info(f'restored {self.kind} step {self.step}{averaged} from {workdir} '
+          f'in {time.time() - started:.1f}s')
+
+
+# ----------------------------------------------------------------------------- translate
+
+def _round_up(n: int, multiple: int) -> int:
+  return -(-n // multiple) * multiple
+
+
+def encode_sources(tokenizer, lines, max_source_len: int):
+  """Token ids per line (EOS-terminated); empty lines -> None; long ones truncated."""
+  eos = tokenizer.eos_id
+  sources = []
+  for number, line in enumerate(lines, start=1):
+    if not line.strip():
+      sources.append(None)
+      continue
+    ids = list(tokenizer.encode(line))
+    if len(ids) > max_source_len:
+      _warn(f'input line {number} has {len(ids)} tokens, more than the model\'s max_len '
+            f'{max_source_len}; truncated')
+      ids = ids[:max_source_len - 1] + [eos] if eos is not None else ids[:max_source_len]
+    sources.append(ids)
+  return sources
+
+
+def translate(restored, sources, *, beam_size, alpha, max_len, batch_size, progress=True):
+  """Output ids per source (None for empty), in order: batches of similar length, padded to
+  a fixed batch size and a multiple of 16 in length (few compilations)."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from tqdm import tqdm  # pylint: disable=import-outside-toplevel
+  from model import decoding  # pylint: disable=import-outside-toplevel
+
+  module, params = restored.module, restored.params
+  model_max = module.config.max_len
+  order = sorted((i for i, s in enumerate(sources) if s is not None), key=lambda i: len(sources[i]))
+  outputs = [None] * len(sources)
+  bar = tqdm(total=len(order), file=sys.stderr, unit='sent', desc='decoding',
+             disable=not progress or len(order) <= batch_size, dynamic_ncols=True)
+  for start in range(0, len(order), batch_size):
+    chunk = order[start:start + batch_size]
+    length = min(model_max, _round_up(max(len(sources[i]) for i in chunk), 16))
+    inputs = np.zeros((batch_size, length), np.int32)
+    for row, i in enumerate(chunk):
+      inputs[row, :len(sources[i])] = sources[i]
+    if beam_size > 1:
+      tokens, _ = decoding.beam_search_decode(module, params, inputs, beam_size=beam_size,
+                                              alpha=alpha, max_len=max_len)
+      tokens = tokens[:, 0]
+    else:
+      tokens = decoding.greedy_decode(module, params, inputs, max_len=max_len)
+    tokens = np.asarray(tokens)
+    for row, i in enumerate(chunk):
+      outputs[i] = _until_eos(tokens[row].tolist(), restored.tokenizer.eos_id)
+    bar.update(len(chunk))
+  bar.close()
+  return outputs
+
+
+def _until_eos(ids, eos):
+  """Generated ids up to and including EOS, without trailing pad."""
+  out = []
+  for i in ids:
+    if i == 0:
+      break
+    out.append(i)
+    if eos is not None and i == eos:
+      break
+  return out
+
+
+def score(hypotheses, references):
+  """sacreBLEU corpus BLEU and chrF -> printable lines with their signatures."""
+  import sacrebleu  # pylint: disable=import-outside-toplevel
+  bleu = sacrebleu.metrics.BLEU()
+  chrf = sacrebleu.metrics.CHRF()
+  b = bleu.corpus_score(hypotheses, [references])
+  c = chrf.corpus_score(hypotheses, [references])
+  return [f'BLEU = {b.score:.2f}  {bleu.get_signature()}  ({b})',
+          f'chrF2 = {c.score:.2f}  {chrf.get_signature()}']
+
+
+def plot_translations(restored, sources, outputs, out_dir, limit, heads):
+  """Attention heatmaps of the first `limit` non-empty sentences (teacher-forced on the output)."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from model import plotting  # pylint: disable=import-outside-toplevel
+
+  tok = restored.tokenizer
+  chosen = [i for i, s in enumerate(sources) if s is not None and outputs[i]]
+  if limit > 0:
+    chosen = chosen[:limit]
+  if not chosen:
+    return 0
+  os.makedirs(out_dir, exist_ok=True)
+  piece = lambda i: tok.id_to_piece(int(i))
+  written = 0
+  for start in range(0, len(chosen), 8):
+    batch = chosen[start:start + 8]
+    src_len = _round_up(max(len(sources[i]) for i in batch), 16)
+    tgt_len = _round_up(max(len(outputs[i]) for i in batch), 16)
+    inputs = np.zeros((len(batch), src_len), np.int32)
+    targets = np.zeros((len(batch), tgt_len), np.int32)
+    for row, i in enumerate(batch):
+      inputs[row, :len(sources[i])] = sources[i]
+      targets[row, :len(outputs[i])] = outputs[i]
+    if restored.kind == 'encoder_decoder':
+      maps = plotting.collect_attention(restored.module, restored.params, inputs, targets)
+    else:
+      maps = plotting.collect_attention(restored.module, restored.params, None, targets)
+    for row, i in enumerate(batch):
+      src = [piece(t) for t in sources[i]] if restored.kind == 'encoder_decoder' else None
+      written += len(plotting.save_sentence_plots(
+          maps, row, out_dir, source_pieces=src, target_pieces=[piece(t) for t in outputs[i]],
+          heads=heads, folder=f'line_{i + 1:05d}', title=f'line {i + 1}'))
+  return written
+
+
+def run_translation(restored, lines, references) -> None:
+  dec = restored.config.decode
+  beam_size = FLAGS.beam_size if FLAGS.beam_size is not None else dec.beam_size
+  alpha = FLAGS.alpha if FLAGS.alpha is not None else dec.alpha
+  max_len = FLAGS.max_len if FLAGS.max_len is not None else dec.max_len
+  batch_size = FLAGS.batch_size if FLAGS.batch_size is not None else dec.get('batch_size', 64)
+  model_max = restored.module.config.max_len
+  if beam_size < 1:
+    raise DecodeError(f'--beam_size={beam_size} must be >= 1')
+  if batch_size < 1:
+    raise DecodeError(f'--batch_size={batch_size} must be >= 1')
+  if max_len < 1:
+    raise DecodeError(f'--max_len={max_len} must be >= 1')
+  if max_len > model_max:
+    _warn(f'--max_len={max_len} is more than the model\'s max_len {model_max}; using {model_max}')
+    max_len = model_max
+
+  sources = encode_sources(restored.tokenizer, lines, model_max)
+  started = time.time()
+  outputs = translate(restored, sources, beam_size=beam_size, alpha=alpha, max_len=max_len,
+                      batch_size=min(batch_size, max(1, sum(s is not None for s in sources))))
+  elapsed = time.time() - started
+  texts = ['' if o is None else restored.tokenizer.decode(o) for o in outputs]
+  _write_lines(texts, FLAGS.output_file)
+  n = sum(s is not None for s in sources)
+  gen = sum(len(o) for o in outputs if o)
+  search = f'beam {beam_size}, alpha {alpha}' if beam_size > 1 else 'greedy'
+  _info(f'translated {n} sentence(s) ({search}) in {elapsed:.1f}s: '
+        f'{n / max(elapsed, 1e-9):.1f} sentences/s, {gen / max(elapsed, 1e-9):.0f} tokens/s '
+        f'(compilation included)')
+  if references is not None:
+    for line in score(texts, references):
+      _info(line)
+  if FLAGS.attention_plot:
+    written = plot_translations(restored, sources, outputs, FLAGS.attention_plot,
+                                FLAGS.attention_plot_max, FLAGS.attention_plot_heads)
+    more = ''
+    if FLAGS.attention_plot_max and n > FLAGS.attention_plot_max:
+      more = (f' (the first {FLAGS.attention_plot_max} sentences; --attention_plot_max=0 '
+              'plots all)')
+    _info(f'wrote {written} attention heatmaps to {FLAGS.attention_plot}{more}')
+
+
+def _write_lines(texts, path) -> None:
+  body = ''.join(t.replace('\n', ' ') + '\n' for t in texts)
+  if path is None:
+    sys.stdout.write(body)
+    sys.stdout.flush()
+    return
+  try:
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    with open(path, 'w', encoding='utf-8') as f:
+      f.write(body)
+  except OSError as e:
+    raise DecodeError(f'cannot write --output_file {path}: {e.strerror or e}') from None
+
+
+# ----------------------------------------------------------------------------- language model
+
+def generate(restored, prompt_ids, *, num_tokens, temperature, top_k, top_p, seed):
+  """Continues `prompt_ids` -> generated ids.
+
+  The model sees at most `max_len` positions (the start token, the context and the new
+  tokens); longer generations continue in windows whose context is the last half of the
+  model's span.
+  """
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from model import decoding  # pylint: disable=import-outside-toplevel
+
+  module, params = restored.module, restored.params
+  span = module.config.max_len
+  half = max(1, span // 2)
+  eos = restored.tokenizer.eos_id
+  rng = jax.random.PRNGKey(seed)
+  context = list(prompt_ids)
+  if len(context) >= span:
+    _warn(f'the prompt has {len(context)} tokens, more than the model\'s context '
+          f'{span - 1}; it continues from the last {half}')
+    context = context[-half:]
+  generated = []
+  while True:
+    n = span - len(context)  # always fill the span: the same shapes for every window
+    prompt = np.array(context, np.int32).reshape(1, len(context))
+    rng, key = jax.random.split(rng)
+    out = decoding.sample(module, params, prompt, rng=key, max_len=n, temperature=temperature,
+                          top_k=top_k or None, top_p=top_p, eos_id=eos)
+    new = _until_eos(np.asarray(out)[0].tolist(), eos)
+    generated += new
+    if len(generated) >= num_tokens or len(new) < n or (eos is not None and new[-1] == eos):
+      return generated[:num_tokens]
+    context = (list(prompt_ids) + generated)[-half:]
+
+
+def run_language_model(restored, lines) -> None:
+  dec = restored.config.decode
+  num_tokens = FLAGS.num_tokens if FLAGS.num_tokens is not None else dec.max_len
+  temperature = FLAGS.temperature if FLAGS.temperature is not None else dec.get('temperature', 1.0)
+  top_k = FLAGS.top_k if FLAGS.top_k is not None else dec.get('top_k', 0)
+  top_p = FLAGS.top_p
+  if num_tokens < 1:
+    raise DecodeError(f'--num_tokens={num_tokens} must be >= 1')
+  if temperature < 0:
+    raise DecodeError(f'--temperature={temperature} must be >= 0')
+  if top_k < 0:
+    raise DecodeError(f'--top_k={top_k} must be >= 0')
+  if top_p is not None and not 0 < top_p <= 1:
+    raise DecodeError(f'--top_p={top_p} must be in (0, 1]')
+  prompts = [FLAGS.prompt.replace('\\n', '\n')] if FLAGS.prompt is not None else lines
+  tok = restored.tokenizer
+  texts, plotted = [], []
+  started = time.time()
+  total = 0
+  for number, prompt in enumerate(prompts, start=1):
+    try:
+      ids = list(tok.encode(prompt))
+    except Exception as e:  # a character outside the vocabulary
+      raise DecodeError(f'prompt {number}: {e}') from None
+    if tok.eos_id is not None and ids and ids[-1] == tok.eos_id:
+      ids = ids[:-1]  # continue the text, do not start after its end
+    generated = generate(restored, ids, num_tokens=num_tokens, temperature=temperature,
+                         top_k=top_k, top_p=top_p, seed=FLAGS.seed + number - 1)
+    total += len(generated)
+    texts.append(tok.decode(generated))
+    plotted.append(ids + generated)
+  elapsed = time.time() - started
+  if FLAGS.prompt is not None:
+    body = FLAGS.prompt.replace('\\n', '\n') + texts[0] + '\n'
+    if FLAGS.output_file:
+      _write_text(body, FLAGS.output_file)
+    else:
+      sys.stdout.write(body)
+      sys.stdout.flush()
+  else:
+    _write_lines(texts, FLAGS.output_file)
+  _info(f'generated {total} tokens for {len(prompts)} prompt(s) in {elapsed:.1f}s '
+        f'({total / max(elapsed, 1e-9):.0f} tokens/s, compilation included)')
+  if FLAGS.attention_plot:
+    context = restored.module.config.max_len - 1
+    sequences = [s[:context] for s in plotted]
+    written = plot_translations(restored, [[] for _ in sequences], sequences,
+                                FLAGS.attention_plot, FLAGS.attention_plot_max,
+                                FLAGS.attention_plot_heads)
+    _info(f'wrote {written} attention heatmaps to {FLAGS.attention_plot}')
+
+
+def _write_text(body, path) -> None:
+  try:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, 'w', encoding='utf-8') as f:
+      f.write(body)
+  except OSError as e:
+    raise DecodeError(f'cannot write --output_file {path}: {e.strerror or e}') from None
+
+
+# ----------------------------------------------------------------------------- main
+
+def _enable_compilation_cache() -> None:
+  """JAX's persistent compilation cache: a second run with the same shapes skips compiling."""
+  if not FLAGS.compilation_cache:
+    return
+  import jax  # pylint: disable=import-outside-toplevel
+  try:
+    path = os.path.expanduser(FLAGS.compilation_cache)
+    os.makedirs(path, exist_ok=True)
+    jax.config.update('jax_compilation_cache_dir', path)
+    jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)
+  except Exception as e:  # pylint: disable=broad-except  # a cache is only an optimisation
+    _warn(f'no compilation cache ({e})')
+
+
+def main(argv) -> None:
+  if len(argv) > 1:
+    _fail(f'unexpected arguments {argv[1:]} (flags are --name=value)')
+  logging.set_verbosity(logging.ERROR)  # Orbax/JAX info lines would drown the output
+  try:
+    lm_flags = FLAGS.prompt is not None
+    if FLAGS.average_last < 1:
+      raise DecodeError(f'--average_last={FLAGS.average_last} must be >= 1')
+    if FLAGS.input_file is not None and not os.path.isfile(FLAGS.input_file):
+      raise DecodeError(f'--input_file {FLAGS.input_file} does not exist')
+    if FLAGS.reference is not None and not os.path.isfile(FLAGS.reference):
+      raise DecodeError(f'--reference {FLAGS.reference} does not exist')
+    # Inputs first: a bad file fails before anything is restored or compiled.
+    lines = read_lines(FLAGS.input_file) if not lm_flags else None
+    references = read_lines(FLAGS.reference, 'reference') if FLAGS.reference else None
+    if references is not None and not lm_flags and len(references) != len(lines):
+      raise DecodeError(f'--reference {FLAGS.reference} has {len(references)} lines but the '
+                        f'input {FLAGS.input_file or "<stdin>"} has {len(lines)}')
+    restored = Restored(FLAGS.workdir, FLAGS.step, FLAGS.average_last)
+    if restored.kind == 'encoder_decoder':
+      if lm_flags:
+        raise DecodeError(f'--prompt is for a language model, but {FLAGS.workdir} holds an '
+                          'encoder_decoder (translation) model: give sentences on stdin or '
+                          '--input_file')
+      _enable_compilation_cache()
+      run_translation(restored, lines, references)
+    else:
+      if FLAGS.reference is not None:
+        raise DecodeError(f'--reference is for translation, but {FLAGS.workdir} holds a '
+                          'decoder_only (language) model')
+      _enable_compilation_cache()
+      run_language_model(restored, lines)
+  except DecodeError as e:
+    _fail(e)
+  except KeyboardInterrupt:
+    _fail('interrupted')
+
+
+if __name__ == '__main__':
+  _define_flags()
+  app.run(main)

@@ -1,0 +1,155 @@
+"""Attention heatmaps (PNG, matplotlib Agg) from the weights the model itself records.
+
+Every `MultiHeadAttention` sows its weights `[batch, heads, q_len, kv_len]` into the
+`intermediates` collection on the reference attention path. `collect_attention` runs a
+teacher-forced forward pass with that collection mutable and returns them by name:
+
+    maps = collect_attention(module, params, inputs, targets)   # encoder-decoder
+    maps = collect_attention(module, params, None, tokens)      # decoder-only
+    # {'encoder/layer_0/self_attention': [batch, heads, src, src],
+    #  'decoder/layer_0/self_attention': [batch, heads, tgt, tgt],
+    #  'decoder/layer_0/cross_attention': [batch, heads, tgt, src], ...}
+
+`save_sentence_plots` then writes one PNG per attention module, layer and head plus the
+head average, with the sub-word pieces on the axes: rows are the target tokens being
+predicted (queries), columns the source tokens (cross-attention) or the decoder inputs
+(`<s>` then the previous target tokens; decoder self-attention).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+START_LABEL = '<s>'
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _forward_with_weights(module, params, inputs, targets):
+  args = (targets,) if inputs is None else (inputs, targets)
+  _, state = module.apply({'params': params}, *args, mutable=['intermediates'])
+  return state['intermediates']
+
+
+def _reference_module(module):
+  """The same model on the reference attention path (the one that sows the weights)."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  cfg = module.config
+  if cfg.attention_impl == 'reference' and not cfg.remat:
+    return module
+  return type(module)(dataclasses.replace(cfg, attention_impl='reference', remat=False))
+
+
+def attention_maps(intermediates) -> dict[str, np.ndarray]:
+  """Flattens the `intermediates` collection -> {'decoder/layer_0/cross_attention': weights}."""
+  maps = {}
+
+  def walk(node, path):
+    if isinstance(node, dict) or hasattr(node, 'items'):
+      for key, value in node.items():
+        walk(value, path + (str(key),))
+    elif path and path[-1] == 'attention_weights':
+      value = node[0] if isinstance(node, (tuple, list)) else node
+      maps['/'.join(path[:-1])] = np.asarray(value, np.float32)
+
+  walk(intermediates, ())
+  return maps
+
+
+def collect_attention(module, params, inputs, targets) -> dict[str, np.ndarray]:
+  """Teacher-forced forward pass -> attention weights by module path, `[batch, heads, q, k]`.
+
+  `inputs` `[batch, src_len]` (None for a decoder-only model) and `targets`
+  `[batch, tgt_len]` (for a decoder-only model, the tokens), right-padded with 0.
+  """
+  module = _reference_module(module)
+  inputs = None if inputs is None else jnp.asarray(inputs, jnp.int32)
+  intermediates = _forward_with_weights(module, params, inputs, jnp.asarray(targets, jnp.int32))
+  return attention_maps(intermediates)
+
+
+def _layer_sort_key(name: str):
+  return [int(p) if p.isdigit() else p for p in re.split(r'(\d+)', name)]
+
+
+def _safe(text: str) -> str:
+  return re.sub(r'[^A-Za-z0-9_.-]+', '_', text).strip('_')
+
+
+def plot_heatmap(weights: np.ndarray, row_labels: Sequence[str], col_labels: Sequence[str],
+                 title: str, path: str, *, xlabel: str = 'keys', ylabel: str = 'queries') -> str:
+  """One heatmap `weights` `[rows, cols]` (rows sum to 1) with labelled axes -> PNG at `path`."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+  rows, cols = weights.shape
+  width = min(30.0, 2.5 + 0.32 * cols)
+  height = min(30.0, 1.8 + 0.30 * rows)
+  fig, ax = plt.subplots(figsize=(width, height), dpi=100)
+  image = ax.imshow(weights, cmap='viridis', vmin=0.0, vmax=max(float(weights.max()), 1e-6),
+                    aspect='auto', interpolation='nearest')
+  ax.set_xticks(range(cols))
+  ax.set_xticklabels(col_labels, rotation=90, fontsize=8)
+  ax.set_yticks(range(rows))
+  ax.set_yticklabels(row_labels, fontsize=8)
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  ax.set_title(title, fontsize=9)
+  fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+  fig.tight_layout()
+  fig.savefig(path)
+  plt.close(fig)
+  return path
+
+
+def save_sentence_plots(maps: dict[str, np.ndarray], index: int, out_dir: str, *,
+                        source_pieces: Sequence[str] | None, target_pieces: Sequence[str],
+                        heads: str = 'all', folder: str | None = None,
+                        title: str | None = None) -> list[str]:
+  """PNG heatmaps of one sentence (row `index` of every map) into `out_dir/<folder>/`.
+
+  `folder` defaults to `sentence_NNNN` (the index), `title` to `sentence N`.
+
+  `source_pieces`: the source sub-words (None for a decoder-only model); `target_pieces`:
+  the target sub-words (the decoder's predictions, EOS included). Weights are cut to these
+  lengths (the batch was padded). `heads='all'` writes every head and the average,
+  `'average'` only the average. Returns the written paths.
+  """
+  directory = os.path.join(out_dir, folder or f'sentence_{index:04d}')
+  title = title or f'sentence {index}'
+  os.makedirs(directory, exist_ok=True)
+  tgt = list(target_pieces)
+  decoder_inputs = [START_LABEL] + tgt[:-1]
+  written = []
+  for name in sorted(maps, key=_layer_sort_key):
+    weights = maps[name][index]  # [heads, q, k]
+    if name.startswith('encoder'):
+      if source_pieces is None:
+        continue
+      rows = cols = list(source_pieces)
+      xlabel, ylabel = 'source (keys)', 'source (queries)'
+    elif name.endswith('cross_attention'):
+      if source_pieces is None:
+        continue
+      rows, cols = tgt, list(source_pieces)
+      xlabel, ylabel = 'source', 'target (predicted token)'
+    else:
+      rows, cols = tgt, decoder_inputs
+      xlabel, ylabel = 'decoder input (previous tokens)', 'target (predicted token)'
+    weights = weights[:, :len(rows), :len(cols)]
+    base = _safe(name.replace('/', '_'))
+    panels = [('average', weights.mean(axis=0))]
+    if heads == 'all':
+      panels += [(f'head_{h}', weights[h]) for h in range(weights.shape[0])]
+    for label, w in panels:
+      path = os.path.join(directory, f'{base}_{label}.png')
+      text = f'{title}: {name} ({label.replace("_", " ")})'
+      written.append(plot_heatmap(w, rows, cols, text, path, xlabel=xlabel, ylabel=ylabel))
+  return written

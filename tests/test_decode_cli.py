@@ -1,0 +1,182 @@
+"""decode.py end to end on tiny trained checkpoints: translation, LM, bad input, 8 -> 1 devices."""
+
+import gzip
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.path.join(ROOT, 'data', 'multi30k')
+
+
+def _env(devices=None):
+  env = dict(os.environ)
+  env['PYTHONPATH'] = ROOT + os.pathsep + env.get('PYTHONPATH', '')
+  env.pop('XLA_FLAGS', None)
+  if devices:
+    env['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={devices}'
+  env.setdefault('JAX_PLATFORMS', 'cpu')
+  return env
+
+
+def _train(workdir, config, *overrides, devices=None):
+  cmd = [sys.executable, os.path.join(ROOT, 'train.py'), f'--config={config}',
+         f'--workdir={workdir}', *overrides]
+  return subprocess.Popen(cmd, cwd=ROOT, env=_env(devices), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.fixture(scope='module')
+def workdirs(tmp_path_factory):
+  """Tiny runs, trained concurrently: translation (2 checkpoints), char LM, and a translation
+  model trained on 8 simulated devices."""
+  root = tmp_path_factory.mktemp('decode_cli')
+  dirs = {'mt': str(root / 'mt'), 'lm': str(root / 'lm'), 'mt8': str(root / 'mt8')}
+  quick = ['--config.decode.num_eval_sentences=0', '--config.train.num_eval_batches=1']
+  procs = {
+      'mt': _train(dirs['mt'], 'configs/default.py:tiny', *quick),
+      'lm': _train(dirs['lm'], 'configs/shakespeare_char.py:tiny', *quick),
+      'mt8': _train(dirs['mt8'], 'configs/default.py:tiny', '--config.train.num_steps=2', *quick,
+                    devices=8),
+  }
+  for name, proc in procs.items():
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, f'training {name} failed:\n{out[-3000:]}'
+  return dirs
+
+
+def _decode(*args, stdin=None, devices=None, cache=None):
+  cmd = [sys.executable, os.path.join(ROOT, 'decode.py'), *args]
+  if not any(a.startswith('--compilation_cache') for a in args):
+    cmd.append(f'--compilation_cache={cache or ""}')
+  return subprocess.run(cmd, cwd=ROOT, env=_env(devices), input=stdin, capture_output=True,
+                        timeout=600)
+
+
+def _snapshot(directory):
+  """(path, size, mtime) of everything under `directory`: to prove it was not modified."""
+  out = []
+  for base, dirs, files in os.walk(directory):
+    for name in sorted(dirs + files):
+      path = os.path.join(base, name)
+      st = os.stat(path)
+      out.append((os.path.relpath(path, directory), st.st_size, st.st_mtime_ns))
+  return sorted(out)
+
+
+def _test_lines(n):
+  with gzip.open(os.path.join(DATA, 'test_2016_flickr.en.gz'), 'rt', encoding='utf-8') as f:
+    src = [next(f).rstrip('\n') for _ in range(n)]
+  with gzip.open(os.path.join(DATA, 'test_2016_flickr.de.gz'), 'rt', encoding='utf-8') as f:
+    ref = [next(f).rstrip('\n') for _ in range(n)]
+  return src, ref
+
+
+def test_translate_file_with_bleu_plots_and_averaging(workdirs, tmp_path):
+  src, ref = _test_lines(4)
+  long_line = ' '.join(['a very long sentence'] * 40)
+  src = [src[0], '', src[1], long_line, src[2]]  # an empty and an over-long line
+  ref = [ref[0], '', ref[1], ref[2], ref[3]]
+  (tmp_path / 'src.txt').write_text('\n'.join(src) + '\n', encoding='utf-8')
+  (tmp_path / 'ref.txt').write_text('\n'.join(ref) + '\n', encoding='utf-8')
+  before = _snapshot(workdirs['mt'])
+  result = _decode(f'--workdir={workdirs["mt"]}', f'--input_file={tmp_path / "src.txt"}',
+                   f'--output_file={tmp_path / "out" / "hyp.txt"}', f'--reference={tmp_path / "ref.txt"}',
+                   '--beam_size=2', '--max_len=12', '--average_last=2', '--batch_size=2',
+                   f'--attention_plot={tmp_path / "plots"}', '--attention_plot_max=1')
+  err = result.stderr.decode()
+  assert result.returncode == 0, err
+  assert 'Traceback' not in err
+  hyp = (tmp_path / 'out' / 'hyp.txt').read_text(encoding='utf-8').split('\n')
+  assert hyp[-1] == '' and len(hyp) == len(src) + 1  # one line per input line, in order
+  assert hyp[1] == ''  # the empty line stays empty
+  assert 'input line 4 has' in err and 'truncated' in err
+  assert 'average of the last 2' in err
+  assert 'BLEU = ' in err and 'nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:' in err
+  assert 'chrF2 = ' in err and 'nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:' in err
+  pngs = sorted(p.name for p in (tmp_path / 'plots' / 'line_00001').iterdir())
+  for kind in ('encoder_layer_1_self_attention', 'decoder_layer_0_self_attention',
+               'decoder_layer_1_cross_attention'):
+    assert f'{kind}_average.png' in pngs and f'{kind}_head_3.png' in pngs, pngs
+  assert len(pngs) == 2 * 3 * 5  # 2 layers x (enc self, dec self, cross) x (4 heads + average)
+  with open(tmp_path / 'plots' / 'line_00001' / pngs[0], 'rb') as f:
+    assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+  assert _snapshot(workdirs['mt']) == before  # nothing in the workdir was modified
+
+
+def test_translate_stdin_to_stdout_greedy_at_a_step(workdirs):
+  result = _decode(f'--workdir={workdirs["mt"]}', '--step=10', '--beam_size=1', '--max_len=8',
+                   stdin=b'A dog runs.\n\nTwo men.\n')
+  assert result.returncode == 0, result.stderr.decode()
+  lines = result.stdout.decode().split('\n')
+  assert len(lines) == 4 and lines[1] == '' and lines[3] == ''
+  assert 'step 10' in result.stderr.decode()
+
+
+def test_checkpoint_from_8_devices_decodes_on_1(workdirs):
+  result = _decode(f'--workdir={workdirs["mt8"]}', '--beam_size=2', '--max_len=6',
+                   stdin=b'A man rides a bike.\n')
+  assert result.returncode == 0, result.stderr.decode()
+  assert result.stdout.decode().count('\n') == 1
+  with open(os.path.join(workdirs['mt8'], 'config.json')) as f:
+    assert f.read()  # trained under XLA_FLAGS=...device_count=8 (see the fixture)
+
+
+def test_language_model_prompt_longer_than_context(workdirs, tmp_path):
+  # The tiny LM sees 33 positions: 40 new characters need a second window.
+  args = (f'--workdir={workdirs["lm"]}', '--prompt=ROMEO:', '--num_tokens=40', '--top_k=5',
+          '--temperature=0.8', '--seed=3', f'--attention_plot={tmp_path / "plots"}')
+  result = _decode(*args, cache=str(tmp_path / 'xla_cache'))
+  assert result.returncode == 0, result.stderr.decode()
+  text = result.stdout.decode()
+  assert text.startswith('ROMEO:')
+  assert len(text) - 1 == len('ROMEO:') + 40  # characters: exactly num_tokens, no EOS
+  assert any(p.name.endswith('.png') for p in (tmp_path / 'plots' / 'line_00001').iterdir())
+  again = _decode(*args[:-1], cache=str(tmp_path / 'xla_cache'))  # same seed, same text
+  assert again.stdout.decode() == text
+
+
+def test_bad_input_one_clear_error_and_workdir_untouched(workdirs, tmp_path):
+  mt, lm = workdirs['mt'], workdirs['lm']
+  no_ckpt = tmp_path / 'no_ckpt'
+  no_ckpt.mkdir()
+  shutil.copy(os.path.join(mt, 'config.json'), no_ckpt / 'config.json')
+  shutil.copytree(os.path.join(mt, 'tokenizer'), no_ckpt / 'tokenizer')
+  mixed = tmp_path / 'mixed'  # an LM's config.json next to a translation checkpoint
+  shutil.copytree(mt, mixed)
+  shutil.copy(os.path.join(lm, 'config.json'), mixed / 'config.json')
+  (tmp_path / 'bad.txt').write_bytes(b'A good line.\nA bad \xff line.\n')
+  (tmp_path / 'one.txt').write_text('One line.\n')
+  (tmp_path / 'two.txt').write_text('One.\nTwo.\n')
+  cases = {
+      'missing workdir': ([f'--workdir={tmp_path / "nope"}'], 'does not exist'),
+      'no checkpoint': ([f'--workdir={no_ckpt}'], 'no checkpoint in'),
+      'prompt to a translation model': ([f'--workdir={mt}', '--prompt=Hi'], 'language model'),
+      'reference for an LM': ([f'--workdir={lm}', f'--input_file={tmp_path / "one.txt"}',
+                               f'--reference={tmp_path / "one.txt"}'], 'is for translation'),
+      'non-UTF-8 line': ([f'--workdir={mt}', f'--input_file={tmp_path / "bad.txt"}'],
+                         'line 2 is not valid UTF-8'),
+      'reference line count': ([f'--workdir={mt}', f'--input_file={tmp_path / "one.txt"}',
+                                f'--reference={tmp_path / "two.txt"}'], 'has 2 lines but'),
+      'unknown step': ([f'--workdir={mt}', '--step=999', f'--input_file={tmp_path / "one.txt"}'],
+                       'no checkpoint for step 999'),
+      'checkpoint of another model': ([f'--workdir={mixed}', '--prompt=Hi'], 'does not fit'),
+  }
+  before = {d: _snapshot(d) for d in (mt, lm, str(no_ckpt))}
+  procs = {}
+  for name, (args, _) in cases.items():  # all at once: mostly interpreter start-up
+    cmd = [sys.executable, os.path.join(ROOT, 'decode.py'), '--compilation_cache=', *args]
+    procs[name] = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  for name, proc in procs.items():
+    out, err = proc.communicate(timeout=600)
+    err = err.decode()
+    assert proc.returncode == 2, (name, proc.returncode, err[-2000:])
+    assert 'Traceback' not in err, (name, err)
+    errors = [line for line in err.splitlines() if line.startswith('decode.py: error:')]
+    assert len(errors) == 1 and cases[name][1] in errors[0], (name, err)
+    assert out == b''
+  assert {d: _snapshot(d) for d in before} == before
