@@ -279,3 +279,20 @@ def test_bad_config_names_the_field(field, value, message):
 def test_unknown_model_field():
   with pytest.raises(ConfigError, match='unknown field'):
     build_model({**TINY, 'num_layers': 3})
+
+
+def test_logits_via_embedding_gradient_equals_autodiff():
+  from model.layers import logits_via_embedding
+  rng = np.random.RandomState(27)
+  x = jnp.asarray(rng.randn(2, 3, 8), jnp.float32)
+  embedding = jnp.asarray(rng.randn(11, 8), jnp.float32)
+  cotangent = jnp.asarray(rng.randn(2, 3, 11), jnp.float32)
+
+  def plain(x, e):
+    return jnp.einsum('bld,vd->blv', x, e)
+
+  np.testing.assert_allclose(logits_via_embedding(x, embedding), plain(x, embedding), rtol=1e-6)
+  ours = jax.vjp(logits_via_embedding, x, embedding)[1](cotangent)
+  reference = jax.vjp(plain, x, embedding)[1](cotangent)
+  for a, b in zip(ours, reference):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
