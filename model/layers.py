@@ -141,6 +141,17 @@ class MultiHeadAttention(nn.Module):
     return key, value
 
 
+class Dropout(nn.Module):
+  """`attention.dropout` with the module's 'dropout' RNG stream; identity when deterministic."""
+  rate: float
+
+  @nn.compact
+  def __call__(self, x: Array, deterministic: bool) -> Array:
+    if deterministic or self.rate == 0.0:
+      return x
+    return attn.dropout(x, self.rate, self.make_rng('dropout'))
+
+
 class FeedForward(nn.Module):
   """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (GELU optionally)."""
   d_ff: int

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from model import attention as attn
 from model.config import ModelConfig
-from model.layers import AddPositions, Embed, FeedForward, LayerNorm, MultiHeadAttention
+from model.layers import AddPositions, Dropout, Embed, FeedForward, LayerNorm, MultiHeadAttention
 
 Array = jax.Array
 
@@ -42,10 +42,10 @@ class Sublayer(nn.Module):
   def __call__(self, x: Array, fn) -> Array:
     cfg = self.config
     norm = LayerNorm(cfg.compute_dtype, name='norm')
-    dropout = nn.Dropout(cfg.dropout_rate, deterministic=self.deterministic)
+    dropout = Dropout(cfg.dropout_rate)
     if cfg.norm_position == 'post':
-      return norm(x + dropout(fn(x)))  # LayerNorm(x + Sublayer(x))
-    return x + dropout(fn(norm(x)))
+      return norm(x + dropout(fn(x), self.deterministic))  # LayerNorm(x + Sublayer(x))
+    return x + dropout(fn(norm(x)), self.deterministic)
 
 
 class EncoderLayer(nn.Module):
@@ -117,7 +117,7 @@ class Encoder(nn.Module):
         None if segmentation is None else attn.segment_mask(segmentation, segmentation))
     x = AddPositions(cfg.positional_encoding, cfg.max_len, name='positions')(
         self.embed(tokens), positions)
-    x = nn.Dropout(cfg.dropout_rate, deterministic=deterministic)(x)
+    x = Dropout(cfg.dropout_rate)(x, deterministic)
     layer = _layer_class(EncoderLayer, cfg)
     for i in range(cfg.num_encoder_layers):
       x = layer(cfg, deterministic, name=f'layer_{i}')(x, mask, positions)
@@ -168,7 +168,7 @@ class Decoder(nn.Module):
 
     x = AddPositions(cfg.positional_encoding, cfg.max_len, name='positions')(
         self.embed(decoder_inputs), positions)
-    x = nn.Dropout(cfg.dropout_rate, deterministic=deterministic)(x)
+    x = Dropout(cfg.dropout_rate)(x, deterministic)
     layer = _layer_class(DecoderLayer, cfg)
     for i in range(cfg.num_decoder_layers):
       x = layer(cfg, deterministic, decode, name=f'layer_{i}')(
