@@ -313,12 +313,31 @@ def sample(module, params, prompt=None, *, inputs=None, rng, max_len: int,
 
 # ----------------------------------------------------------------------------- beam search
 
+def _top_k(x, k: int, block: int = 128):
+  """`lax.top_k` over the last axis of `x` `[rows, n]`, reading most of `x` only once.
+
+  The k largest values lie in the k blocks (of `block` columns) with the largest maxima, so a
+  max-reduction over blocks, a top-k over the block maxima and a top-k over the gathered
+  k blocks replace a top-k over all n (XLA's CPU TopK costs ~10x a reduction per element).
+  """
+  rows, n = x.shape
+  if n % block or n // block <= k:
+    return jax.lax.top_k(x, k)
+  blocks = x.reshape(rows, n // block, block)
+  _, best = jax.lax.top_k(jnp.max(blocks, axis=-1), k)  # [rows, k] block ids
+  best = jnp.sort(best, axis=-1)  # keeps ties in index order, as lax.top_k
+  candidates = jnp.take_along_axis(blocks, best[:, :, None], axis=1).reshape(rows, k * block)
+  values, idx = jax.lax.top_k(candidates, k)
+  columns = (best[:, :, None] * block + jnp.arange(block)).reshape(rows, k * block)
+  return values, jnp.take_along_axis(columns, idx, axis=1)
+
+
 def _gather_beams(tree, batch_index):
   """Reorders the per-hypothesis cache leaves by `batch_index` `[batch * beam]`."""
   def gather(path, x):
     name = getattr(path[-1], 'key', None)
     if name in _BEAM_CACHE_LEAVES:
-      return jnp.take(x, batch_index, axis=0)
+      return x.at[batch_index].get(mode='promise_in_bounds')
     return x
   return jax.tree_util.tree_map_with_path(gather, tree)
 
@@ -345,7 +364,7 @@ def _beam_search(module, params, inputs, prompt, lengths, alpha, *, beam_size, m
       forced_lp = jnp.where(onehot, 0.0, NEG_INF)[:, None, :]
       lp = jnp.where(forced[:, None, None], forced_lp, lp)
     cand = (alive_lp[:, :, None] + lp).reshape(batch, k * vocab)
-    top_lp, top_idx = jax.lax.top_k(cand, 2 * k)  # [batch, 2k]
+    top_lp, top_idx = _top_k(cand, 2 * k)  # [batch, 2k]
     beam, tok = top_idx // vocab, top_idx % vocab
     g = t - lengths  # [batch]
     seq = jnp.take_along_axis(alive_seq, beam[:, :, None], axis=1)

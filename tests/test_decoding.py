@@ -66,6 +66,9 @@ def _greedy_full(module, params, inputs, max_len, eos=EOS):
   return out
 
 
+_step = jax.jit(decoding._decoder_step, static_argnums=0)
+
+
 def _score(lp_rows, seq, alpha):
   """sum log P up to and including EOS, over the GNMT length penalty."""
   total, n = 0.0, 0
@@ -83,25 +86,25 @@ def test_cached_step_by_step_equals_full_forward_encoder_decoder():
   module, params = _model()
   src = _sources()
   tgt = np.random.RandomState(1).randint(2, 20, size=(3, 6)).astype(np.int32)
-  full = module.apply({'params': params}, src, tgt)
-  encoded = module.apply({'params': params}, src, method=module.encode)
+  full = jax.jit(module.apply)({'params': params}, src, tgt)
+  encoded = jax.jit(lambda p, s: module.apply({'params': p}, s, method=module.encode))(params, src)
   cache = decoding._init_cache(module, params, encoded, src, 3, 6)
   dec_in = np.pad(tgt, ((0, 0), (1, 0)))[:, :-1]
   for t in range(6):
-    logits, cache = decoding._decoder_step(module, params, cache, encoded, src, dec_in[:, t:t + 1])
+    logits, cache = _step(module, params, cache, encoded, src, dec_in[:, t:t + 1])
     np.testing.assert_allclose(logits[:, 0], full[:, t], atol=1e-4, rtol=1e-4)
 
 
 def test_cached_prefill_then_steps_equals_full_forward_decoder_only():
   module, params = _model('decoder_only', positional_encoding='learned', norm_position='pre')
   tokens = np.random.RandomState(2).randint(2, 20, size=(2, 8)).astype(np.int32)
-  full = module.apply({'params': params}, tokens)
+  full = jax.jit(module.apply)({'params': params}, tokens)
   cache = decoding._init_cache(module, params, None, None, 2, 8)
   dec_in = np.pad(tokens, ((0, 0), (1, 0)))[:, :-1]
-  logits, cache = decoding._decoder_step(module, params, cache, None, None, dec_in[:, :3])
+  logits, cache = _step(module, params, cache, None, None, dec_in[:, :3])
   np.testing.assert_allclose(logits, full[:, :3], atol=1e-4, rtol=1e-4)
   for t in range(3, 8):
-    logits, cache = decoding._decoder_step(module, params, cache, None, None, dec_in[:, t:t + 1])
+    logits, cache = _step(module, params, cache, None, None, dec_in[:, t:t + 1])
     np.testing.assert_allclose(logits[:, 0], full[:, t], atol=1e-4, rtol=1e-4)
 
 
