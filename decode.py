@@ -19,6 +19,7 @@ different line count, ...) ends with one `decode.py: error: ...` line and exit s
 
 from __future__ import annotations
 
+import gzip
 import os
 import sys
 import time
@@ -46,7 +47,7 @@ def _define_flags() -> None:
   flags.DEFINE_string('attention_plot', None, 'Directory for attention heatmaps (PNG): one '
                       'folder per sentence, a file per attention module, layer and head + '
                       'the head average.')
-  flags.DEFINE_integer('attention_plot_max', 10, 'Plot at most this many sentences '
+  flags.DEFINE_integer('attention_plot_max', 5, 'Plot at most this many sentences '
                        '(0 = every sentence).')
   flags.DEFINE_enum('attention_plot_heads', 'all', ['all', 'average'],
                     'Plot every head and the average, or only the average.')
@@ -87,9 +88,8 @@ def _info(message: str) -> None:
 # ----------------------------------------------------------------------------- input
 
 def read_lines(path: str | None, what: str = 'input') -> list[str]:
-  """UTF-8 lines of `path` (stdin when None) without their newlines.
-
-  A line that is not valid UTF-8 is an error naming the file and line.
+  """UTF-8 lines of `path` (stdin when None; `.gz` files are decompressed) without their
+  newlines. A line that is not valid UTF-8 is an error naming the file and line.
   """
   name = path or '<stdin>'
   try:
@@ -98,8 +98,10 @@ def read_lines(path: str | None, what: str = 'input') -> list[str]:
     else:
       with open(path, 'rb') as f:
         data = f.read()
-  except OSError as e:
-    raise DecodeError(f'cannot read {what} file {name}: {e.strerror or e}') from None
+    if path is not None and path.endswith('.gz'):
+      data = gzip.decompress(data)
+  except (OSError, EOFError) as e:
+    raise DecodeError(f'cannot read {what} file {name}: {getattr(e, "strerror", None) or e}') from None
   raw = data.split(b'\n')
   if raw and raw[-1] == b'':
     raw.pop()

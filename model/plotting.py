@@ -82,31 +82,50 @@ def _safe(text: str) -> str:
   return re.sub(r'[^A-Za-z0-9_.-]+', '_', text).strip('_')
 
 
+class _Heatmap:
+  """One labelled heatmap figure; `save` redraws it with new weights (the axes, tick labels
+  and layout are built once per attention module, not once per head: matplotlib spends
+  most of its time there)."""
+
+  def __init__(self, rows: Sequence[str], cols: Sequence[str], *, xlabel: str, ylabel: str):
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    self._plt = plt
+    width = min(30.0, 2.5 + 0.32 * len(cols))
+    height = min(30.0, 1.8 + 0.30 * len(rows))
+    self.fig, ax = plt.subplots(figsize=(width, height), dpi=100)
+    self.image = ax.imshow(np.zeros((len(rows), len(cols))), cmap='viridis', vmin=0.0, vmax=1.0,
+                           aspect='auto', interpolation='nearest')
+    ax.set_xticks(range(len(cols)))
+    ax.set_xticklabels(list(cols), rotation=90, fontsize=8)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels(list(rows), fontsize=8)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    self.title = ax.set_title(' ', fontsize=9)
+    self.fig.colorbar(self.image, ax=ax, fraction=0.046, pad=0.04)
+    self.fig.tight_layout()
+
+  def save(self, weights: np.ndarray, title: str, path: str) -> str:
+    self.image.set_data(weights)
+    self.image.set_clim(0.0, max(float(weights.max()), 1e-6))
+    self.title.set_text(title)
+    self.fig.savefig(path)
+    return path
+
+  def close(self):
+    self._plt.close(self.fig)
+
+
 def plot_heatmap(weights: np.ndarray, row_labels: Sequence[str], col_labels: Sequence[str],
                  title: str, path: str, *, xlabel: str = 'keys', ylabel: str = 'queries') -> str:
   """One heatmap `weights` `[rows, cols]` (rows sum to 1) with labelled axes -> PNG at `path`."""
-  import matplotlib  # pylint: disable=import-outside-toplevel
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-
-  rows, cols = weights.shape
-  width = min(30.0, 2.5 + 0.32 * cols)
-  height = min(30.0, 1.8 + 0.30 * rows)
-  fig, ax = plt.subplots(figsize=(width, height), dpi=100)
-  image = ax.imshow(weights, cmap='viridis', vmin=0.0, vmax=max(float(weights.max()), 1e-6),
-                    aspect='auto', interpolation='nearest')
-  ax.set_xticks(range(cols))
-  ax.set_xticklabels(col_labels, rotation=90, fontsize=8)
-  ax.set_yticks(range(rows))
-  ax.set_yticklabels(row_labels, fontsize=8)
-  ax.set_xlabel(xlabel)
-  ax.set_ylabel(ylabel)
-  ax.set_title(title, fontsize=9)
-  fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
-  fig.tight_layout()
-  fig.savefig(path)
-  plt.close(fig)
-  return path
+  figure = _Heatmap(row_labels, col_labels, xlabel=xlabel, ylabel=ylabel)
+  try:
+    return figure.save(np.asarray(weights), title, path)
+  finally:
+    figure.close()
 
 
 def save_sentence_plots(maps: dict[str, np.ndarray], index: int, out_dir: str, *,
@@ -148,8 +167,12 @@ def save_sentence_plots(maps: dict[str, np.ndarray], index: int, out_dir: str, *
     panels = [('average', weights.mean(axis=0))]
     if heads == 'all':
       panels += [(f'head_{h}', weights[h]) for h in range(weights.shape[0])]
-    for label, w in panels:
-      path = os.path.join(directory, f'{base}_{label}.png')
-      text = f'{title}: {name} ({label.replace("_", " ")})'
-      written.append(plot_heatmap(w, rows, cols, text, path, xlabel=xlabel, ylabel=ylabel))
+    figure = _Heatmap(rows, cols, xlabel=xlabel, ylabel=ylabel)
+    try:
+      for label, w in panels:
+        path = os.path.join(directory, f'{base}_{label}.png')
+        text = f'{title}: {name} ({label.replace("_", " ")})'
+        written.append(figure.save(w, text, path))
+    finally:
+      figure.close()
   return written

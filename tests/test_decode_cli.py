@@ -81,10 +81,11 @@ def test_translate_file_with_bleu_plots_and_averaging(workdirs, tmp_path):
   src = [src[0], '', src[1], long_line, src[2]]  # an empty and an over-long line
   ref = [ref[0], '', ref[1], ref[2], ref[3]]
   (tmp_path / 'src.txt').write_text('\n'.join(src) + '\n', encoding='utf-8')
-  (tmp_path / 'ref.txt').write_text('\n'.join(ref) + '\n', encoding='utf-8')
+  with gzip.open(tmp_path / 'ref.txt.gz', 'wt', encoding='utf-8') as f:  # .gz is read too
+    f.write('\n'.join(ref) + '\n')
   before = _snapshot(workdirs['mt'])
   result = _decode(f'--workdir={workdirs["mt"]}', f'--input_file={tmp_path / "src.txt"}',
-                   f'--output_file={tmp_path / "out" / "hyp.txt"}', f'--reference={tmp_path / "ref.txt"}',
+                   f'--output_file={tmp_path / "out" / "hyp.txt"}', f'--reference={tmp_path / "ref.txt.gz"}',
                    '--beam_size=2', '--max_len=12', '--average_last=2', '--batch_size=2',
                    f'--attention_plot={tmp_path / "plots"}', '--attention_plot_max=1')
   err = result.stderr.decode()
