@@ -188,6 +188,20 @@ def _start(module, params, inputs, prompt, prefill_len, max_len, batch_repeat=1)
   return logits[:, -1], cache, encoded, inputs, prefill_len
 
 
+def _pin(cache):
+  """Keeps XLA from hoisting views of the loop-invariant cross-attention cache out of the loop.
+
+  The encoder keys/values do not change inside the decoding loop, so XLA's loop-invariant
+  code motion moves their heads-major -> `[batch, len, heads, head_dim]` view (a transpose)
+  out of the loop and then has to transpose them back, physically, at every step for the
+  attention matmuls. An optimization barrier on them at the top of the loop body stops that.
+  """
+  def pin(path, x):
+    name = getattr(path[-1], 'key', None)
+    return jax.lax.optimization_barrier(x) if name in ('cross_key', 'cross_value') else x
+  return jax.tree_util.tree_map_with_path(pin, cache)
+
+
 def _forced_tokens(prompt, lengths, t):
   """(forced `[batch]` bool, the prompt token at target index t `[batch]`)."""
   forced = t < lengths
@@ -250,7 +264,7 @@ def _generate(module, params, inputs, prompt, lengths, rng, temperature, top_p, 
 
   def body(state):
     t, tok, cache, out, done = state
-    logits, cache = _decoder_step(module, params, cache, encoded, inputs, tok[:, None])
+    logits, cache = _decoder_step(module, params, _pin(cache), encoded, inputs, tok[:, None])
     tok, out, done = choose(t + 1, logits[:, -1], out, done)
     return t + 1, tok, cache, out, done
 
@@ -408,6 +422,7 @@ def _beam_search(module, params, inputs, prompt, lengths, alpha, *, beam_size, m
 
   def body(state):
     t, cache, (alive_seq, alive_lp, fin_seq, fin_score, _, tok, _) = state
+    cache = _pin(cache)
     logits, cache = _decoder_step(module, params, cache, encoded, inputs, tok[:, None])
     t = t + 1
     beams = step(t, logits[:, -1], alive_seq, alive_lp, fin_seq, fin_score)
