@@ -1,0 +1,198 @@
+"""Train-step throughput of this codebase, with its references measured in the same process.
+
+    python bench/train_step.py --config=small            # ours + the matmul reference
+    python bench/train_step.py --config=base --flax_wmt_dir=~/peers/flax/examples/wmt
+
+Prints one JSON object: ms/step (median, p10, p90, min, max), target tokens/s, analytic
+train FLOPs (the formula of ../shared/bench/peers/flops.py: 2 per multiply-add, matmuls
+only, backward = 2 x forward), GFLOP/s and the fraction of a jitted 2048^2 f32 matmul's
+rate measured in this process. With `--flax_wmt_dir` (a checkout of google/flax
+examples/wmt, never copied here) the Flax WMT example's step is timed in the same process,
+its steps interleaved with ours, with the same batches, loss and optimizer, and the ratio
+is reported.
+
+The step timed is the real one (`training/steps.py: make_train_step`): label-smoothed loss,
+Adam(0.9, 0.98, 1e-9), donated state, non-finite guard, metrics. Batches are random ids in
+[3, vocab) with no padding (the peers' harness recipe).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
+from model import build_model  # noqa: E402
+from training import steps  # noqa: E402
+from training.state import TrainState  # noqa: E402
+
+# The peers' configs (../shared/bench/peers/RESULTS.md, section 3).
+CONFIGS = {
+    'small': dict(vocab=8192, d=256, f=1024, heads=4, layers=3, batch=64, src_len=32, tgt_len=32),
+    'base': dict(vocab=32000, d=512, f=2048, heads=8, layers=6, batch=16, src_len=64, tgt_len=64),
+}
+
+
+def train_flops(c) -> int:
+  """Analytic FLOPs of one train step (matmuls only; 3 x forward)."""
+  b, s, t, d, f, n, v = c['batch'], c['src_len'], c['tgt_len'], c['d'], c['f'], c['layers'], c['vocab']
+  enc = b * s * n * (2 * (4 * d * d + 2 * d * f) + 4 * s * d)
+  dec = b * t * n * (2 * (6 * d * d + 2 * d * f) + 4 * t * d + 4 * s * d)
+  cross = b * s * n * 2 * (2 * d * d)
+  out = b * t * 2 * d * v
+  return 3 * (enc + dec + cross + out)
+
+
+def matmul_gflops(n=2048, reps=20) -> float:
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+  f = jax.jit(jnp.matmul)
+  for _ in range(3):
+    f(a, b).block_until_ready()
+  times = []
+  for _ in range(reps):
+    start = time.perf_counter()
+    f(a, b).block_until_ready()
+    times.append(time.perf_counter() - start)
+  return 2 * n ** 3 / np.median(times) / 1e9
+
+
+def model_config(c, dropout, **overrides):
+  return dict(kind='encoder_decoder', vocab_size=c['vocab'], num_encoder_layers=c['layers'],
+              num_decoder_layers=c['layers'], d_model=c['d'], num_heads=c['heads'], d_ff=c['f'],
+              dropout_rate=dropout, attention_dropout_rate=dropout, max_len=256,
+              share_embeddings=True, logits_via_embedding=True, **overrides)
+
+
+def ours(c, batch, args):
+  """A jitted step closure over our real train step."""
+  module = build_model(model_config(c, args.dropout, dtype=args.dtype,
+                                    attention_impl=args.attention_impl))
+  tx = optax.adam(5e-4, b1=0.9, b2=0.98, eps=1e-9)
+  params = jax.jit(module.init)(jax.random.key(0), batch['inputs'], batch['targets'])['params']
+  state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                     rng=jax.random.PRNGKey(1))
+  step = jax.jit(steps.make_train_step(module, tx, lambda s: 5e-4, label_smoothing=0.1),
+                 donate_argnums=0)
+  holder = {'state': state}
+
+  def run():
+    holder['state'], metrics = step(holder['state'], batch)
+    return metrics['loss']
+
+  return run, count_params(params)
+
+
+def count_params(params):
+  return sum(int(x.size) for x in jax.tree.leaves(params))
+
+
+def flax_wmt(c, batch, args):
+  """The Flax WMT example's model and loss (imported from a checkout), same Adam."""
+  sys.path.insert(0, os.path.expanduser(args.flax_wmt_dir))
+  import models  # noqa: E402  (peer checkout, not part of this project)
+  cfg = models.TransformerConfig(
+      vocab_size=c['vocab'], output_vocab_size=c['vocab'], share_embeddings=True,
+      logits_via_embedding=True, dtype=jnp.float32, emb_dim=c['d'], num_heads=c['heads'],
+      num_layers=c['layers'], qkv_dim=c['d'], mlp_dim=c['f'], max_len=256,
+      dropout_rate=args.dropout, attention_dropout_rate=args.dropout, deterministic=False)
+  model = models.Transformer(cfg)
+  params = jax.jit(models.Transformer(cfg.replace(deterministic=True)).init)(
+      jax.random.key(0), batch['inputs'], batch['targets'])['params']
+  tx = optax.adam(5e-4, b1=0.9, b2=0.98, eps=1e-9)
+  base_key = jax.random.key(1)
+
+  def loss_fn(p, i):
+    logits = model.apply({'params': p}, batch['inputs'], batch['targets'],
+                         rngs={'dropout': jax.random.fold_in(base_key, i)})
+    weights = (batch['targets'] > 0).astype(jnp.float32)
+    loss = steps.smoothed_cross_entropy(logits, batch['targets'], 0.1)
+    return (loss * weights).sum() / weights.sum()
+
+  def step(params, opt_state, i):
+    loss, grads = jax.value_and_grad(loss_fn)(params, i)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  step = jax.jit(step, donate_argnums=(0, 1))
+  holder = {'params': params, 'opt': tx.init(params), 'i': 0}
+
+  def run():
+    holder['params'], holder['opt'], loss = step(holder['params'], holder['opt'],
+                                                 jnp.int32(holder['i']))
+    holder['i'] += 1
+    return loss
+
+  return run, count_params(params)
+
+
+def summarize(times, flops, tokens, peak):
+  ms = np.asarray(times) * 1e3
+  median = float(np.median(ms))
+  return {'ms_per_step_median': median, 'ms_p10': float(np.percentile(ms, 10)),
+          'ms_p90': float(np.percentile(ms, 90)), 'ms_min': float(ms.min()),
+          'ms_max': float(ms.max()), 'target_tokens_per_s': tokens / median * 1e3,
+          'gflops': flops / median / 1e6, 'fraction_of_matmul': flops / median / 1e6 / peak}
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument('--config', choices=sorted(CONFIGS), default='small')
+  parser.add_argument('--steps', type=int, default=20, help='timed steps (after 3 warm-up)')
+  parser.add_argument('--dropout', type=float, default=0.1)
+  parser.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16'])
+  parser.add_argument('--attention_impl', default='reference', choices=['reference', 'xla'])
+  parser.add_argument('--flax_wmt_dir', default=None,
+                      help='google/flax examples/wmt checkout: time it in the same process')
+  args = parser.parse_args()
+  c = CONFIGS[args.config]
+  rng = np.random.default_rng(0)
+  batch = {'inputs': jnp.asarray(rng.integers(3, c['vocab'], (c['batch'], c['src_len'])), jnp.int32),
+           'targets': jnp.asarray(rng.integers(3, c['vocab'], (c['batch'], c['tgt_len'])), jnp.int32)}
+  tokens = c['batch'] * c['tgt_len']
+  flops = train_flops(c)
+
+  contenders = {'ours': ours(c, batch, args)}
+  if args.flax_wmt_dir:
+    contenders['flax_wmt'] = flax_wmt(c, batch, args)
+  times = {name: [] for name in contenders}
+  first = {}
+  for i in range(3 + args.steps):  # interleaved, so load changes hit both alike
+    for name, (run, _) in contenders.items():
+      start = time.perf_counter()
+      loss = run()
+      loss.block_until_ready()
+      elapsed = time.perf_counter() - start
+      if i == 0:
+        first[name] = elapsed
+      elif i >= 3:
+        times[name].append(elapsed)
+  peak = matmul_gflops()
+  result = {'bench': 'train_step', 'config': args.config, **c, 'dropout': args.dropout,
+            'dtype': args.dtype, 'attention_impl': args.attention_impl,
+            'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
+            'machine': f'{platform.processor() or platform.machine()}, {os.cpu_count()} cores',
+            'jax': jax.__version__, 'backend': jax.default_backend(),
+            'train_flops_per_step': flops, 'matmul_2048_gflops': peak}
+  for name, (_, num_params) in contenders.items():
+    result[name] = {'params': num_params, 'first_step_s': first[name],
+                    **summarize(times[name], flops, tokens, peak)}
+  if 'flax_wmt' in result:
+    result['speedup_vs_flax_wmt'] = (result['flax_wmt']['ms_per_step_median'] /
+                                     result['ours']['ms_per_step_median'])
+  print(json.dumps(result))
+
+
+if __name__ == '__main__':
+  main()
