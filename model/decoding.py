@@ -368,8 +368,12 @@ def _beam_search(module, params, inputs, prompt, lengths, alpha, *, beam_size, m
   positions = jnp.arange(max_len)
   rows = jnp.arange(batch)[:, None]
 
-  def step(t, logits, alive_seq, alive_lp, fin_seq, fin_score):
-    """One extension of every alive beam -> the new beams and the next decoder inputs."""
+  def step(t, logits, alive_seq, alive_lp, fin_seq, fin_score, was_done):
+    """One extension of every alive beam -> the new beams and the next decoder inputs.
+
+    Rows that were already done keep their finished hypotheses (a row's result does not
+    depend on how long the other rows of its batch run)."""
+    old_fin_seq, old_fin_score = fin_seq, fin_score
     lp = jax.nn.log_softmax(logits).reshape(batch, k, vocab)
     lp = lp.at[:, :, PAD_ID].set(NEG_INF)
     forced, forced_tok = _forced_tokens(prompt, lengths, t)
@@ -396,6 +400,8 @@ def _beam_search(module, params, inputs, prompt, lengths, alpha, *, beam_size, m
     all_seq = jnp.concatenate([fin_seq, seq], axis=1)
     fin_score, idx = jax.lax.top_k(all_score, k)
     fin_seq = all_seq[rows, idx]
+    fin_score = jnp.where(was_done[:, None], old_fin_score, fin_score)
+    fin_seq = jnp.where(was_done[:, None, None], old_fin_seq, fin_seq)
     # Alive: the best k candidates that did not end.
     alive_lp, idx = jax.lax.top_k(jnp.where(ends, NEG_INF, top_lp), k)
     alive_seq = seq[rows, idx]
@@ -405,6 +411,7 @@ def _beam_search(module, params, inputs, prompt, lengths, alpha, *, beam_size, m
     done = ((g >= max_len - 1) | jnp.isfinite(fin_score[:, -1]) |
             ~jnp.isfinite(alive_lp[:, 0]))
     done &= ~(t + 1 < lengths)
+    done |= was_done
     return alive_seq, alive_lp, fin_seq, fin_score, origin, next_tok.reshape(-1), done
 
   def reorder(cache, origin):
@@ -414,18 +421,19 @@ def _beam_search(module, params, inputs, prompt, lengths, alpha, *, beam_size, m
   alive_lp = jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), jnp.float32), (batch, 1))
   fin_seq = jnp.zeros((batch, k, max_len), jnp.int32)
   fin_score = jnp.full((batch, k), NEG_INF, jnp.float32)
-  beams = step(t0, logits, alive_seq, alive_lp, fin_seq, fin_score)
+  beams = step(t0, logits, alive_seq, alive_lp, fin_seq, fin_score,
+               jnp.zeros((batch,), jnp.bool_))
   cache = reorder(cache, beams[4])
 
   def cond(state):
     return ~jnp.all(state[2][-1])
 
   def body(state):
-    t, cache, (alive_seq, alive_lp, fin_seq, fin_score, _, tok, _) = state
+    t, cache, (alive_seq, alive_lp, fin_seq, fin_score, _, tok, done) = state
     cache = _pin(cache)
     logits, cache = _decoder_step(module, params, cache, encoded, inputs, tok[:, None])
     t = t + 1
-    beams = step(t, logits[:, -1], alive_seq, alive_lp, fin_seq, fin_score)
+    beams = step(t, logits[:, -1], alive_seq, alive_lp, fin_seq, fin_score, done)
     # Reordering here (not at the start of the next step) lets the decoder's cache update
     # happen in place on the loop's buffers.
     return t, reorder(cache, beams[4]), beams

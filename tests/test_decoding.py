@@ -211,6 +211,12 @@ def test_beam_scores_sorted_and_equal_model_log_probs():
     ref = [_score(lp[j], tokens[b, j], alpha) for j in range(4)]
     np.testing.assert_allclose(scores[b], ref, rtol=1e-4, atol=1e-4)
     assert len({tuple(t) for t in tokens[b]}) == 4  # distinct hypotheses
+  # A row's result does not depend on the other rows of its batch (nor on when they finish).
+  for b in range(3):
+    alone, alone_scores = decoding.beam_search_decode(module, params, src[b:b + 1], beam_size=4,
+                                                      alpha=alpha, max_len=7)
+    np.testing.assert_array_equal(np.asarray(alone)[0], tokens[b])
+    np.testing.assert_allclose(np.asarray(alone_scores)[0], scores[b], rtol=1e-5, atol=1e-5)
   # decoding.sequence_log_probs agrees with the hand-made scorer.
   lens = np.where((tokens == EOS).any(-1), np.argmax(tokens == EOS, -1) + 1, tokens.shape[-1])
   lp = np.asarray(decoding.sequence_log_probs(module, params, src, tokens=tokens))
