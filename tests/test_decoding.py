@@ -271,3 +271,18 @@ def test_sampling_top_p_and_temperature_zero():
   tiny_p = np.asarray(decoding.sample(module, params, inputs=src, rng=jax.random.PRNGKey(3),
                                       max_len=6, top_p=1e-6))
   np.testing.assert_array_equal(greedy, tiny_p)
+
+
+def test_greedy_rope_and_fused_attention_equal_full_forward():
+  module, params = _model('decoder_only', vocab=20, max_len=20, positional_encoding='rope',
+                          attention_impl='xla', norm_position='pre')
+  prompt = np.array([[5, 6, 7], [9, 0, 0]], np.int32)
+  out = np.asarray(decoding.greedy_decode(module, params, prompt=prompt, max_len=5, eos_id=None))
+  for i, p in enumerate([[5, 6, 7], [9]]):
+    seq = list(p)
+    for _ in range(5):
+      padded = np.array([seq + [3] * (10 - len(seq))], np.int32)
+      lp = _log_probs_full(module, params, None, padded)[0, len(seq)].copy()
+      lp[0] = -np.inf
+      seq.append(int(lp.argmax()))
+    np.testing.assert_array_equal(out[i], seq[len(p):])
