@@ -438,8 +438,15 @@ def _beam_search(module, params, inputs, prompt, lengths, alpha, *, beam_size, m
     # happen in place on the loop's buffers.
     return t, reorder(cache, beams[4]), beams
 
+  def body_twice(state):
+    # Two steps per iteration: the beam reorder cannot permute the cache in place, so one
+    # step per iteration would copy every reordered cache back into the loop's buffer;
+    # alternating between two buffers avoids that. A step after every row is done changes
+    # nothing (done rows are frozen).
+    return body(body(state))
+
   state = (jnp.asarray(t0, jnp.int32), cache, beams)
-  _, _, (_, _, fin_seq, fin_score, _, _, _) = jax.lax.while_loop(cond, body, state)
+  _, _, (_, _, fin_seq, fin_score, _, _, _) = jax.lax.while_loop(cond, body_twice, state)
   fin_seq = jnp.where(jnp.isfinite(fin_score)[:, :, None], fin_seq, 0)
   return fin_seq, fin_score
 
