@@ -153,9 +153,9 @@ class Restored:
   """Config, model, tokenizer and parameters of a workdir."""
 
   def __init__(self, workdir: str, step: int | None, average_last: int):
+    from input_pipeline import tokenizers  # pylint: disable=import-outside-toplevel
     from model import ConfigError, build_model  # pylint: disable=import-outside-toplevel
     from training import checkpoint, config_io  # pylint: disable=import-outside-toplevel
-    from input_pipeline import tokenizers  # pylint: disable=import-outside-toplevel
 
     if not workdir:
       raise DecodeError('--workdir is required (a directory written by train.py)')
@@ -171,7 +171,7 @@ class Restored:
       raise DecodeError(f'{workdir} holds a {self.kind} model: there is nothing to decode')
     try:
       self.tokenizer = tokenizers.load_tokenizer(workdir)
-    except Exception as e:  # DataError/DataFileError: one line already
+    except Exception as e:  # noqa: BLE001  # DataError/DataFileError: one line already
       raise DecodeError(str(e)) from None
     if not checkpoint.list_steps(workdir):
       raise DecodeError(f'no checkpoint in {checkpoint.checkpoint_dir(workdir)}: train first '
@@ -216,6 +216,7 @@ def translate(restored, sources, *, beam_size, alpha, max_len, batch_size, progr
   a fixed batch size and a multiple of 16 in length (few compilations)."""
   import numpy as np  # pylint: disable=import-outside-toplevel
   from tqdm import tqdm  # pylint: disable=import-outside-toplevel
+
   from model import decoding  # pylint: disable=import-outside-toplevel
 
   module, params = restored.module, restored.params
@@ -270,6 +271,7 @@ def score(hypotheses, references):
 def plot_translations(restored, sources, outputs, out_dir, limit, heads):
   """Attention heatmaps of the first `limit` non-empty sentences (teacher-forced on the output)."""
   import numpy as np  # pylint: disable=import-outside-toplevel
+
   from model import plotting  # pylint: disable=import-outside-toplevel
 
   tok = restored.tokenizer
@@ -371,6 +373,7 @@ def generate(restored, prompt_ids, *, num_tokens, temperature, top_k, top_p, see
   """
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
+
   from model import decoding  # pylint: disable=import-outside-toplevel
 
   module, params = restored.module, restored.params
@@ -419,7 +422,7 @@ def run_language_model(restored, lines) -> None:
   for number, prompt in enumerate(prompts, start=1):
     try:
       ids = list(tok.encode(prompt))
-    except Exception as e:  # a character outside the vocabulary
+    except Exception as e:  # noqa: BLE001  # a character outside the vocabulary
       raise DecodeError(f'prompt {number}: {e}') from None
     if tok.eos_id is not None and ids and ids[-1] == tok.eos_id:
       ids = ids[:-1]  # continue the text, do not start after its end
@@ -470,7 +473,7 @@ def _enable_compilation_cache() -> None:
     os.makedirs(path, exist_ok=True)
     jax.config.update('jax_compilation_cache_dir', path)
     jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)
-  except Exception as e:  # pylint: disable=broad-except  # a cache is only an optimisation
+  except Exception as e:  # noqa: BLE001  # a cache is only an optimisation
     _warn(f'no compilation cache ({e})')
 
 

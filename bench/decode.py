@@ -36,21 +36,24 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-from model import build_model  # noqa: E402
-from model import decoding  # noqa: E402
+from model import (
+  build_model,
+  decoding,
+)
 
 BATCH, SRC_LEN, MAX_LEN, BEAM = 16, 32, 32, 4
 
 
 def model_config(name: str) -> dict:
   if name == 'small':
-    return dict(kind='encoder_decoder', vocab_size=8192, num_encoder_layers=3,
-                num_decoder_layers=3, d_model=256, num_heads=4, d_ff=1024, dropout_rate=0.0,
-                max_len=256, share_embeddings=True, logits_via_embedding=True)
+    return {'kind': 'encoder_decoder', 'vocab_size': 8192, 'num_encoder_layers': 3,
+            'num_decoder_layers': 3, 'd_model': 256, 'num_heads': 4, 'd_ff': 1024,
+            'dropout_rate': 0.0, 'max_len': 256, 'share_embeddings': True,
+            'logits_via_embedding': True}
   if name == 'default':
     from configs import default  # pylint: disable=import-outside-toplevel
     return dict(default.get_config().model)
@@ -118,8 +121,8 @@ def bench_peer(reps, warmup, max_foreign):
     return None
   sys.path.insert(0, peers)
   import jax_encdec_bench as harness  # pylint: disable=import-outside-toplevel
-  cfg = dict(vocab=8192, d=256, q=256, f=1024, heads=4, enc_layers=3, dec_layers=3, dropout=0.1,
-             max_len=256, src_len=SRC_LEN)
+  cfg = {'vocab': 8192, 'd': 256, 'q': 256, 'f': 1024, 'heads': 4, 'enc_layers': 3,
+         'dec_layers': 3, 'dropout': 0.1, 'max_len': 256, 'src_len': SRC_LEN}
   impl = harness.FlaxWMT(cfg, wmt)
   rng = np.random.default_rng(7)
   inputs = [jnp.asarray(rng.integers(3, 8192, size=(BATCH, SRC_LEN)), jnp.int32) for _ in range(2)]

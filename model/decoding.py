@@ -37,6 +37,7 @@ encoder-decoder keys/values are the same for every beam of a sentence.
 from __future__ import annotations
 
 import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import os
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp

@@ -53,7 +53,7 @@ def _decode(*args, stdin=None, devices=None, cache=None):
   if not any(a.startswith('--compilation_cache') for a in args):
     cmd.append(f'--compilation_cache={cache or ""}')
   return subprocess.run(cmd, cwd=ROOT, env=_env(devices), input=stdin, capture_output=True,
-                        timeout=600)
+                        timeout=600, check=False)
 
 
 def _snapshot(directory):

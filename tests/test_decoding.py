@@ -8,8 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from model import ModelConfig, build_model
-from model import decoding
+from model import ModelConfig, build_model, decoding
 
 EOS = 1
 
@@ -192,7 +191,7 @@ def test_beam_search_matches_exhaustive_enumeration(alpha):
     np.testing.assert_allclose(scores[b], ref[order], rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(tokens[b], seqs[order])
   # A narrower beam still returns real, correctly scored sequences.
-  tokens4, scores4 = decoding.beam_search_decode(module, params, src, beam_size=4, alpha=alpha,
+  _, scores4 = decoding.beam_search_decode(module, params, src, beam_size=4, alpha=alpha,
                                                  max_len=max_len)
   assert np.all(np.diff(np.asarray(scores4), axis=1) <= 1e-6)
 
@@ -243,7 +242,7 @@ def test_sampling_reproducible_and_top_k():
   module, params = _model('decoder_only', vocab=20, max_len=24)
   prompt = np.tile(np.array([[5, 6, 7]], np.int32), (16, 1))
   prompt[8:, 1:] = 0  # two prompt lengths
-  kw = dict(max_len=10, temperature=1.0, top_k=3, eos_id=None)
+  kw = {'max_len': 10, 'temperature': 1.0, 'top_k': 3, 'eos_id': None}
   a = np.asarray(decoding.sample(module, params, prompt, rng=jax.random.PRNGKey(0), **kw))
   b = np.asarray(decoding.sample(module, params, prompt, rng=jax.random.PRNGKey(0), **kw))
   c = np.asarray(decoding.sample(module, params, prompt, rng=jax.random.PRNGKey(1), **kw))
