@@ -112,7 +112,7 @@ def test_config_roundtrip_and_compatibility(tmp_path):
   config_io.save_config(config, workdir)
   assert config_io.load_config(workdir).to_dict() == config.to_dict()
   # Other learning rate / steps: allowed, reported.
-  changed = tiny_config(**{'optimizer.learning_rate': 0.5, 'train.num_steps': 99})
+  changed = tiny_config(**{'optimizer.learning_rate': 0.25, 'train.num_steps': 99})
   diffs = config_io.check_compatible(changed, workdir)
   assert any('optimizer.learning_rate' in d for d in diffs)
   assert any('train.num_steps' in d for d in diffs)
