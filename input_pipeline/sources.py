@@ -15,8 +15,6 @@ exclusive file lock so that processes starting together do not collide.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import logging
 import os
 from collections.abc import Sequence
@@ -25,7 +23,7 @@ from typing import Any
 import tensorflow_datasets as tfds
 from tensorflow_datasets.proto import tf_example_pb2
 
-from input_pipeline import builders
+from input_pipeline import builders, textfiles
 from input_pipeline.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -49,15 +47,6 @@ def resolve_data_dir(data_dir: str | None) -> str:
       os.environ.get('TFDS_DATA_DIR') or os.path.join('~', 'tensorflow_datasets')))
 
 
-@contextlib.contextmanager
-def _file_lock(path: str):
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path, 'a') as f:
-    fcntl.flock(f, fcntl.LOCK_EX)
-    try:
-      yield
-    finally:
-      fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _parallel_text_files(data_config) -> dict[str, tuple[str, str]]:
@@ -104,7 +93,7 @@ def _prepared_builder(data_config) -> tfds.core.DatasetBuilder:
     builder = _local_builder(data_config, data_dir)
     if not os.path.exists(os.path.join(builder.data_dir, 'dataset_info.json')):
       lock = os.path.join(data_dir, f'.{builder.name}.lock')
-      with _file_lock(lock):
+      with textfiles.file_lock(lock):
         builder = _local_builder(data_config, data_dir)  # re-check under the lock
         if not os.path.exists(os.path.join(builder.data_dir, 'dataset_info.json')):
           log.info('Preparing %s in %s', name, builder.data_dir)

@@ -7,6 +7,8 @@ line naming the file.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import gzip
 import hashlib
 import logging
@@ -98,3 +100,15 @@ def files_fingerprint(paths: list[str]) -> str:
       raise DataFileError(f'cannot read data file {path}: {e}') from None
     digest.update(b'\0')
   return digest.hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def file_lock(path: str):
+  """Exclusive inter-process lock on `path` (created with its folder if missing)."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, 'a') as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)

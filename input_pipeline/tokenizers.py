@@ -14,7 +14,6 @@ Common interface:
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import io
 import json
 import logging
@@ -28,6 +27,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 import sentencepiece as spm
 
+from input_pipeline import textfiles
 from input_pipeline.errors import DataError, DataFileError
 
 log = logging.getLogger(__name__)
@@ -191,14 +191,8 @@ def has_tokenizer(workdir: str | None) -> bool:
 @contextlib.contextmanager
 def workdir_lock(workdir: str):
   """Exclusive lock so that processes sharing a workdir train the tokenizer once."""
-  path = os.path.join(workdir, TOKENIZER_DIR, '.lock')
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path, 'a') as f:
-    fcntl.flock(f, fcntl.LOCK_EX)
-    try:
-      yield
-    finally:
-      fcntl.flock(f, fcntl.LOCK_UN)
+  with textfiles.file_lock(os.path.join(workdir, TOKENIZER_DIR, '.lock')):
+    yield
 
 
 def _training_texts(data_config, max_sentences: int, whole_documents: bool = False
