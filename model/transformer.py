@@ -140,17 +140,23 @@ class Decoder(nn.Module):
   def __call__(self, tokens: Array, encoded: Array | None = None,
                encoder_valid: Array | None = None, *, segmentation: Array | None = None,
                positions: Array | None = None, encoder_segmentation: Array | None = None,
-               deterministic: bool = True, decode: bool = False) -> Array:
+               deterministic: bool = True, decode: bool = False,
+               decode_mask: Array | None = None) -> Array:
     """tokens `[batch, len]`, encoded `[batch, src_len, d_model]` -> logits `[batch, len, vocab]`.
 
     `encoder_valid` `[batch, src_len]` marks the non-pad source positions.
+    Decode mode only: `positions` `[batch, len]` override the count of decoded tokens, and
+    `decode_mask` `[batch, 1, len, cache_len]` restricts which cached positions each query
+    sees (beam search runs a sentence's hypotheses as the `len` queries of one row, all at
+    the same position, each seeing only its ancestors' keys).
     """
     cfg = self.config
     if decode:
-      positions = self._decode_positions(tokens.shape[1])
+      counted = self._decode_positions(tokens.shape[1])  # always: keeps the cache's structure
+      positions = counted if positions is None else positions
       decoder_inputs = tokens
       # Causality over the cache is added by the attention module from its cache index.
-      self_mask = None
+      self_mask = decode_mask
       query_valid = jnp.ones(tokens.shape, jnp.bool_)
     else:
       decoder_inputs = shift_right(tokens, segmentation)
@@ -211,12 +217,13 @@ class EncoderDecoder(nn.Module):
   def decode(self, encoded: Array, inputs: Array, targets: Array, *,
              inputs_segmentation: Array | None = None, targets_segmentation: Array | None = None,
              targets_position: Array | None = None, deterministic: bool = True,
-             decode: bool = False) -> Array:
+             decode: bool = False, decode_mask: Array | None = None) -> Array:
     """encoded `[batch, src_len, d_model]`, inputs `[batch, src_len]` (for the source padding
-    mask), targets `[batch, tgt_len]` -> logits `[batch, tgt_len, vocab]` (float32)."""
+    mask), targets `[batch, tgt_len]` -> logits `[batch, tgt_len, vocab]` (float32).
+    `decode_mask`: see `Decoder`."""
     return self.decoder(targets, encoded, inputs > 0, segmentation=targets_segmentation,
                         positions=targets_position, encoder_segmentation=inputs_segmentation,
-                        deterministic=deterministic, decode=decode)
+                        deterministic=deterministic, decode=decode, decode_mask=decode_mask)
 
   def __call__(self, inputs: Array, targets: Array, *, inputs_segmentation: Array | None = None,
                targets_segmentation: Array | None = None, inputs_position: Array | None = None,
@@ -239,10 +246,10 @@ class DecoderOnly(nn.Module):
 
   def __call__(self, tokens: Array, *, segmentation: Array | None = None,
                positions: Array | None = None, deterministic: bool = True,
-               decode: bool = False) -> Array:
-    """tokens `[batch, len]` -> logits `[batch, len, vocab]` (float32)."""
+               decode: bool = False, decode_mask: Array | None = None) -> Array:
+    """tokens `[batch, len]` -> logits `[batch, len, vocab]` (float32); `decode_mask`: see `Decoder`."""
     return self.decoder(tokens, segmentation=segmentation, positions=positions,
-                        deterministic=deterministic, decode=decode)
+                        deterministic=deterministic, decode=decode, decode_mask=decode_mask)
 
 
 class EncoderOnly(nn.Module):

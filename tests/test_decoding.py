@@ -236,6 +236,27 @@ def test_beam_search_decoder_only_with_prompts():
   np.testing.assert_array_equal(np.asarray(alone)[0], tokens[1])
 
 
+@pytest.mark.parametrize('case', ['eos', 'no_eos', 'decoder_only_prompts', 'rope_fused'])
+def test_beam_search_equals_reference_cache_reordering(case):
+  """The hypotheses-as-queries cache layout returns what reordering the caches returns."""
+  if case in ('eos', 'no_eos'):
+    module, params = _model(eos_boost=1.5, seed=1)
+    kw = {'inputs': _sources(batch=3), 'max_len': 9, 'beam_size': 4}
+    if case == 'no_eos':
+      kw.update(eos_id=None, beam_size=3)
+  else:
+    extra = ({'positional_encoding': 'rope', 'attention_impl': 'xla', 'norm_position': 'pre'}
+             if case == 'rope_fused' else {})
+    module, params = _model('decoder_only', vocab=12, max_len=16, eos_boost=1.4, **extra)
+    kw = {'prompt': np.array([[4, 5, 6], [7, 0, 0], [0, 0, 0]], np.int32), 'max_len': 6,
+          'beam_size': 3}
+  tokens, scores = decoding.beam_search_decode(module, params, alpha=0.6, **kw)
+  ref_tokens, ref_scores = decoding.beam_search_decode(module, params, alpha=0.6,
+                                                       reorder_cache=True, **kw)
+  np.testing.assert_array_equal(np.asarray(tokens), np.asarray(ref_tokens))
+  np.testing.assert_allclose(np.asarray(scores), np.asarray(ref_scores), rtol=1e-5, atol=1e-5)
+
+
 # ----------------------------------------------------------------------------- sampling
 
 def test_sampling_reproducible_and_top_k():
