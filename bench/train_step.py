@@ -8,8 +8,9 @@ train FLOPs (the formula of ../shared/bench/peers/flops.py: 2 per multiply-add, 
 only, backward = 2 x forward), GFLOP/s and the fraction of a jitted 2048^2 f32 matmul's
 rate measured in this process. With `--flax_wmt_dir` (a checkout of google/flax
 examples/wmt, never copied here) the Flax WMT example's step is timed in the same process,
-its steps interleaved with ours, with the same batches, loss and optimizer, and the ratio
-is reported.
+its steps interleaved with ours, with the same batches and optimizer and the example's own
+label-smoothed loss (`compute_weighted_cross_entropy` of its train.py), and the ratio is
+reported.
 
 The step timed is the real one (`training/steps.py: make_train_step`): label-smoothed loss,
 Adam(0.9, 0.98, 1e-9), donated state, non-finite guard, metrics. Batches are random ids in
@@ -19,6 +20,7 @@ Adam(0.9, 0.98, 1e-9), donated state, non-finite guard, metrics. Batches are ran
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import platform
@@ -97,10 +99,27 @@ def count_params(params):
   return sum(int(x.size) for x in jax.tree.leaves(params))
 
 
+def load_peer_function(path: str, name: str, namespace: dict):
+  """Exec one top-level function of a peer's source file: the example's loss lives in its
+  train.py, whose imports would pull TensorFlow and its input pipeline."""
+  for node in ast.parse(open(path).read()).body:
+    if isinstance(node, ast.FunctionDef) and node.name == name:
+      exec(compile(ast.Module([node], []), path, 'exec'), namespace)  # noqa: S102
+      return namespace[name]
+  raise KeyError(f'{name} not found in {path}')
+
+
 def flax_wmt(c, batch, args):
-  """The Flax WMT example's model and loss (imported from a checkout), same Adam."""
-  sys.path.insert(0, os.path.expanduser(args.flax_wmt_dir))
+  """The Flax WMT example's model and its own label-smoothed loss (both from a checkout), the
+  same Adam."""
+  wmt_dir = os.path.expanduser(args.flax_wmt_dir)
+  sys.path.insert(0, wmt_dir)
   import models  # noqa: E402  (peer checkout, not part of this project)
+  from flax import linen as nn  # noqa: E402
+  from flax.training import common_utils  # noqa: E402
+  cross_entropy = load_peer_function(
+      os.path.join(wmt_dir, 'train.py'), 'compute_weighted_cross_entropy',
+      {'jnp': jnp, 'np': np, 'nn': nn, 'common_utils': common_utils})
   cfg = models.TransformerConfig(
       vocab_size=c['vocab'], output_vocab_size=c['vocab'], share_embeddings=True,
       logits_via_embedding=True, dtype=jnp.float32, emb_dim=c['d'], num_heads=c['heads'],
@@ -116,8 +135,8 @@ def flax_wmt(c, batch, args):
     logits = model.apply({'params': p}, batch['inputs'], batch['targets'],
                          rngs={'dropout': jax.random.fold_in(base_key, i)})
     weights = (batch['targets'] > 0).astype(jnp.float32)
-    loss = steps.smoothed_cross_entropy(logits, batch['targets'], 0.1)
-    return (loss * weights).sum() / weights.sum()
+    loss_sum, normalizer = cross_entropy(logits, batch['targets'], weights, 0.1)
+    return loss_sum / normalizer
 
   def step(params, opt_state, i):
     loss, grads = jax.value_and_grad(loss_fn)(params, i)

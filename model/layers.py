@@ -11,6 +11,7 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from model import attention as attn
 
@@ -22,8 +23,38 @@ dense_init = nn.initializers.xavier_uniform()
 
 
 def _dense(features, name, dtype, axis=-1):
-  return nn.DenseGeneral(features, axis=axis, kernel_init=dense_init, use_bias=True,
-                         dtype=dtype, param_dtype=jnp.float32, name=name)
+  features = (features,) if isinstance(features, int) else tuple(features)
+  num_inputs = 1 if isinstance(axis, int) else len(axis)
+  return Dense(features, num_inputs, dtype, name=name)
+
+
+class Dense(nn.Module):
+  """y = x W + b contracting the last `num_inputs` axes of x with W `[*inputs, *features]`.
+
+  The parameters (names, shapes, Glorot init over the flattened fan-in/out) are those of
+  `nn.DenseGeneral`; the difference is that the product is one 2-D matmul. With several
+  output axes (the fused `[d_model, 3, heads, head_dim]` QKV kernel), XLA:CPU lays the
+  kernel's gradient out transposed, and every optimizer pass then reads it with a stride:
+  the Adam update of those kernels cost more than their matmuls in the base model's step.
+  """
+  features: tuple[int, ...]
+  num_inputs: int = 1
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    """x `[batch..., *inputs]` -> `[batch..., *features]` in `dtype`."""
+    inputs = x.shape[x.ndim - self.num_inputs:]
+    fan_in, fan_out = int(np.prod(inputs)), int(np.prod(self.features))
+    kernel = self.param(
+        'kernel', lambda rng, shape: dense_init(rng, (fan_in, fan_out)).reshape(shape),
+        (*inputs, *self.features))
+    bias = self.param('bias', nn.initializers.zeros_init(), self.features)
+    batch = x.shape[:x.ndim - self.num_inputs]
+    y = jnp.dot(x.reshape(*batch, fan_in).astype(self.dtype),
+                kernel.reshape(fan_in, fan_out).astype(self.dtype))
+    y = y + bias.reshape(fan_out).astype(self.dtype)
+    return y.reshape(*batch, *self.features)
 
 
 class MultiHeadAttention(nn.Module):

@@ -178,3 +178,47 @@ def test_rotary_depends_only_on_relative_position():
 
   assert abs(score(3, 1) - score(10, 8)) < 1e-4
   assert abs(score(3, 1) - score(3, 2)) > 1e-4
+
+
+@pytest.mark.parametrize('rng_impl', attn.DROPOUT_RNGS)
+@pytest.mark.parametrize('rate', [0.1, 0.5])
+def test_dropout_keeps_the_right_fraction_and_scales(rng_impl, rate):
+  x = jnp.ones((512, 1024))
+  y = attn.dropout(x, rate, jax.random.key(3), rng_impl=rng_impl)
+  kept = np.asarray(y != 0)
+  n = kept.size
+  assert abs(kept.mean() - (1 - rate)) < 5 * np.sqrt(rate * (1 - rate) / n)
+  np.testing.assert_allclose(np.asarray(y)[kept], 1 / (1 - rate), rtol=1e-6)
+  # Same key, same mask; another key, an independent one (agreement p^2 + (1-p)^2).
+  again = attn.dropout(x, rate, jax.random.key(3), rng_impl=rng_impl)
+  np.testing.assert_array_equal(y, again)
+  other = np.asarray(attn.dropout(x, rate, jax.random.key(4), rng_impl=rng_impl) != 0)
+  agreement = (kept == other).mean()
+  assert abs(agreement - (rate ** 2 + (1 - rate) ** 2)) < 0.005
+
+
+def test_hashed_bits_look_uniform_and_independent():
+  bits = np.asarray(attn.hashed_bits(jax.random.key(0), (256, 4096)))
+  n = bits.size
+  # Every bit position is a fair coin.
+  for b in range(32):
+    assert abs(((bits >> b) & 1).mean() - 0.5) < 5 * 0.5 / np.sqrt(n), b
+  # Neighbours (in a row and across rows) are uncorrelated.
+  u = bits.astype(np.float64) / 2 ** 32 - 0.5
+  for a, b in [(u[:, 1:], u[:, :-1]), (u[1:], u[:-1])]:
+    assert abs(np.corrcoef(a.ravel(), b.ravel())[0, 1]) < 5 / np.sqrt(a.size)
+  # Keys that differ in one fold_in give unrelated streams.
+  base = jax.random.key(7)
+  v = [np.asarray(attn.hashed_bits(jax.random.fold_in(base, i), (1 << 16,))) for i in range(2)]
+  assert (v[0] == v[1]).mean() < 1e-3
+  assert abs(np.corrcoef(v[0] / 2 ** 32, v[1] / 2 ** 32)[0, 1]) < 5 / np.sqrt(1 << 16)
+
+
+def test_hashed_bits_of_tensors_too_large_for_one_counter():
+  """Beyond 2^32 elements the leading index is hashed into the key: no repeated rows."""
+  key = jax.random.key(0)
+  split = np.asarray(attn.hashed_bits(key, (64, 1000), max_counter=1000))
+  assert len({row.tobytes() for row in split}) == 64
+  assert abs(((split >> 31) & 1).mean() - 0.5) < 5 * 0.5 / np.sqrt(split.size)
+  np.testing.assert_array_equal(attn.hashed_bits(key, (64, 1000)),
+                                attn.hashed_bits(key, (64, 1000)))

@@ -1,5 +1,6 @@
 """The Linen models: shapes, masks end to end, packing, KV cache, configs, presets."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,7 +8,7 @@ import optax
 import pytest
 
 from configs import default, shakespeare_char, wmt14_base, wmt14_big
-from model import ConfigError, build_model
+from model import ConfigError, build_model, layers
 
 TINY = dict(kind='encoder_decoder', vocab_size=40, num_encoder_layers=2, num_decoder_layers=2,
             d_model=32, num_heads=4, d_ff=64, dropout_rate=0.1, max_len=32)
@@ -296,3 +297,16 @@ def test_logits_via_embedding_gradient_equals_autodiff():
   reference = jax.vjp(plain, x, embedding)[1](cotangent)
   for a, b in zip(ours, reference):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('features,axis', [((3, 4, 8), -1), ((16,), (-2, -1)), ((7,), -1)])
+def test_dense_equals_flax_dense_general(features, axis):
+  """`layers.Dense` has nn.DenseGeneral's parameters (same init) and output."""
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, 5, 4, 8))
+  reference = nn.DenseGeneral(features, axis=axis, kernel_init=layers.dense_init)
+  ours = layers.Dense(features, 1 if isinstance(axis, int) else len(axis))
+  params = reference.init(jax.random.PRNGKey(1), x)
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(ours.init(jax.random.PRNGKey(1), x))):
+    np.testing.assert_array_equal(a, b)
+  np.testing.assert_allclose(ours.apply(params, x), reference.apply(params, x), rtol=1e-6,
+                             atol=1e-6)

@@ -9,8 +9,10 @@ import numpy as np
 import optax
 import pytest
 
+from model import build_model
 from model.config import ConfigError
-from training import config_io, optim, steps
+from training import config_io, losses, optim, steps
+from training.state import TrainState
 from test_train_synthetic import tiny_config
 
 
@@ -131,3 +133,46 @@ def test_load_config_missing(tmp_path):
     f.write('{not json')
   with pytest.raises(ConfigError, match='not a readable config'):
     config_io.load_config(str(tmp_path))
+
+
+@pytest.mark.parametrize('label_smoothing', [0.0, 0.1])
+def test_fused_cross_entropy_equals_reference_value_and_gradient(label_smoothing):
+  vocab = 37
+  logits = 3.0 * jax.random.normal(jax.random.PRNGKey(1), (2, 5, vocab))
+  targets = jax.random.randint(jax.random.PRNGKey(2), (2, 5), 0, vocab)
+  weights = jax.random.uniform(jax.random.PRNGKey(3), (2, 5))
+  loss, correct = losses.cross_entropy_and_accuracy(logits, targets, label_smoothing)
+  np.testing.assert_allclose(
+      loss, losses.smoothed_cross_entropy(logits, targets, label_smoothing), rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(correct, logits.argmax(-1) == targets)
+
+  def weighted(loss_fn):
+    return lambda z: (loss_fn(z) * weights).sum()
+  fused = weighted(lambda z: losses.cross_entropy_and_accuracy(z, targets, label_smoothing)[0])
+  reference = weighted(lambda z: losses.smoothed_cross_entropy(z, targets, label_smoothing))
+  np.testing.assert_allclose(jax.grad(fused)(logits), jax.grad(reference)(logits),
+                             rtol=1e-5, atol=1e-7)
+  # bfloat16 logits get a bfloat16 gradient.
+  grad16 = jax.grad(lambda z: losses.cross_entropy_and_accuracy(
+      z, targets, label_smoothing)[0].sum())(logits.astype(jnp.bfloat16))
+  assert grad16.dtype == jnp.bfloat16
+
+
+def test_train_step_skips_a_non_finite_gradient():
+  module = build_model(dict(kind='decoder_only', vocab_size=11, num_decoder_layers=1, d_model=8,
+                            num_heads=2, d_ff=16, max_len=8))
+  batch = {'targets': jnp.array([[3, 4, 5, 6]])}
+  params = module.init(jax.random.PRNGKey(0), batch['targets'])['params']
+  tx = optax.adam(1e-3)
+  state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                     rng=jax.random.PRNGKey(1))
+  step = jax.jit(steps.make_train_step(module, tx, lambda s: 1e-3, label_smoothing=0.1))
+  good, metrics = step(state, batch)
+  assert bool(metrics['finite']) and int(good.step) == 1
+  poisoned = state.replace(params=jax.tree.map(lambda p: p.at[(0,) * p.ndim].set(jnp.nan)
+                                               if p.ndim == 2 else p, params))
+  bad, metrics = step(poisoned, batch)
+  assert not bool(metrics['finite']) and int(bad.step) == 0
+  for new, old in zip(jax.tree.leaves(bad), jax.tree.leaves(poisoned)):
+    np.testing.assert_array_equal(new, old)
+  np.testing.assert_allclose(steps.parameter_norm(params), optax.tree.norm(params), rtol=1e-6)

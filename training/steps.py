@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from training.losses import cross_entropy_and_accuracy, smoothed_cross_entropy  # noqa: F401
 from training.state import TrainState
 
 Batch = dict[str, jax.Array]
@@ -48,30 +49,10 @@ def apply_model(module, params, batch: Batch, *, deterministic: bool,
                       deterministic=deterministic, rngs=rngs)
 
 
-def smoothed_cross_entropy(logits: jax.Array, targets: jax.Array,
-                           label_smoothing: float) -> jax.Array:
-  """`[batch, len, vocab]`, `[batch, len]` -> per-token loss `[batch, len]` (float32).
-
-  Cross-entropy against `(1 - ls)` on the target and `ls / (vocab - 1)` elsewhere, minus that
-  distribution's entropy (the constant normaliser): 0 for a perfect model of it.
-  """
-  vocab = logits.shape[-1]
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-  target_logp = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-  if not label_smoothing:
-    return -target_logp
-  confidence = 1.0 - label_smoothing
-  low = label_smoothing / (vocab - 1)
-  normaliser = -(confidence * jnp.log(confidence) + (vocab - 1) * low * jnp.log(low))
-  loss = -(confidence * target_logp + low * (logp.sum(-1) - target_logp))
-  return loss - normaliser
-
-
 def _loss_sums(params, module, batch: Batch, dropout_rng, label_smoothing: float):
   logits = apply_model(module, params, batch, deterministic=False, dropout_rng=dropout_rng)
   weights = target_weights(batch)
-  loss = smoothed_cross_entropy(logits, batch['targets'], label_smoothing)
-  correct = (logits.argmax(-1) == batch['targets']).astype(jnp.float32)
+  loss, correct = cross_entropy_and_accuracy(logits, batch['targets'], label_smoothing)
   return (loss * weights).sum(), (weights.sum(), (correct * weights).sum())
 
 
@@ -86,9 +67,10 @@ def _split_micro_batches(batch: Batch, num: int) -> Batch:
 def make_train_step(module, tx: optax.GradientTransformation, schedule: optax.Schedule, *,
                     label_smoothing: float, grad_accum_steps: int = 1
                     ) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, Any]]]:
-  """(state, global batch) -> (new state, scalar metrics). A non-finite loss, gradient or
-  updated parameter leaves the state unchanged (`metrics['finite']` is False) so a NaN can
-  never reach a checkpoint."""
+  """(state, global batch) -> (new state, scalar metrics). A non-finite loss or gradient
+  leaves the state unchanged (`metrics['finite']` is False) so a NaN can never reach a
+  checkpoint. The parameter norm is not computed here (a full pass over the parameters every
+  step): see `parameter_norm`."""
   grad_fn = jax.value_and_grad(_loss_sums, has_aux=True)
 
   def gradients(params, batch, rng):
@@ -113,20 +95,26 @@ def make_train_step(module, tx: optax.GradientTransformation, schedule: optax.Sc
     grads, loss_sum, weight_sum, correct = gradients(state.params, batch, rng)
     denominator = jnp.maximum(weight_sum, 1.0)
     grads = jax.tree.map(lambda g: g / denominator, grads)  # mean over non-pad tokens
+    loss, grad_norm = loss_sum / denominator, optax.tree.norm(grads)
+    # Decided before the update so that XLA fuses the select into the optimizer's elementwise
+    # pass; finite gradients give a finite update (Adam's is bounded by the learning rate).
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    loss, grad_norm = loss_sum / denominator, optax.tree.norm(grads)
-    param_norm = optax.tree.norm(params)
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(param_norm)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
     new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state)
     metrics = {'loss': loss, 'accuracy': correct / denominator, 'grad_norm': grad_norm,
-               'param_norm': param_norm,
                'learning_rate': schedule(state.step), 'num_tokens': weight_sum,
                'finite': finite}
     return new_state, metrics
 
   return train_step
+
+
+@jax.jit
+def parameter_norm(params) -> jax.Array:
+  """Global L2 norm of the parameters: logged at log steps only."""
+  return optax.tree.norm(params)
 
 
 def make_eval_step(module) -> Callable[[Any, Batch], dict[str, jax.Array]]:
@@ -135,8 +123,7 @@ def make_eval_step(module) -> Callable[[Any, Batch], dict[str, jax.Array]]:
   def eval_step(params, batch: Batch):
     logits = apply_model(module, params, batch, deterministic=True)
     weights = target_weights(batch)
-    loss = smoothed_cross_entropy(logits, batch['targets'], 0.0)
-    correct = (logits.argmax(-1) == batch['targets']).astype(jnp.float32)
+    loss, correct = cross_entropy_and_accuracy(logits, batch['targets'], 0.0)
     return {'loss': (loss * weights).sum(), 'correct': (correct * weights).sum(),
             'num_tokens': weights.sum()}
   return eval_step

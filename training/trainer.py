@@ -187,8 +187,7 @@ class _Run:
           self.checkpointer.wait()
           good = self.checkpointer.latest_step()
           raise NonFiniteLossError(
-              f'non-finite loss ({values["loss"]}), gradient norm ({values["grad_norm"]}) or '
-              f'parameter norm ({values["param_norm"]}) at '
+              f'non-finite loss ({values["loss"]}) or gradient norm ({values["grad_norm"]}) at '
               f'step {done_step}; stopping. The last good checkpoint is '
               f'{"step " + str(good) if good is not None else "none"} in '
               f'{ckpt_lib.checkpoint_dir(self.workdir)}')
@@ -215,6 +214,7 @@ class _Run:
           tokens_per_sec, elapsed, eta = throughput.mark(step, t.num_steps)
           mean = {k: float(np.mean([w[k] for w in window])) for k in window[0]}
           mean['learning_rate'] = window[-1]['learning_rate']
+          mean['param_norm'] = float(steps.parameter_norm(state.params))
           window.clear()
           log(metrics_lib.progress_line(step, t.num_steps, mean, tokens_per_sec=tokens_per_sec,
                                         elapsed=elapsed, eta=eta))
