@@ -64,13 +64,14 @@ class MultiHeadAttention(nn.Module):
   projects Q from `x` and K, V from `kv`.
 
   With `decode=True` the module keeps a KV cache in the `cache` collection:
-    self-attention: `cached_key`/`cached_value` `[batch, heads, max_len, head_dim]` and
+    self-attention: `cached_key`/`cached_value` `[batch, heads, head_dim, max_len]` and
       `cache_index`; each call appends its `x` (one or more tokens) at `cache_index`.
-    cross-attention: `cross_key`/`cross_value` `[batch, heads, src_len, head_dim]`, the
+    cross-attention: `cross_key`/`cross_value` `[batch, heads, head_dim, src_len]`, the
       projected encoder keys/values. `init` does not create them; the first decode call
       (whose cache lacks them) projects and stores them, later calls only read them, so a
       decoding loop after the first step does no projection and no conditional.
-  The caches are heads-major so that attending to them needs no per-step transpose of the
+  The caches are heads-major, positions last: that is the layout XLA:CPU's batched matmuls
+  of decode attention read them in (queries of 1 or a few tokens), so no step transposes a
   whole cache (the attention functions get `[batch, len, heads, head_dim]` views).
   The cache length is the length of `x` when the cache is created (init or the first
   mutable apply), as in the Flax WMT example.
@@ -114,7 +115,8 @@ class MultiHeadAttention(nn.Module):
       out = attn.fused_dot_product_attention(query, key, value, mask=mask)
     else:
       dropout_rng = self.make_rng('dropout') if use_dropout else None
-      out, weights = attn.dot_product_attention(
+      attention = _heads_major_attention if decode else attn.dot_product_attention
+      out, weights = attention(
           query, key, value, mask=mask, dropout_rate=self.attention_dropout_rate,
           dropout_rng=dropout_rng, deterministic=deterministic, return_weights=True)
       # Stored only when the caller makes 'intermediates' mutable (attention plots).
@@ -133,25 +135,24 @@ class MultiHeadAttention(nn.Module):
   def _update_self_cache(self, key, value, mask):
     """Writes this call's keys/values at `cache_index` and returns the whole cache."""
     initializing = not self.has_variable('cache', 'cached_key')
-    heads_major = lambda x: jnp.swapaxes(x, 1, 2)  # [b, len, h, d] <-> [b, h, len, d]
-    cached_key = self.variable('cache', 'cached_key', jnp.zeros, heads_major(key).shape, key.dtype)
-    cached_value = self.variable('cache', 'cached_value', jnp.zeros, heads_major(value).shape,
+    cached_key = self.variable('cache', 'cached_key', jnp.zeros, _to_cache(key).shape, key.dtype)
+    cached_value = self.variable('cache', 'cached_value', jnp.zeros, _to_cache(value).shape,
                                  value.dtype)
     cache_index = self.variable('cache', 'cache_index', lambda: jnp.array(0, jnp.int32))
     if initializing:
       return key, value, mask
-    max_len = cached_key.value.shape[2]
+    max_len = cached_key.value.shape[-1]
     num_new = key.shape[1]
     index = cache_index.value
-    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, heads_major(key),
-                                                    (0, 0, index, 0))
-    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, heads_major(value),
-                                                      (0, 0, index, 0))
+    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, _to_cache(key),
+                                                    (0, 0, 0, index))
+    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, _to_cache(value),
+                                                      (0, 0, 0, index))
     cache_index.value = index + num_new
     # Query i (at absolute position index + i) sees cache slots 0 .. index + i.
     query_pos = index + jnp.arange(num_new)
     causal = (jnp.arange(max_len)[None, :] <= query_pos[:, None])[None, None]
-    return (heads_major(cached_key.value), heads_major(cached_value.value),
+    return (_from_cache(cached_key.value), _from_cache(cached_value.value),
             attn.combine_masks(mask, causal))
 
   def _cross_cache(self, kv, heads):
@@ -160,16 +161,43 @@ class MultiHeadAttention(nn.Module):
     Whether to project is static (does the cache hold `cross_key` yet?), so the decoding
     loop body holds no projection and no `lax.cond` copying the keys/values each step.
     """
-    heads_major = lambda x: jnp.swapaxes(x, 1, 2)
     if self.has_variable('cache', 'cross_key'):
-      return (heads_major(self.get_variable('cache', 'cross_key')),
-              heads_major(self.get_variable('cache', 'cross_value')))
+      return (_from_cache(self.get_variable('cache', 'cross_key')),
+              _from_cache(self.get_variable('cache', 'cross_value')))
     key, value = self._project_kv(kv, heads)
     key, value = key.astype(self.dtype), value.astype(self.dtype)
     if not self.is_initializing():
-      self.put_variable('cache', 'cross_key', heads_major(key))
-      self.put_variable('cache', 'cross_value', heads_major(value))
+      self.put_variable('cache', 'cross_key', _to_cache(key))
+      self.put_variable('cache', 'cross_value', _to_cache(value))
     return key, value
+
+
+def _to_cache(x):
+  """`[batch, len, heads, head_dim]` -> the cache layout `[batch, heads, head_dim, len]`."""
+  return jnp.transpose(x, (0, 2, 3, 1))
+
+
+def _from_cache(x):
+  """The cache layout `[batch, heads, head_dim, len]` -> a `[batch, len, heads, head_dim]` view."""
+  return jnp.transpose(x, (0, 3, 1, 2))
+
+
+def _heads_major_attention(query, key, value, *, mask=None, **kwargs):
+  """`attention.dot_product_attention` computed with (batch, heads) as its batch dimensions.
+
+  For decoding: the cached keys/values are heads-major (`key`/`value` here are transposed
+  views of them), and a query of a few tokens makes each head's products tiny. Handing the
+  attention `[batch, heads, len, 1, head_dim]` operands (one "head" per batch entry) lets XLA
+  emit plain batched matmuls on the caches as they are; with the `[batch, len, heads, ...]`
+  views it emitted transposed, matrix-vector-like products (~3x slower per decoder step).
+  Same arithmetic, hence the same values.
+  """
+  as_batch = lambda x: jnp.swapaxes(x, 1, 2)[:, :, :, None]  # [b, len, h, d] -> [b, h, len, 1, d]
+  if mask is not None:
+    mask = mask[:, :, None]  # [b|1, h|1, q, k] -> [b|1, h|1, 1, q, k]
+  out, weights = attn.dot_product_attention(as_batch(query), as_batch(key), as_batch(value),
+                                            mask=mask, **kwargs)
+  return jnp.swapaxes(out[:, :, :, 0], 1, 2), weights[:, :, 0]
 
 
 class Dropout(nn.Module):
