@@ -2,6 +2,7 @@
 
     python bench/train_step.py --config=small            # ours + the matmul reference
     python bench/train_step.py --config=base --flax_wmt_dir=~/peers/flax/examples/wmt
+    python bench/train_step.py --config=base --only=flax_wmt --flax_wmt_dir=...  # its peak RSS
 
 Prints one JSON object: ms/step (median, p10, p90, min, max), target tokens/s, analytic
 train FLOPs (the formula of ../shared/bench/peers/flops.py: 2 per multiply-add, matmuls
@@ -24,6 +25,7 @@ import ast
 import json
 import os
 import platform
+import resource
 import sys
 import time
 
@@ -174,6 +176,8 @@ def main():
   parser.add_argument('--attention_impl', default='reference', choices=['reference', 'xla'])
   parser.add_argument('--flax_wmt_dir', default=None,
                       help='google/flax examples/wmt checkout: time it in the same process')
+  parser.add_argument('--only', choices=['ours', 'flax_wmt'], default=None,
+                      help='time one contender alone, so that the peak RSS is its own')
   args = parser.parse_args()
   c = CONFIGS[args.config]
   rng = np.random.default_rng(0)
@@ -182,8 +186,12 @@ def main():
   tokens = c['batch'] * c['tgt_len']
   flops = train_flops(c)
 
-  contenders = {'ours': ours(c, batch, args)}
-  if args.flax_wmt_dir:
+  contenders = {}
+  if args.only in (None, 'ours'):
+    contenders['ours'] = ours(c, batch, args)
+  if args.only == 'flax_wmt' or (args.only is None and args.flax_wmt_dir):
+    if not args.flax_wmt_dir:
+      parser.error('--only=flax_wmt needs --flax_wmt_dir')
     contenders['flax_wmt'] = flax_wmt(c, batch, args)
   times = {name: [] for name in contenders}
   first = {}
@@ -203,11 +211,13 @@ def main():
             'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
             'machine': f'{platform.processor() or platform.machine()}, {os.cpu_count()} cores',
             'jax': jax.__version__, 'backend': jax.default_backend(),
-            'train_flops_per_step': flops, 'matmul_2048_gflops': peak}
+            'train_flops_per_step': flops, 'matmul_2048_gflops': peak,
+            # ru_maxrss is KiB on Linux; the process's peak, so per contender only with --only.
+            'peak_rss_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
   for name, (_, num_params) in contenders.items():
     result[name] = {'params': num_params, 'first_step_s': first[name],
                     **summarize(times[name], flops, tokens, peak)}
-  if 'flax_wmt' in result:
+  if 'flax_wmt' in result and 'ours' in result:
     result['speedup_vs_flax_wmt'] = (result['flax_wmt']['ms_per_step_median'] /
                                      result['ours']['ms_per_step_median'])
   print(json.dumps(result))
