@@ -43,6 +43,18 @@ def _forward_log_probs(module, params, *args):
   return jax.nn.log_softmax(module.apply({'params': params}, *args))
 
 
+def _greedy_by_full_forward(module, params, prompt, num_tokens, width):
+  """Greedy continuation of a decoder-only `prompt` (list of ids), one full forward pass per
+  token over a fixed `width` (one compile), never choosing the pad id 0."""
+  seq = list(prompt)
+  for _ in range(num_tokens):
+    padded = np.array([seq + [3] * (width - len(seq))], np.int32)
+    log_probs = _log_probs_full(module, params, None, padded)[0, len(seq)].copy()
+    log_probs[0] = -np.inf
+    seq.append(int(log_probs.argmax()))
+  return seq[len(prompt):]
+
+
 def _log_probs_full(module, params, inputs, targets):
   """log_softmax of the full teacher-forced forward pass `[batch, len, vocab]`."""
   targets = np.asarray(targets)
@@ -137,13 +149,7 @@ def test_greedy_decoder_only_prompts_of_different_lengths():
   np.testing.assert_array_equal(out[0], alone[0])
   for i, p in enumerate(prompts):
     # Against the full forward pass on [0] + prompt + generated (fixed width: one compile).
-    seq = list(p)
-    for _ in range(6):
-      padded = np.array([seq + [3] * (12 - len(seq))], np.int32)
-      lp = _log_probs_full(module, params, None, padded)[0, len(seq)].copy()
-      lp[0] = -np.inf
-      seq.append(int(lp.argmax()))
-    np.testing.assert_array_equal(out[i], seq[len(p):])
+    np.testing.assert_array_equal(out[i], _greedy_by_full_forward(module, params, p, 6, 12))
 
 
 def test_too_long_is_a_clear_error():
@@ -299,10 +305,4 @@ def test_greedy_rope_and_fused_attention_equal_full_forward():
   prompt = np.array([[5, 6, 7], [9, 0, 0]], np.int32)
   out = np.asarray(decoding.greedy_decode(module, params, prompt=prompt, max_len=5, eos_id=None))
   for i, p in enumerate([[5, 6, 7], [9]]):
-    seq = list(p)
-    for _ in range(5):
-      padded = np.array([seq + [3] * (10 - len(seq))], np.int32)
-      lp = _log_probs_full(module, params, None, padded)[0, len(seq)].copy()
-      lp[0] = -np.inf
-      seq.append(int(lp.argmax()))
-    np.testing.assert_array_equal(out[i], seq[len(p):])
+    np.testing.assert_array_equal(out[i], _greedy_by_full_forward(module, params, p, 5, 10))
