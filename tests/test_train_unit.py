@@ -176,3 +176,31 @@ def test_train_step_skips_a_non_finite_gradient():
   for new, old in zip(jax.tree.leaves(bad), jax.tree.leaves(poisoned)):
     np.testing.assert_array_equal(new, old)
   np.testing.assert_allclose(steps.parameter_norm(params), optax.tree.norm(params), rtol=1e-6)
+
+
+def test_evaluate_keeps_one_eval_program_in_flight():
+  """Independent eval programs in flight together deadlocked XLA:CPU's collectives on several
+  CPU devices (an all-reduce rendezvous timeout that aborts the process): evaluate() must wait
+  for each batch before it dispatches the next."""
+  from training import evaluation, mesh as mesh_lib  # pylint: disable=import-outside-toplevel
+  mesh = mesh_lib.make_mesh()
+  rows = mesh_lib.local_device_count(mesh)
+
+  @jax.jit
+  def slow_eval_step(params, batch):  # ~0.1 s of matmuls: still running when the next is sent
+    m = jax.lax.fori_loop(0, 100, lambda _, m: jnp.tanh(m @ m), jnp.full((256, 256), 1e-3))
+    return {'loss': jnp.sum(batch['x'] * params) + 0 * m[0, 0], 'correct': jnp.sum(batch['x']),
+            'num_tokens': jnp.float32(batch['x'].size)}
+
+  returned = []
+
+  def eval_step(params, batch):
+    assert all(out['loss'].is_ready() for out in returned), 'an eval program was still running'
+    returned.append(slow_eval_step(params, batch))
+    return returned[-1]
+
+  batches = [{'x': np.full((rows, 4), i, np.float32)} for i in range(5)]
+  results = evaluation.evaluate(eval_step, jnp.float32(2.0), batches, mesh)
+  assert len(returned) == 5
+  assert results['num_tokens'] == 5 * rows * 4
+  assert results['loss'] == pytest.approx(2.0 * sum(range(5)) * rows * 4 / (5 * rows * 4))

@@ -51,6 +51,11 @@ def evaluate(eval_step: Callable, params: Any, batches: Iterable[dict[str, np.nd
   for batch in local:
     out = eval_step(params, mesh_lib.shard_batch(_pad_rows(batch, devices), mesh))
     sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
+    # One eval program in flight at a time. The eval steps do not depend on each other, so
+    # XLA:CPU would run several at once, and with several CPU devices each device's part of
+    # each program blocks a worker thread at its all-reduce: a small thread pool (2 cores)
+    # fills with parts waiting for partners queued behind them, and XLA aborts after 40 s.
+    jax.block_until_ready(sums)
   if sums is None:
     return {'loss': float('nan'), 'accuracy': float('nan'), 'perplexity': float('nan'),
             'num_tokens': 0.0}
