@@ -1,5 +1,10 @@
-"""A longer, better Multi30k En->De run than the default: 4+4 layers, 64 packed rows a step,
-5000 steps (about 22 epochs), dropout 0.2, evaluated on the whole validation set."""
+"""The hour-long Multi30k En->De run: the default model trained ~4x longer.
+
+Same 3+3-layer, 256-wide model as `configs/default.py`, 2400 steps of 32 packed rows (~11 epochs,
+about an hour on a 2-core CPU), dropout 0.15 against the over-fitting a 29k-pair corpus invites,
+and a checkpoint every 200 steps so that `decode.py --average_last=5` can average the last five
+(as the paper does).
+"""
 
 from configs import default
 
@@ -7,17 +12,13 @@ from configs import default
 def get_config(preset=None):
   config = default.get_config(preset)
   if preset is None:
-    m = config.model
-    m.d_model, m.d_ff, m.num_heads = 256, 1024, 4
-    m.num_encoder_layers = m.num_decoder_layers = 4
-    m.dropout_rate = 0.2
-    config.optimizer.learning_rate = 0.5  # peak 0.5 * 256^-0.5 * 800^-0.5 = 1.1e-3
-    config.optimizer.warmup_steps = 800
-    config.train.batch_size = 64
-    config.train.num_steps = 5000
-    config.train.eval_every_steps = 1000
-    config.train.checkpoint_every_steps = 500
-    config.train.max_checkpoints = 5
-    config.train.log_every_steps = 100
-    config.decode.num_eval_sentences = 1014
+    config.model.dropout_rate = 0.15
+    config.optimizer.learning_rate = 0.5  # peak 0.5 * 256^-0.5 * 500^-0.5 = 1.4e-3 at step 500
+    config.optimizer.warmup_steps = 500
+    t = config.train
+    t.num_steps = 2400
+    t.eval_every_steps = 600
+    t.checkpoint_every_steps = 200
+    t.max_checkpoints = 5
+    t.log_every_steps = 50
   return config
