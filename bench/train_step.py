@@ -81,7 +81,8 @@ def model_config(c, dropout, **overrides):
 def ours(c, batch, args):
   """A jitted step closure over our real train step."""
   module = build_model(model_config(c, args.dropout, dtype=args.dtype,
-                                    attention_impl=args.attention_impl))
+                                    attention_impl=args.attention_impl,
+                                    scan_layers=args.scan_layers, remat=args.remat))
   tx = optax.adam(5e-4, b1=0.9, b2=0.98, eps=1e-9)
   params = jax.jit(module.init)(jax.random.key(0), batch['inputs'], batch['targets'])['params']
   state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
@@ -174,6 +175,9 @@ def main():
   parser.add_argument('--dropout', type=float, default=0.1)
   parser.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16'])
   parser.add_argument('--attention_impl', default='reference', choices=['reference', 'xla'])
+  parser.add_argument('--scan_layers', action='store_true',
+                      help='nn.scan over layers (first_step_s shows the compile time it saves)')
+  parser.add_argument('--remat', action='store_true', help='rematerialise each layer')
   parser.add_argument('--flax_wmt_dir', default=None,
                       help='google/flax examples/wmt checkout: time it in the same process')
   parser.add_argument('--only', choices=['ours', 'flax_wmt'], default=None,
@@ -208,6 +212,7 @@ def main():
   peak = matmul_gflops()
   result = {'bench': 'train_step', 'config': args.config, **c, 'dropout': args.dropout,
             'dtype': args.dtype, 'attention_impl': args.attention_impl,
+            'scan_layers': args.scan_layers, 'remat': args.remat,
             'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
             'machine': f'{platform.processor() or platform.machine()}, {os.cpu_count()} cores',
             'jax': jax.__version__, 'backend': jax.default_backend(),

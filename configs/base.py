@@ -32,6 +32,8 @@ def base_config() -> ml_collections.ConfigDict:
   m.dtype = 'float32'  # compute dtype; parameters stay float32
   m.attention_impl = 'reference'  # 'reference' (our pure function) | 'xla' (jax.nn.dot_product_attention)
   m.remat = False  # rematerialise each layer in the backward pass
+  m.dropout_rng = 'hash'  # dropout bits: 'hash' (fused integer hash) | 'threefry' (jax.random)
+  m.scan_layers = False  # nn.scan over layers: one compiled layer, params stacked [layers, ...]
 
   config.data = d = ml_collections.ConfigDict()
   d.dataset = 'multi30k'

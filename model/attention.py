@@ -49,7 +49,8 @@ def dot_product_attention_weights(query: Array, key: Array, *, mask: Array | Non
 def dot_product_attention(query: Array, key: Array, value: Array, *, mask: Array | None = None,
                           bias: Array | None = None, scale: float | None = None,
                           dropout_rate: float = 0.0, dropout_rng: Array | None = None,
-                          deterministic: bool = True, return_weights: bool = False):
+                          dropout_rng_impl: str = 'hash', deterministic: bool = True,
+                          return_weights: bool = False):
   """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, with optional attention dropout.
 
   Args:
@@ -58,7 +59,7 @@ def dot_product_attention(query: Array, key: Array, value: Array, *, mask: Array
     value: `[batch..., kv_len, heads, v_head_dim]`.
     mask, bias, scale: as in `dot_product_attention_weights`.
     dropout_rate: dropout on the attention weights (needs `dropout_rng` when not
-      `deterministic`).
+      `deterministic`); `dropout_rng_impl` as `rng_impl` of `dropout`.
     return_weights: also return the weights `[batch..., heads, q_len, kv_len]`.
   Returns:
     `[batch..., q_len, heads, v_head_dim]` (and the weights when asked).
@@ -68,7 +69,7 @@ def dot_product_attention(query: Array, key: Array, value: Array, *, mask: Array
   if not deterministic and dropout_rate > 0.0:
     if dropout_rng is None:
       raise ValueError('dot_product_attention: dropout_rate > 0 needs a dropout_rng')
-    attended = dropout(weights, dropout_rate, dropout_rng)
+    attended = dropout(weights, dropout_rate, dropout_rng, rng_impl=dropout_rng_impl)
   out = jnp.einsum('...hqk,...khd->...qhd', attended, value)
   return (out, weights) if return_weights else out
 

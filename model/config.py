@@ -7,6 +7,8 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
+from model.attention import DROPOUT_RNGS
+
 KINDS = ('encoder_decoder', 'decoder_only', 'encoder_only')
 POSITIONAL_ENCODINGS = ('sinusoidal', 'learned', 'rope')
 NORM_POSITIONS = ('post', 'pre')
@@ -39,6 +41,8 @@ class ModelConfig:
   dtype: str = 'float32'
   attention_impl: str = 'reference'
   remat: bool = False
+  scan_layers: bool = False
+  dropout_rng: str = 'hash'
 
   @property
   def compute_dtype(self):
@@ -72,6 +76,7 @@ class ModelConfig:
     choice('activation', ACTIVATIONS)
     choice('dtype', DTYPES)
     choice('attention_impl', ATTENTION_IMPLS)
+    choice('dropout_rng', DROPOUT_RNGS)
     for field in ('vocab_size', 'd_model', 'num_heads', 'd_ff', 'max_len'):
       value = getattr(self, field)
       if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

@@ -42,6 +42,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from model import transformer
+
 Array = jax.Array
 
 PAD_ID = 0
@@ -66,6 +68,12 @@ def _unwrap_params(params):
     if keys == {'params'}:
       return params['params']
   return params
+
+
+def _decoding_model(module, params):
+  """(module, params) to decode with: a `scan_layers` model runs unrolled, so that every
+  layer has its own KV cache (same weights, same results)."""
+  return transformer.unrolled(module, _unwrap_params(params))
 
 
 def _kind(module) -> str:
@@ -297,7 +305,7 @@ def greedy_decode(module, params, inputs=None, *, prompt=None, max_len: int,
       model's `max_len` positions).
     eos_id: the id that ends a sequence, or None (e.g. character vocabularies).
   """
-  params = _unwrap_params(params)
+  module, params = _decoding_model(module, params)
   inputs, prompt, lengths, prefill_len = _prepare(module, inputs, prompt, max_len)
   return _generate(module, params, inputs, prompt, lengths, jax.random.PRNGKey(0),
                    jnp.float32(1.0), jnp.float32(1.0), max_len=max_len,
@@ -315,7 +323,7 @@ def sample(module, params, prompt=None, *, inputs=None, rng, max_len: int,
   the source as `inputs` (a positional argument is taken as the source when `inputs` is
   None). The same `rng` gives the same tokens.
   """
-  params = _unwrap_params(params)
+  module, params = _decoding_model(module, params)
   if _kind(module) == 'encoder_decoder' and inputs is None:
     inputs, prompt = prompt, None
   if top_k is not None and top_k <= 0:
@@ -528,7 +536,7 @@ def beam_search_decode(module, params, inputs=None, *, beam_size: int, alpha: fl
   reference implementation (one decoder row per hypothesis, caches reordered every step):
   same results, slower.
   """
-  params = _unwrap_params(params)
+  module, params = _decoding_model(module, params)
   if not isinstance(beam_size, (int, np.integer)) or beam_size <= 0:
     raise ValueError(f'beam_size must be a positive integer, got {beam_size!r}')
   inputs, prompt, lengths, prefill_len = _prepare(module, inputs, prompt, max_len)
@@ -546,7 +554,7 @@ def sequence_log_probs(module, params, inputs=None, *, prompt=None, tokens) -> A
   (all tokens when there is none); the zeros after EOS are ignored. For a decoder-only
   model the tokens continue each row's `prompt`. For tests and rescoring.
   """
-  params = _unwrap_params(params)
+  module, params = _decoding_model(module, params)
   tokens = np.asarray(tokens, np.int32)
   batch, n, length = tokens.shape
   flat = tokens.reshape(batch * n, length)

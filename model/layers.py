@@ -81,6 +81,7 @@ class MultiHeadAttention(nn.Module):
   attention_dropout_rate: float = 0.0
   impl: str = 'reference'  # 'reference' | 'xla'
   use_rope: bool = False
+  dropout_rng_impl: str = 'hash'  # attention.DROPOUT_RNGS
 
   @nn.compact
   def __call__(self, x: Array, kv: Array | None = None, *, mask: Array | None = None,
@@ -118,7 +119,8 @@ class MultiHeadAttention(nn.Module):
       attention = _heads_major_attention if decode else attn.dot_product_attention
       out, weights = attention(
           query, key, value, mask=mask, dropout_rate=self.attention_dropout_rate,
-          dropout_rng=dropout_rng, deterministic=deterministic, return_weights=True)
+          dropout_rng=dropout_rng, dropout_rng_impl=self.dropout_rng_impl,
+          deterministic=deterministic, return_weights=True)
       # Stored only when the caller makes 'intermediates' mutable (attention plots).
       self.sow('intermediates', 'attention_weights', weights)
     return _dense(d_model, 'out', self.dtype, axis=(-2, -1))(out)
@@ -203,12 +205,13 @@ def _heads_major_attention(query, key, value, *, mask=None, **kwargs):
 class Dropout(nn.Module):
   """`attention.dropout` with the module's 'dropout' RNG stream; identity when deterministic."""
   rate: float
+  rng_impl: str = 'hash'  # attention.DROPOUT_RNGS
 
   @nn.compact
   def __call__(self, x: Array, deterministic: bool) -> Array:
     if deterministic or self.rate == 0.0:
       return x
-    return attn.dropout(x, self.rate, self.make_rng('dropout'))
+    return attn.dropout(x, self.rate, self.make_rng('dropout'), rng_impl=self.rng_impl)
 
 
 class FeedForward(nn.Module):

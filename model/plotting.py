@@ -27,6 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from model import transformer
+
 START_LABEL = '<s>'
 
 
@@ -68,6 +70,7 @@ def collect_attention(module, params, inputs, targets) -> dict[str, np.ndarray]:
   `inputs` `[batch, src_len]` (None for a decoder-only model) and `targets`
   `[batch, tgt_len]` (for a decoder-only model, the tokens), right-padded with 0.
   """
+  module, params = transformer.unrolled(module, params)  # weights are sown per layer
   module = _reference_module(module)
   inputs = None if inputs is None else jnp.asarray(inputs, jnp.int32)
   intermediates = _forward_with_weights(module, params, inputs, jnp.asarray(targets, jnp.int32))

@@ -42,7 +42,7 @@ class Sublayer(nn.Module):
   def __call__(self, x: Array, fn) -> Array:
     cfg = self.config
     norm = LayerNorm(cfg.compute_dtype, name='norm')
-    dropout = Dropout(cfg.dropout_rate)
+    dropout = Dropout(cfg.dropout_rate, cfg.dropout_rng)
     if cfg.norm_position == 'post':
       return norm(x + dropout(fn(x), self.deterministic))  # LayerNorm(x + Sublayer(x))
     return x + dropout(fn(norm(x)), self.deterministic)
@@ -58,7 +58,8 @@ class EncoderLayer(nn.Module):
     cfg = self.config
     self_attention = MultiHeadAttention(
         cfg.num_heads, cfg.compute_dtype, cfg.attention_dropout_rate, cfg.attention_impl,
-        use_rope=cfg.positional_encoding == 'rope', name='self_attention')
+        use_rope=cfg.positional_encoding == 'rope', dropout_rng_impl=cfg.dropout_rng,
+        name='self_attention')
     ffn = FeedForward(cfg.d_ff, cfg.activation, cfg.compute_dtype, name='ffn')
     x = Sublayer(cfg, self.deterministic, name='attention_block')(
         x, lambda h: self_attention(h, mask=mask, positions=positions,
@@ -81,7 +82,7 @@ class DecoderLayer(nn.Module):
       return MultiHeadAttention(cfg.num_heads, cfg.compute_dtype, cfg.attention_dropout_rate,
                                 cfg.attention_impl, use_rope=(name == 'self_attention' and
                                                               cfg.positional_encoding == 'rope'),
-                                name=name)
+                                dropout_rng_impl=cfg.dropout_rng, name=name)
 
     self_attention = attention('self_attention')
     x = Sublayer(cfg, self.deterministic, name='self_attention_block')(
@@ -101,6 +102,62 @@ def _layer_class(cls, config: ModelConfig):
   return nn.remat(cls) if config.remat else cls
 
 
+def _run_layers(config: ModelConfig, make_layer, num_layers: int, x: Array, *args) -> Array:
+  """`x` through `num_layers` layers built by `make_layer(name)`, each called `(x, *args)`.
+
+  Unrolled, the layers are `layer_0 ... layer_{N-1}`. With `config.scan_layers` one layer
+  named `layers` runs under `nn.scan` with its parameters stacked on a leading `[N]` axis:
+  XLA compiles one layer instead of N (compile time and program size stay flat in depth).
+  `stack_layer_params` / `unstack_layer_params` convert between the two layouts.
+  """
+  if not config.scan_layers:
+    for i in range(num_layers):
+      x = make_layer(f'layer_{i}')(x, *args)
+    return x
+  scan = nn.scan(lambda layer, carry, *a: (layer(carry, *a), None),
+                 variable_axes={'params': 0, 'cache': 0, 'intermediates': 0},
+                 split_rngs={'params': True, 'dropout': True},
+                 in_axes=(nn.broadcast,) * len(args), length=num_layers)
+  return scan(make_layer('layers'), x, *args)[0]
+
+
+def _layer_groups(params) -> list[dict]:
+  """The parameter dicts that hold a stack of layers (the encoder's and the decoder's)."""
+  return [params[k] for k in ('encoder', 'decoder') if k in params]
+
+
+def stack_layer_params(params):
+  """Unrolled layout (`layer_0`, `layer_1`, ...) -> the `scan_layers` layout (`layers`,
+  every leaf `[num_layers, ...]`). Other parameters are shared, not copied."""
+  params = jax.tree.map(lambda x: x, dict(params))  # new dicts, same leaves
+  for group in _layer_groups(params):
+    names = sorted((k for k in group if k.startswith('layer_')), key=lambda k: int(k[6:]))
+    if names:
+      group['layers'] = jax.tree.map(lambda *xs: jnp.stack(xs), *[group.pop(k) for k in names])
+  return params
+
+
+def unstack_layer_params(params):
+  """The `scan_layers` layout -> the unrolled layout (the inverse of `stack_layer_params`)."""
+  params = jax.tree.map(lambda x: x, dict(params))
+  for group in _layer_groups(params):
+    if 'layers' in group:
+      stacked = group.pop('layers')
+      for i in range(jax.tree.leaves(stacked)[0].shape[0]):
+        group[f'layer_{i}'] = jax.tree.map(lambda x, i=i: x[i], stacked)
+  return params
+
+
+def unrolled(module: nn.Module, params):
+  """(module, params) with `scan_layers` -> the same model unrolled, and its params.
+  Decoding and attention plots use this: their KV caches and sown weights are per layer."""
+  if not module.config.scan_layers:
+    return module, params
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  return (type(module)(dataclasses.replace(module.config, scan_layers=False)),
+          unstack_layer_params(params))
+
+
 class Encoder(nn.Module):
   """Embedding + positions + N encoder layers (+ final LayerNorm for pre-norm)."""
   config: ModelConfig
@@ -117,10 +174,10 @@ class Encoder(nn.Module):
         None if segmentation is None else attn.segment_mask(segmentation, segmentation))
     x = AddPositions(cfg.positional_encoding, cfg.max_len, name='positions')(
         self.embed(tokens), positions)
-    x = Dropout(cfg.dropout_rate)(x, deterministic)
+    x = Dropout(cfg.dropout_rate, cfg.dropout_rng)(x, deterministic)
     layer = _layer_class(EncoderLayer, cfg)
-    for i in range(cfg.num_encoder_layers):
-      x = layer(cfg, deterministic, name=f'layer_{i}')(x, mask, positions)
+    x = _run_layers(cfg, lambda name: layer(cfg, deterministic, name=name),
+                    cfg.num_encoder_layers, x, mask, positions)
     if cfg.norm_position == 'pre':
       x = LayerNorm(cfg.compute_dtype, name='final_norm')(x)
     return x
@@ -174,11 +231,10 @@ class Decoder(nn.Module):
 
     x = AddPositions(cfg.positional_encoding, cfg.max_len, name='positions')(
         self.embed(decoder_inputs), positions)
-    x = Dropout(cfg.dropout_rate)(x, deterministic)
+    x = Dropout(cfg.dropout_rate, cfg.dropout_rng)(x, deterministic)
     layer = _layer_class(DecoderLayer, cfg)
-    for i in range(cfg.num_decoder_layers):
-      x = layer(cfg, deterministic, decode, name=f'layer_{i}')(
-          x, encoded, self_mask, cross_mask, positions)
+    x = _run_layers(cfg, lambda name: layer(cfg, deterministic, decode, name=name),
+                    cfg.num_decoder_layers, x, encoded, self_mask, cross_mask, positions)
     if cfg.norm_position == 'pre':
       x = LayerNorm(cfg.compute_dtype, name='final_norm')(x)
     if cfg.logits_via_embedding:

@@ -1,5 +1,6 @@
 """model.decoding: cached greedy/sampling/beam search against the full forward pass."""
 
+import dataclasses
 import functools
 import itertools
 
@@ -306,3 +307,24 @@ def test_greedy_rope_and_fused_attention_equal_full_forward():
   out = np.asarray(decoding.greedy_decode(module, params, prompt=prompt, max_len=5, eos_id=None))
   for i, p in enumerate([[5, 6, 7], [9]]):
     np.testing.assert_array_equal(out[i], _greedy_by_full_forward(module, params, p, 5, 10))
+
+
+@pytest.mark.parametrize('kind', ['encoder_decoder', 'decoder_only'])
+def test_scan_layers_model_decodes_like_the_unrolled_model(kind):
+  """Decoding a `scan_layers` model runs it unrolled: same tokens, same beam scores."""
+  from model import transformer  # pylint: disable=import-outside-toplevel
+  module, params = _model(kind, vocab=20, eos_boost=3.0)
+  scanned = build_model(dataclasses.replace(module.config, scan_layers=True))
+  stacked = transformer.stack_layer_params(params)
+  if kind == 'encoder_decoder':
+    args, kwargs = (_sources(),), {}
+  else:
+    args, kwargs = (), {'prompt': np.array([[5, 6, 7], [9, 0, 0]], np.int32)}
+  np.testing.assert_array_equal(decoding.greedy_decode(scanned, stacked, *args, max_len=6, **kwargs),
+                                decoding.greedy_decode(module, params, *args, max_len=6, **kwargs))
+  got = decoding.beam_search_decode(scanned, stacked, *args, beam_size=3, alpha=0.6, max_len=6,
+                                    **kwargs)
+  want = decoding.beam_search_decode(module, params, *args, beam_size=3, alpha=0.6, max_len=6,
+                                     **kwargs)
+  np.testing.assert_array_equal(got[0], want[0])
+  np.testing.assert_allclose(got[1], want[1], rtol=1e-5)

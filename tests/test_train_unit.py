@@ -124,6 +124,15 @@ def test_config_roundtrip_and_compatibility(tmp_path):
     config_io.check_compatible(tiny_config(**{'model.d_model': 64}), workdir)
   assert open(config_io.config_path(workdir)).read() == before
   assert json.loads(before)['model']['d_model'] == 32
+  # scan_layers stacks the parameters: another layout, refused.
+  with pytest.raises(config_io.IncompatibleWorkdirError, match=r'model\.scan_layers=False'):
+    config_io.check_compatible(tiny_config(**{'model.scan_layers': True}), workdir)
+  # A config.json written before a model field existed had its default: still compatible.
+  old = json.loads(before)
+  del old['model']['scan_layers']
+  with open(config_io.config_path(workdir), 'w') as f:
+    json.dump(old, f)
+  assert config_io.check_compatible(config, workdir) == []
 
 
 def test_load_config_missing(tmp_path):

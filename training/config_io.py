@@ -9,6 +9,7 @@ differs. `validate_config(config)` checks the train/optimizer/decode fields (and
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Any
@@ -25,7 +26,7 @@ SHAPE_FIELDS = (
     'model.kind', 'model.vocab_size', 'model.num_encoder_layers', 'model.num_decoder_layers',
     'model.d_model', 'model.num_heads', 'model.d_ff', 'model.max_len',
     'model.share_embeddings', 'model.logits_via_embedding', 'model.positional_encoding',
-    'model.norm_position', 'data.dataset', 'data.tokenizer', 'data.vocab_size',
+    'model.norm_position', 'model.scan_layers', 'data.dataset', 'data.tokenizer', 'data.vocab_size',
     'data.source_lang', 'data.target_lang',
 )
 
@@ -89,6 +90,9 @@ def check_compatible(config, workdir: str) -> list[str]:
   if not os.path.exists(path):
     return []
   old = to_dict(load_config(workdir))
+  if isinstance(old.get('model'), dict):  # a field newer than the run had its default then
+    for field in dataclasses.fields(ModelConfig):
+      old['model'].setdefault(field.name, field.default)
   new = to_dict(config)
   clashes = [f'{f}={_get(old, f)!r} (new {_get(new, f)!r})' for f in SHAPE_FIELDS
              if _get(old, f) != _get(new, f)]
