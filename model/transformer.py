@@ -13,6 +13,8 @@ crosses segments and the shift restarts at each segment.
 
 from __future__ import annotations
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -153,7 +155,6 @@ def unrolled(module: nn.Module, params):
   Decoding and attention plots use this: their KV caches and sown weights are per layer."""
   if not module.config.scan_layers:
     return module, params
-  import dataclasses  # pylint: disable=import-outside-toplevel
   return (type(module)(dataclasses.replace(module.config, scan_layers=False)),
           unstack_layer_params(params))
 
