@@ -154,7 +154,7 @@ class Restored:
 
   def __init__(self, workdir: str, step: int | None, average_last: int):
     from input_pipeline import tokenizers  # pylint: disable=import-outside-toplevel
-    from model import ConfigError, build_model  # pylint: disable=import-outside-toplevel
+    from model import ConfigError, build_model, transformer  # pylint: disable=import-outside-toplevel
     from training import checkpoint, config_io  # pylint: disable=import-outside-toplevel
 
     if not workdir:
@@ -183,6 +183,8 @@ class Restored:
     except checkpoint.CheckpointError as e:
       raise DecodeError(str(e)) from None
     _check_params(self.params, self.module, self.kind, workdir)
+    # Decoding keeps one KV cache per layer: a `scan_layers` model is unstacked here, once.
+    self.module, self.params = transformer.unrolled(self.module, self.params)
     averaged = f' (average of the last {average_last})' if average_last > 1 else ''
     _info(f'restored {self.kind} step {self.step}{averaged} from {workdir} '
           f'in {time.time() - started:.1f}s')

@@ -4,8 +4,7 @@
     python bench/shakespeare_step.py --devices=2          # data parallel over both cores
     python bench/shakespeare_step.py --devices=1 --scan_layers
 
-Times the trainer's own jitted step (`steps.make_train_step` with the mesh shardings of
-`training/trainer.py`, donated state) on random character batches, outside the training
+Times the trainer's own jitted step (`steps.jit_train_step`: mesh shardings, donated state) on random character batches, outside the training
 loop: `rounds` medians of 10 back-to-back steps. Prints one JSON object. Run the settings
 alternately, a process each: `--devices` sets `XLA_FLAGS` before JAX starts.
 The full-run comparison with nanoGPT is `train.py --config=configs/shakespeare_char.py`
@@ -46,12 +45,9 @@ def main():
   schedule = optim.make_schedule(config)
   tx = optim.make_optimizer(config, schedule)
   mesh = mesh_lib.make_mesh()
-  replicated, batch_sharding = mesh_lib.replicated(mesh), mesh_lib.batch_sharding(mesh)
   start = time.perf_counter()
   state = state_lib.create_train_state(module, tx, 0, mesh)
-  train_step = jax.jit(steps.make_train_step(module, tx, schedule, label_smoothing=0.0),
-                       in_shardings=(replicated, batch_sharding),
-                       out_shardings=(replicated, replicated), donate_argnums=0)
+  train_step = steps.jit_train_step(module, tx, schedule, mesh, label_smoothing=0.0)
   rng = np.random.default_rng(0)
   t = config.train
   shape = (t.batch_size, config.data.max_length + 1)

@@ -37,7 +37,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 from model import build_model  # noqa: E402
-from training import steps  # noqa: E402
+from training import mesh as mesh_lib, steps  # noqa: E402
 from training.state import TrainState  # noqa: E402
 
 # The peers' configs (../shared/bench/peers/RESULTS.md, section 3).
@@ -87,8 +87,8 @@ def ours(c, batch, args):
   params = jax.jit(module.init)(jax.random.key(0), batch['inputs'], batch['targets'])['params']
   state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                      rng=jax.random.PRNGKey(1))
-  step = jax.jit(steps.make_train_step(module, tx, lambda s: 5e-4, label_smoothing=0.1),
-                 donate_argnums=0)
+  step = steps.jit_train_step(module, tx, lambda s: 5e-4, mesh_lib.make_mesh(1),
+                              label_smoothing=0.1)
   holder = {'state': state}
 
   def run():

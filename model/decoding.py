@@ -72,7 +72,8 @@ def _unwrap_params(params):
 
 def _decoding_model(module, params):
   """(module, params) to decode with: a `scan_layers` model runs unrolled, so that every
-  layer has its own KV cache (same weights, same results)."""
+  layer has its own KV cache (same weights, same results). Callers that decode many batches
+  with one set of weights unroll once (`transformer.unrolled`); this is then a no-op."""
   return transformer.unrolled(module, _unwrap_params(params))
 
 

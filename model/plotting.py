@@ -39,15 +39,6 @@ def _forward_with_weights(module, params, inputs, targets):
   return state['intermediates']
 
 
-def _reference_module(module):
-  """The same model on the reference attention path (the one that sows the weights)."""
-  import dataclasses  # pylint: disable=import-outside-toplevel
-  cfg = module.config
-  if cfg.attention_impl == 'reference' and not cfg.remat:
-    return module
-  return type(module)(dataclasses.replace(cfg, attention_impl='reference', remat=False))
-
-
 def attention_maps(intermediates) -> dict[str, np.ndarray]:
   """Flattens the `intermediates` collection -> {'decoder/layer_0/cross_attention': weights}."""
   maps = {}
@@ -71,7 +62,8 @@ def collect_attention(module, params, inputs, targets) -> dict[str, np.ndarray]:
   `[batch, tgt_len]` (for a decoder-only model, the tokens), right-padded with 0.
   """
   module, params = transformer.unrolled(module, params)  # weights are sown per layer
-  module = _reference_module(module)
+  # The reference attention path is the one that sows the weights.
+  module = transformer.with_options(module, attention_impl='reference', remat=False)
   inputs = None if inputs is None else jnp.asarray(inputs, jnp.int32)
   intermediates = _forward_with_weights(module, params, inputs, jnp.asarray(targets, jnp.int32))
   return attention_maps(intermediates)

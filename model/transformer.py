@@ -150,13 +150,19 @@ def unstack_layer_params(params):
   return params
 
 
+def with_options(module: nn.Module, **changes) -> nn.Module:
+  """The same model class with these config fields changed (`module` itself if none changes)."""
+  if all(getattr(module.config, name) == value for name, value in changes.items()):
+    return module
+  return type(module)(dataclasses.replace(module.config, **changes))
+
+
 def unrolled(module: nn.Module, params):
   """(module, params) with `scan_layers` -> the same model unrolled, and its params.
   Decoding and attention plots use this: their KV caches and sown weights are per layer."""
   if not module.config.scan_layers:
     return module, params
-  return (type(module)(dataclasses.replace(module.config, scan_layers=False)),
-          unstack_layer_params(params))
+  return with_options(module, scan_layers=False), unstack_layer_params(params)
 
 
 class Encoder(nn.Module):

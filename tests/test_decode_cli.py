@@ -31,20 +31,28 @@ def _train(workdir, config, *overrides, devices=None):
 
 @pytest.fixture(scope='module')
 def workdirs(tmp_path_factory):
-  """Tiny runs, trained concurrently: translation (2 checkpoints), char LM, and a translation
-  model trained on 8 simulated devices."""
+  """Tiny runs, trained concurrently: translation (2 checkpoints), char LM, a translation
+  model trained on 8 simulated devices, and one with `scan_layers` (stacked layer params),
+  whose training log is kept in `dirs['scan_log']`."""
   root = tmp_path_factory.mktemp('decode_cli')
-  dirs = {'mt': str(root / 'mt'), 'lm': str(root / 'lm'), 'mt8': str(root / 'mt8')}
+  dirs = {'mt': str(root / 'mt'), 'lm': str(root / 'lm'), 'mt8': str(root / 'mt8'),
+          'scan': str(root / 'scan')}
   quick = ['--config.decode.num_eval_sentences=0', '--config.train.num_eval_batches=1']
   procs = {
       'mt': _train(dirs['mt'], 'configs/default.py:tiny', *quick),
       'lm': _train(dirs['lm'], 'configs/shakespeare_char.py:tiny', *quick),
       'mt8': _train(dirs['mt8'], 'configs/default.py:tiny', '--config.train.num_steps=2', *quick,
                     devices=8),
+      # BLEU on 2 validation sentences at the end: the trainer decodes the scanned model.
+      'scan': _train(dirs['scan'], 'configs/default.py:tiny', '--config.model.scan_layers=True',
+                     '--config.train.num_steps=4', '--config.decode.num_eval_sentences=2',
+                     '--config.train.num_eval_batches=1'),
   }
   for name, proc in procs.items():
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, f'training {name} failed:\n{out[-3000:]}'
+    if name == 'scan':
+      dirs['scan_log'] = out
   return dirs
 
 
@@ -124,6 +132,20 @@ def test_checkpoint_from_8_devices_decodes_on_1(workdirs):
   assert result.stdout.decode().count('\n') == 1
   with open(os.path.join(workdirs['mt8'], 'config.json')) as f:
     assert f.read()  # trained under XLA_FLAGS=...device_count=8 (see the fixture)
+
+
+def test_scan_layers_model_trains_evaluates_and_decodes(workdirs, tmp_path):
+  """Decoding and attention plots run a `scan_layers` model unrolled (one KV cache and one
+  set of sown weights per layer), in the trainer's BLEU evaluation and in decode.py."""
+  assert 'BLEU ' in workdirs['scan_log'], workdirs['scan_log'][-2000:]
+  result = _decode(f'--workdir={workdirs["scan"]}', '--beam_size=2', '--max_len=6',
+                   f'--attention_plot={tmp_path / "plots"}', '--attention_plot_heads=average',
+                   stdin=b'A man rides a bike.\nTwo dogs.\n')
+  assert result.returncode == 0, result.stderr.decode()
+  assert result.stdout.decode().count('\n') == 2
+  pngs = sorted(p.name for p in (tmp_path / 'plots' / 'line_00001').iterdir())
+  assert 'encoder_layer_1_self_attention_average.png' in pngs, pngs
+  assert len(pngs) == 2 * 3  # 2 layers x (enc self, dec self, cross), averages only
 
 
 def test_language_model_prompt_longer_than_context(workdirs, tmp_path):

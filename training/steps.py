@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from training import mesh as mesh_lib
 from training.losses import cross_entropy_and_accuracy, smoothed_cross_entropy  # noqa: F401
 from training.state import TrainState
 
@@ -127,3 +128,21 @@ def make_eval_step(module) -> Callable[[Any, Batch], dict[str, jax.Array]]:
     return {'loss': (loss * weights).sum(), 'correct': (correct * weights).sum(),
             'num_tokens': weights.sum()}
   return eval_step
+
+
+def jit_train_step(module, tx: optax.GradientTransformation, schedule: optax.Schedule, mesh, *,
+                   label_smoothing: float, grad_accum_steps: int = 1):
+  """`make_train_step` compiled for `mesh`: the state replicated and donated (updated in
+  place), the batch split over 'data', the metrics replicated."""
+  replicated, batch_sharding = mesh_lib.replicated(mesh), mesh_lib.batch_sharding(mesh)
+  step = make_train_step(module, tx, schedule, label_smoothing=label_smoothing,
+                         grad_accum_steps=grad_accum_steps)
+  return jax.jit(step, in_shardings=(replicated, batch_sharding),
+                 out_shardings=(replicated, replicated), donate_argnums=0)
+
+
+def jit_eval_step(module, mesh):
+  """`make_eval_step` compiled for `mesh` (params replicated, batch split over 'data')."""
+  replicated, batch_sharding = mesh_lib.replicated(mesh), mesh_lib.batch_sharding(mesh)
+  return jax.jit(make_eval_step(module), in_shardings=(replicated, batch_sharding),
+                 out_shardings=replicated)

@@ -17,7 +17,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from model import build_model
+from model import build_model, transformer
 from training import checkpoint as ckpt_lib
 from training import config_io, evaluation, metrics as metrics_lib, optim, steps
 from training import mesh as mesh_lib
@@ -140,37 +140,34 @@ class _Run:
     if not metrics_lib.is_main_process():
       return None, ''
     dec = self.config.decode
-    if not hasattr(self, '_translate_fn'):
-      max_len = min(dec.max_len, self.model_config.max_len)
-      self._translate_fn = evaluation.make_translate_fn(
-          self.module, beam_size=dec.beam_size, alpha=dec.alpha, max_len=max_len)
     examples = list(self.datasets.eval_examples())[:dec.num_eval_sentences]
     if not examples:
       return None, ''
+    # Unstacked once per evaluation (not per batch) if the layers are scanned.
+    module, params = transformer.unrolled(self.module, mesh_lib.to_local(state.params))
+    if not hasattr(self, '_translate_fn'):
+      max_len = min(dec.max_len, self.model_config.max_len)
+      self._translate_fn = evaluation.make_translate_fn(
+          module, beam_size=dec.beam_size, alpha=dec.alpha, max_len=max_len)
     hypotheses = evaluation.translate(
-        self._translate_fn, mesh_lib.to_local(state.params), self.datasets.tokenizer,
+        self._translate_fn, params, self.datasets.tokenizer,
         [e['source'] for e in examples], batch_size=min(dec.batch_size, len(examples)),
         max_source_len=self.model_config.max_len)
     return evaluation.bleu(hypotheses, [e['target'] for e in examples])
 
   # -- the loop -----------------------------------------------------------------------------
   def run(self) -> dict[str, Any]:
-    cfg, t = self.config, self.config.train
+    t = self.config.train
     start_time = time.time()
-    replicated, batch_sharding = mesh_lib.replicated(self.mesh), mesh_lib.batch_sharding(self.mesh)
     state = self.restore_or_init()
     start_step = int(jax.device_get(state.step))
     log(f'model: {self.model_config.kind}, {state_lib.count_params(state.params):,} parameters, '
         f'compute dtype {self.model_config.dtype}')
     log(mesh_lib.describe(self.mesh))
-    train_step = jax.jit(
-        steps.make_train_step(self.module, self.tx, self.schedule,
-                              label_smoothing=t.label_smoothing,
-                              grad_accum_steps=t.grad_accum_steps),
-        in_shardings=(replicated, batch_sharding), out_shardings=(replicated, replicated),
-        donate_argnums=0)
-    eval_step = jax.jit(steps.make_eval_step(self.module),
-                        in_shardings=(replicated, batch_sharding), out_shardings=replicated)
+    train_step = steps.jit_train_step(self.module, self.tx, self.schedule, self.mesh,
+                                      label_smoothing=t.label_smoothing,
+                                      grad_accum_steps=t.grad_accum_steps)
+    eval_step = steps.jit_eval_step(self.module, self.mesh)
     throughput = metrics_lib.Throughput(start_step)
     window: list[dict[str, float]] = []
     losses: dict[int, float] = {}  # step -> train loss, for this run's steps
