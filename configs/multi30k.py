@@ -1,4 +1,4 @@
-"""The hour-long Multi30k En->De run: the default model trained ~4x longer.
+"""The hour-long Multi30k En->De run: the default model trained ~3x longer.
 
 Same 3+3-layer, 256-wide model as `configs/default.py`, 2200 steps of 32 packed rows (~10 epochs,
 under an hour on a 2-core CPU), dropout 0.15 against the over-fitting a 29k-pair corpus invites,
