@@ -4,8 +4,9 @@
     python bench/shakespeare_step.py --devices=2          # data parallel over both cores
     python bench/shakespeare_step.py --devices=1 --scan_layers
 
-Times the trainer's own jitted step (`steps.jit_train_step`: mesh shardings, donated state) on random character batches, outside the training
-loop: `rounds` medians of 10 back-to-back steps. Prints one JSON object. Run the settings
+Times the trainer's own jitted step (`steps.jit_train_step`: mesh shardings, donated state)
+on random character batches, outside the training loop: `rounds` medians of 10 back-to-back
+steps. Prints one JSON object. Run the settings
 alternately, a process each: `--devices` sets `XLA_FLAGS` before JAX starts.
 The full-run comparison with nanoGPT is `train.py --config=configs/shakespeare_char.py`
 (bench/RESULTS.md).
@@ -47,9 +48,10 @@ def main():
   mesh = mesh_lib.make_mesh()
   start = time.perf_counter()
   state = state_lib.create_train_state(module, tx, 0, mesh)
-  train_step = steps.jit_train_step(module, tx, schedule, mesh, label_smoothing=0.0)
-  rng = np.random.default_rng(0)
   t = config.train
+  train_step = steps.jit_train_step(module, tx, schedule, mesh,
+                                    label_smoothing=t.label_smoothing)
+  rng = np.random.default_rng(0)
   shape = (t.batch_size, config.data.max_length + 1)
   batches = [mesh_lib.shard_batch({'targets': rng.integers(1, config.model.vocab_size, shape,
                                                            dtype=np.int32)}, mesh)

@@ -32,8 +32,8 @@ def _train(workdir, config, *overrides, devices=None):
 @pytest.fixture(scope='module')
 def workdirs(tmp_path_factory):
   """Tiny runs, trained concurrently: translation (2 checkpoints), char LM, a translation
-  model trained on 8 simulated devices, and one with `scan_layers` (stacked layer params),
-  whose training log is kept in `dirs['scan_log']`."""
+  model trained on 8 simulated devices, and one with `scan_layers` (stacked layer params).
+  Each run's training log is kept in `dirs[f'{name}_log']`."""
   root = tmp_path_factory.mktemp('decode_cli')
   dirs = {'mt': str(root / 'mt'), 'lm': str(root / 'lm'), 'mt8': str(root / 'mt8'),
           'scan': str(root / 'scan')}
@@ -51,8 +51,7 @@ def workdirs(tmp_path_factory):
   for name, proc in procs.items():
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, f'training {name} failed:\n{out[-3000:]}'
-    if name == 'scan':
-      dirs['scan_log'] = out
+    dirs[f'{name}_log'] = out
   return dirs
 
 
