@@ -498,23 +498,38 @@ def main(argv) -> None:
       raise DecodeError(f'--reference {FLAGS.reference} has {len(references)} lines but the '
                         f'input {FLAGS.input_file or "<stdin>"} has {len(lines)}')
     restored = Restored(FLAGS.workdir, FLAGS.step, FLAGS.average_last)
-    if restored.kind == 'encoder_decoder':
-      if lm_flags:
-        raise DecodeError(f'--prompt is for a language model, but {FLAGS.workdir} holds an '
-                          'encoder_decoder (translation) model: give sentences on stdin or '
-                          '--input_file')
-      _enable_compilation_cache()
-      run_translation(restored, lines, references)
-    else:
-      if FLAGS.reference is not None:
-        raise DecodeError(f'--reference is for translation, but {FLAGS.workdir} holds a '
-                          'decoder_only (language) model')
-      _enable_compilation_cache()
-      run_language_model(restored, lines)
+    with _matmul_precision(restored.config):
+      _decode(restored, lines, references, lm_flags)
   except DecodeError as e:
     _fail(e)
   except KeyboardInterrupt:
     _fail('interrupted')
+
+
+def _matmul_precision(config):
+  """The run's `config.train.matmul_precision` (GPU/TPU float32 matmuls) for decoding too."""
+  from training import accelerator  # pylint: disable=import-outside-toplevel
+  name = config.get('train', {}).get('matmul_precision', 'default')
+  try:
+    return accelerator.matmul_precision(name)
+  except ValueError as e:  # ConfigError: a hand-edited config.json
+    raise DecodeError(str(e)) from None
+
+
+def _decode(restored, lines, references, lm_flags) -> None:
+  if restored.kind == 'encoder_decoder':
+    if lm_flags:
+      raise DecodeError(f'--prompt is for a language model, but {FLAGS.workdir} holds an '
+                        'encoder_decoder (translation) model: give sentences on stdin or '
+                        '--input_file')
+    _enable_compilation_cache()
+    run_translation(restored, lines, references)
+  else:
+    if FLAGS.reference is not None:
+      raise DecodeError(f'--reference is for translation, but {FLAGS.workdir} holds a '
+                        'decoder_only (language) model')
+    _enable_compilation_cache()
+    run_language_model(restored, lines)
 
 
 if __name__ == '__main__':

@@ -130,6 +130,9 @@ def main(argv: list[str]) -> None:
     logging.set_verbosity(logging.WARNING)
   if len(argv) > 1:
     _fail(f'unexpected arguments {argv[1:]}')
+  if FLAGS.config.train.get('deterministic', False) is True:
+    from training import accelerator  # pylint: disable=import-outside-toplevel
+    accelerator.request_deterministic_ops()  # XLA reads it when the backend starts
   if FLAGS.jax_distributed or FLAGS.coordinator_address or os.environ.get('JAX_COORDINATOR_ADDRESS'):
     _init_distributed()
   # Imported after jax.distributed.initialize (which must precede any other JAX call).

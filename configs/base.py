@@ -78,6 +78,11 @@ def base_config() -> ml_collections.ConfigDict:
   t.max_checkpoints = 3
   t.log_every_steps = 50
   t.seed = 0
+  # float32 matmul precision on GPU/TPU: 'default' (the backend's fast TF32/bf16-pass default,
+  # or $JAX_DEFAULT_MATMUL_PRECISION when set) | 'high' | 'highest' (true float32). CPU: ignored.
+  t.matmul_precision = 'default'
+  t.deterministic = False  # GPU: deterministic XLA ops, so a resume is bitwise exact (slower)
+  t.profile_steps = ''  # 'START,END': a JAX profiler trace of those steps in DIR/profile
 
   config.decode = dec = ml_collections.ConfigDict()
   dec.beam_size = 4

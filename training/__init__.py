@@ -8,5 +8,7 @@
   checkpoint    the one module over Orbax (Checkpointer, restore_params, list_steps)
   evaluation    validation loss/accuracy/perplexity and BLEU
   metrics       console lines and TensorBoard scalars (process 0 only)
+  telemetry     MFU, step/compile time, peak device memory, profiler traces
+  accelerator   matmul precision and deterministic ops (GPU/TPU)
   trainer       the training loop (`train_and_evaluate`)
 """

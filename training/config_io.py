@@ -17,6 +17,8 @@ from typing import Any
 import ml_collections
 
 from model.config import ConfigError, ModelConfig
+from training.accelerator import MATMUL_PRECISIONS
+from training.telemetry import parse_profile_steps
 
 CONFIG_FILE = 'config.json'
 
@@ -169,6 +171,15 @@ def validate_config(config, *, num_devices: int = 1, process_count: int = 1) -> 
   _require(t.num_eval_batches is None or (_is_int(t.num_eval_batches) and t.num_eval_batches > 0),
            f'config.train.num_eval_batches={t.num_eval_batches!r} must be a positive integer '
            'or None (the whole split)')
+  _require(t.get('matmul_precision', 'default') in MATMUL_PRECISIONS,
+           f'config.train.matmul_precision={t.get("matmul_precision")!r} is not one of '
+           f'{list(MATMUL_PRECISIONS)}')
+  _require(isinstance(t.get('deterministic', False), bool),
+           f'config.train.deterministic={t.get("deterministic")!r} must be True or False')
+  try:
+    parse_profile_steps(t.get('profile_steps', ''))
+  except ValueError as e:
+    raise ConfigError(f'config.train.profile_steps: {e}') from None
   _require(_is_number(t.label_smoothing) and 0 <= t.label_smoothing < 1,
            f'config.train.label_smoothing={t.label_smoothing!r} must be in [0, 1)')
   unit = num_devices * t.grad_accum_steps

@@ -34,12 +34,23 @@ def format_number(value: float) -> str:
 
 
 def progress_line(step: int, num_steps: int, metrics: Mapping[str, float], *,
-                  tokens_per_sec: float, elapsed: float, eta: float) -> str:
-  """'step 100/4000 | loss 5.1234 | acc 0.123 | lr 3.2e-04 | 12,345 tok/s | 0:01:23 | ETA 0:45:10'."""
-  return (f'step {step}/{num_steps} | loss {metrics["loss"]:.4f} | '
-          f'acc {metrics["accuracy"]:.3f} | lr {metrics["learning_rate"]:.3e} | '
-          f'|g| {metrics["grad_norm"]:.3f} | {format_number(tokens_per_sec)} tok/s | '
-          f'elapsed {format_duration(elapsed)} | ETA {format_duration(eta)}')
+                  tokens_per_sec: float, elapsed: float, eta: float,
+                  perf: Mapping[str, float] | None = None) -> str:
+  """'step 100/4000 | loss 5.1234 | acc 0.123 | lr 3.2e-04 | |g| 1.234 | 12,345 tok/s |
+  85.2 ms/step | MFU 41.3% | mem 12.1 GiB | elapsed 0:01:23 | ETA 0:45:10' (the step time,
+  MFU and peak device memory where known)."""
+  perf = perf or {}
+  parts = [f'step {step}/{num_steps}', f'loss {metrics["loss"]:.4f}',
+           f'acc {metrics["accuracy"]:.3f}', f'lr {metrics["learning_rate"]:.3e}',
+           f'|g| {metrics["grad_norm"]:.3f}', f'{format_number(tokens_per_sec)} tok/s']
+  if 'step_ms' in perf:
+    parts.append(f'{perf["step_ms"]:.1f} ms/step')
+  if 'mfu' in perf:
+    parts.append(f'MFU {100 * perf["mfu"]:.1f}%')
+  if 'peak_memory_gib' in perf:
+    parts.append(f'mem {perf["peak_memory_gib"]:.1f} GiB')
+  parts += [f'elapsed {format_duration(elapsed)}', f'ETA {format_duration(eta)}']
+  return ' | '.join(parts)
 
 
 class MetricsWriter:
@@ -72,27 +83,31 @@ class MetricsWriter:
 
 
 class Throughput:
-  """Tokens/s between `mark`s and an ETA from the steps after the first (compiling) one."""
+  """Tokens/s and seconds/step between `mark`s, and an ETA from the steps after the first
+  (compiling) one."""
 
   def __init__(self, start_step: int):
     self.start_time = self.last_time = self.rate_time = time.time()
-    self.rate_step = start_step
+    self.rate_step = self.last_step = start_step
     self.tokens = 0.0
 
   def restart(self, step: int) -> None:
     """Call once the first step (compilation) is done: rates then exclude compile time."""
     self.last_time = self.rate_time = time.time()
-    self.rate_step = step
+    self.rate_step = self.last_step = step
     self.tokens = 0.0
 
   def add_tokens(self, n: float) -> None:
     self.tokens += n
 
-  def mark(self, step: int, num_steps: int) -> tuple[float, float, float]:
-    """-> (tokens/s since the last mark, elapsed seconds of this run, ETA seconds)."""
+  def mark(self, step: int, num_steps: int) -> tuple[float, float, float, float | None]:
+    """-> (tokens/s since the last mark, elapsed seconds of this run, ETA seconds, seconds per
+    step since the last mark or None when no step ran since)."""
     now = time.time()
-    rate = self.tokens / max(now - self.last_time, 1e-9)
-    self.tokens, self.last_time = 0.0, now
+    interval = max(now - self.last_time, 1e-9)
+    rate = self.tokens / interval
+    step_s = interval / (step - self.last_step) if step > self.last_step else None
+    self.tokens, self.last_time, self.last_step = 0.0, now, step
     done = step - self.rate_step
     eta = (now - self.rate_time) / done * (num_steps - step) if done > 0 else 0.0
-    return rate, now - self.start_time, eta
+    return rate, now - self.start_time, eta, step_s

@@ -18,8 +18,8 @@ import jax
 import numpy as np
 
 from model import build_model, transformer
-from training import checkpoint as ckpt_lib
-from training import config_io, evaluation, metrics as metrics_lib, optim, steps
+from training import accelerator, checkpoint as ckpt_lib
+from training import config_io, evaluation, metrics as metrics_lib, optim, steps, telemetry
 from training import mesh as mesh_lib
 from training import state as state_lib
 from training.metrics import log
@@ -162,94 +162,139 @@ class _Run:
     state = self.restore_or_init()
     start_step = int(jax.device_get(state.step))
     log(f'model: {self.model_config.kind}, {state_lib.count_params(state.params):,} parameters, '
-        f'compute dtype {self.model_config.dtype}')
+        f'compute dtype {self.model_config.dtype}, matmul precision '
+        f'{t.get("matmul_precision", "default")}')
     log(mesh_lib.describe(self.mesh))
     train_step = steps.jit_train_step(self.module, self.tx, self.schedule, self.mesh,
                                       label_smoothing=t.label_smoothing,
                                       grad_accum_steps=t.grad_accum_steps)
     eval_step = steps.jit_eval_step(self.module, self.mesh)
-    throughput = metrics_lib.Throughput(start_step)
-    window: list[dict[str, float]] = []
-    losses: dict[int, float] = {}  # step -> train loss, for this run's steps
-    pending: list[tuple[int, Any]] = []  # (step, device metrics) not yet checked on the host
+    progress = _Progress(self, start_step)
+    profiler = telemetry.StepProfiler(t.get('profile_steps', ''), self.workdir)
     last_saved = start_step if start_step > 0 else None
-    last_eval = None
-    interrupted = None
-
-    def drain():
-      while pending:
-        done_step, device_metrics = pending.pop(0)
-        values = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
-        if not values.pop('finite'):
-          self.checkpointer.wait()
-          good = self.checkpointer.latest_step()
-          raise NonFiniteLossError(
-              f'non-finite loss ({values["loss"]}) or gradient norm ({values["grad_norm"]}) at '
-              f'step {done_step}; stopping. The last good checkpoint is '
-              f'{"step " + str(good) if good is not None else "none"} in '
-              f'{ckpt_lib.checkpoint_dir(self.workdir)}')
-        throughput.add_tokens(values['num_tokens'])
-        window.append(values)
-        losses[done_step] = values['loss']
-
+    last_eval = interrupted = None
     if start_step >= t.num_steps:
       log(f'already trained to step {start_step} (config.train.num_steps={t.num_steps})')
     with _StopSignal() as stop:
       step = start_step
       while step < t.num_steps:
         batch = mesh_lib.shard_batch(next(self.datasets.train_iter), self.mesh)
+        profiler.before_step(step + 1)
         state, device_metrics = train_step(state, batch)
         step += 1
-        if len(pending) > 0:
-          drain()  # the previous step's metrics: one step stays in flight
-        pending.append((step, device_metrics))
-        if step == start_step + 1:  # compiled and run once: time the rest
-          drain()
-          throughput.restart(step)
+        progress.add(step, device_metrics, batch)
+        if profiler.after_step(step, state):
+          log(f'profiler trace of steps {profiler.steps[0]}-{step} in {profiler.log_dir}')
         if step % t.log_every_steps == 0 or step == t.num_steps:
-          drain()
-          tokens_per_sec, elapsed, eta = throughput.mark(step, t.num_steps)
-          mean = {k: float(np.mean([w[k] for w in window])) for k in window[0]}
-          mean['learning_rate'] = window[-1]['learning_rate']
-          mean['param_norm'] = float(steps.parameter_norm(state.params))
-          window.clear()
-          log(metrics_lib.progress_line(step, t.num_steps, mean, tokens_per_sec=tokens_per_sec,
-                                        elapsed=elapsed, eta=eta))
-          self.writer.scalars(step, 'train', {**mean, 'tokens_per_sec': tokens_per_sec})
+          progress.log(step, state)
         if step % t.eval_every_steps == 0 or step == t.num_steps:
-          drain()
+          progress.drain()
           self.evaluate(eval_step, state, step)
           last_eval = step
         if step % t.checkpoint_every_steps == 0 or step == t.num_steps:
-          drain()
+          progress.drain()
           self.save(state, step)
           last_saved = step
         if stop.should_stop(sync=step % t.log_every_steps == 0):
-          drain()
+          progress.drain()
           if last_saved != step:
             self.save(state, step)
             last_saved = step
           interrupted = signal.Signals(stop.signum).name if stop.signum else 'a signal'
           log(f'stopped by {interrupted} at step {step}; checkpoint saved')
           break
-      drain()
+      profiler.stop()
+      progress.drain()
       if interrupted is None and last_eval != step:
         self.evaluate(eval_step, state, step)
       if last_saved != step and step > 0:
         self.save(state, step)
       self.checkpointer.close()
     self.writer.close()
-    summary = {'step': step, 'interrupted': interrupted, 'total_time': time.time() - start_time,
-               'best_eval_loss': self.best['loss'][0], 'best_eval_loss_step': self.best['loss'][1],
-               'best_bleu': self.best['bleu'][0] if self.best['bleu'][1] is not None else None,
-               'best_bleu_step': self.best['bleu'][1], 'losses': losses, 'state': state}
-    line = f'done: step {step}/{t.num_steps} in {metrics_lib.format_duration(summary["total_time"])}'
-    if self.best['loss'][1] is not None:
-      line += f' | best val loss {self.best["loss"][0]:.4f} (step {self.best["loss"][1]})'
-    if summary['best_bleu'] is not None:
-      line += f' | best BLEU {summary["best_bleu"]:.2f} (step {summary["best_bleu_step"]})'
+    return self.summary(step, interrupted, time.time() - start_time, progress.losses, state)
+
+  def summary(self, step, interrupted, total_time, losses, state) -> dict[str, Any]:
+    """The run's summary dict, and its last log line."""
+    best_loss, best_loss_step = self.best['loss']
+    best_bleu, best_bleu_step = self.best['bleu']
+    summary = {'step': step, 'interrupted': interrupted, 'total_time': total_time,
+               'best_eval_loss': best_loss, 'best_eval_loss_step': best_loss_step,
+               'best_bleu': best_bleu if best_bleu_step is not None else None,
+               'best_bleu_step': best_bleu_step, 'losses': losses, 'state': state}
+    line = (f'done: step {step}/{self.config.train.num_steps} in '
+            f'{metrics_lib.format_duration(total_time)}')
+    if best_loss_step is not None:
+      line += f' | best val loss {best_loss:.4f} (step {best_loss_step})'
+    if best_bleu_step is not None:
+      line += f' | best BLEU {best_bleu:.2f} (step {best_bleu_step})'
     log(line)
     return summary
+
+
+class _Progress:
+  """The train metrics on the host. One step's metrics stay in flight, so the host waits for
+  the device only at log, eval and save steps; a non-finite loss raises; log steps print and
+  record loss, tokens/s, step time, MFU and peak device memory."""
+
+  def __init__(self, run: _Run, start_step: int):
+    self.run, self.start_step = run, start_step
+    self.throughput = metrics_lib.Throughput(start_step)
+    self.window: list[dict[str, float]] = []
+    self.losses: dict[int, float] = {}  # step -> train loss, for this run's steps
+    self.pending: list[tuple[int, Any]] = []  # (step, device metrics) not yet on the host
+    self.flops_per_step = None
+    self.started = time.time()
+
+  def add(self, step: int, device_metrics, batch) -> None:
+    if self.pending:
+      self.drain()  # the previous step's metrics
+    self.pending.append((step, device_metrics))
+    if step == self.start_step + 1:  # compiled and run once: time the rest
+      self.drain()
+      first_step_s = time.time() - self.started
+      self.throughput.restart(step)
+      self.flops_per_step = telemetry.train_step_flops(
+          self.run.model_config, {k: v.shape for k, v in batch.items()})
+      log(f'first step (compilation + one step): {first_step_s:.1f}s')
+      self.run.writer.scalars(step, 'perf', {'first_step_s': first_step_s})
+
+  def drain(self) -> None:
+    while self.pending:
+      done_step, device_metrics = self.pending.pop(0)
+      values = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
+      if not values.pop('finite'):
+        checkpointer = self.run.checkpointer
+        checkpointer.wait()
+        good = checkpointer.latest_step()
+        raise NonFiniteLossError(
+            f'non-finite loss ({values["loss"]}) or gradient norm ({values["grad_norm"]}) at '
+            f'step {done_step}; stopping. The last good checkpoint is '
+            f'{"step " + str(good) if good is not None else "none"} in '
+            f'{ckpt_lib.checkpoint_dir(self.run.workdir)}')
+      self.throughput.add_tokens(values['num_tokens'])
+      self.window.append(values)
+      self.losses[done_step] = values['loss']
+
+  def log(self, step: int, state) -> None:
+    self.drain()
+    num_steps = self.run.config.train.num_steps
+    tokens_per_sec, elapsed, eta, step_s = self.throughput.mark(step, num_steps)
+    mean = {k: float(np.mean([w[k] for w in self.window])) for k in self.window[0]}
+    mean['learning_rate'] = self.window[-1]['learning_rate']
+    mean['param_norm'] = float(steps.parameter_norm(state.params))
+    self.window.clear()
+    perf = {'tokens_per_sec': tokens_per_sec}
+    if step_s is not None:
+      perf['step_ms'] = 1000 * step_s
+      util = telemetry.mfu(self.flops_per_step or 0, step_s, self.run.model_config.dtype)
+      if util is not None:
+        perf['mfu'] = util
+    peak = telemetry.peak_memory_bytes()
+    if peak is not None:
+      perf['peak_memory_gib'] = peak / 2**30
+    log(metrics_lib.progress_line(step, num_steps, mean, tokens_per_sec=tokens_per_sec,
+                                  elapsed=elapsed, eta=eta, perf=perf))
+    self.run.writer.scalars(step, 'train', {**mean, **perf})
 
 
 def train_and_evaluate(config, workdir: str, *, datasets=None) -> dict[str, Any]:
@@ -260,4 +305,7 @@ def train_and_evaluate(config, workdir: str, *, datasets=None) -> dict[str, Any]
   Raises `model.ConfigError` (bad config, incompatible workdir), `CheckpointError`,
   `NonFiniteLossError`.
   """
-  return _Run(config, workdir, datasets).run()
+  t = config.train
+  accelerator.check_deterministic(t.get('deterministic', False))
+  with accelerator.matmul_precision(t.get('matmul_precision', 'default')):
+    return _Run(config, workdir, datasets).run()
