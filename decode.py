@@ -20,6 +20,7 @@ different line count, ...) ends with one `decode.py: error: ...` line and exit s
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import sys
 import time
@@ -479,14 +480,43 @@ def _enable_compilation_cache() -> None:
     _warn(f'no compilation cache ({e})')
 
 
+def _check_flags() -> None:
+  """Every numeric flag and the output path, before anything is read, restored or written
+  (NaN passes `< 0` tests: `--alpha=nan` would decode to empty lines)."""
+  for name in ('alpha', 'temperature'):
+    value = getattr(FLAGS, name)
+    if value is not None and not (math.isfinite(value) and value >= 0):
+      raise DecodeError(f'--{name}={value} must be a finite number >= 0')
+  if FLAGS.top_p is not None and not (math.isfinite(FLAGS.top_p) and 0 < FLAGS.top_p <= 1):
+    raise DecodeError(f'--top_p={FLAGS.top_p} must be a finite number in (0, 1]')
+  for name in ('average_last', 'beam_size', 'max_len', 'batch_size', 'num_tokens'):
+    value = getattr(FLAGS, name)
+    if value is not None and value < 1:
+      raise DecodeError(f'--{name}={value} must be >= 1')
+  if FLAGS.top_k is not None and FLAGS.top_k < 0:
+    raise DecodeError(f'--top_k={FLAGS.top_k} must be >= 0')
+  for name in ('input_file', 'reference'):
+    if _same_file(FLAGS.output_file, getattr(FLAGS, name)):
+      raise DecodeError(f'--output_file {FLAGS.output_file} is the same file as --{name} '
+                        f'{getattr(FLAGS, name)}: refusing to overwrite it')
+
+
+def _same_file(a: str | None, b: str | None) -> bool:
+  """The same file by path resolution (symlinks, `..`, hard links when both exist)."""
+  if a is None or b is None:
+    return False
+  if os.path.exists(a) and os.path.exists(b):
+    return os.path.samefile(a, b)
+  return os.path.realpath(a) == os.path.realpath(b)
+
+
 def main(argv) -> None:
   if len(argv) > 1:
     _fail(f'unexpected arguments {argv[1:]} (flags are --name=value)')
   logging.set_verbosity(logging.ERROR)  # Orbax/JAX info lines would drown the output
   try:
     lm_flags = FLAGS.prompt is not None
-    if FLAGS.average_last < 1:
-      raise DecodeError(f'--average_last={FLAGS.average_last} must be >= 1')
+    _check_flags()
     if FLAGS.input_file is not None and not os.path.isfile(FLAGS.input_file):
       raise DecodeError(f'--input_file {FLAGS.input_file} does not exist')
     if FLAGS.reference is not None and not os.path.isfile(FLAGS.reference):

@@ -141,7 +141,7 @@ def main(argv: list[str]) -> None:
   user_errors = (ConfigError, checkpoint.CheckpointError, *_data_errors())
   try:
     trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)
-  except trainer.NonFiniteLossError as e:
+  except (trainer.NonFiniteLossError, checkpoint.CheckpointWriteError) as e:  # ran, then failed
     _fail(e, code=1)
   except user_errors as e:  # bad config/workdir/checkpoint/data: one line, no traceback
     _fail(e)

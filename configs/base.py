@@ -78,6 +78,9 @@ def base_config() -> ml_collections.ConfigDict:
   t.max_checkpoints = 3
   t.log_every_steps = 50
   t.seed = 0
+  # Resume from a checkpoint whose data-iterator state is missing, with a fresh iterator (the
+  # batches then differ from an uninterrupted run); False: such a checkpoint stops the run.
+  t.allow_fresh_data_iterator = False
   # float32 matmul precision on GPU/TPU: 'default' (the backend's fast TF32/bf16-pass default,
   # or $JAX_DEFAULT_MATMUL_PRECISION when set) | 'high' | 'highest' (true float32). CPU: ignored.
   t.matmul_precision = 'default'

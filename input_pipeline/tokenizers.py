@@ -20,7 +20,6 @@ import logging
 import math
 import os
 import re
-import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -111,11 +110,26 @@ Tokenizer = SentencePieceTokenizer | CharTokenizer
 
 
 def _atomic_write(path: str, data: bytes) -> None:
+  """Whole or not at all, with the umask's mode (readable from a shared workdir)."""
+  from training.atomic_file import atomic_write  # pylint: disable=import-outside-toplevel
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix='.tmp-')
-  with os.fdopen(fd, 'wb') as f:
-    f.write(data)
-  os.replace(tmp, path)
+  try:
+    atomic_write(path, data)
+  except OSError as e:
+    raise DataFileError(f'cannot write tokenizer file {path}: {e.strerror or e}') from None
+
+
+def _model_path(directory: str, meta_path: str, name) -> str:
+  """`tokenizer.json`'s `model_file`: only a plain file name inside the tokenizer directory
+  (a workdir is data: it must not make us read `../../x` or `/etc/...`)."""
+  if (not isinstance(name, str) or not name or name in ('.', '..') or '/' in name
+      or (os.altsep and os.altsep in name) or os.sep in name):
+    raise DataFileError(f'{meta_path}: model_file={name!r} must be a plain file name in '
+                        f'{directory}')
+  path = os.path.join(directory, name)
+  if os.path.dirname(os.path.realpath(path)) != os.path.realpath(directory):
+    raise DataFileError(f'{meta_path}: model_file={name!r} leads outside {directory}')
+  return path
 
 
 def train_sentencepiece(sentences: Iterable[str], vocab_size: int, *,
@@ -174,14 +188,20 @@ def load_tokenizer(workdir: str) -> Tokenizer:
   try:
     with open(meta_path) as f:
       meta = json.load(f)
-    if meta['kind'] == 'char':
+    kind = meta['kind']
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise DataFileError(f'cannot read tokenizer {meta_path}: {type(e).__name__}: {e}') from None
+  if kind == 'sentencepiece':
+    model_path = _model_path(directory, meta_path, meta.get('model_file'))
+  try:
+    if kind == 'char':
       return CharTokenizer(meta['chars'])
-    if meta['kind'] == 'sentencepiece':
-      with open(os.path.join(directory, meta['model_file']), 'rb') as f:
+    if kind == 'sentencepiece':
+      with open(model_path, 'rb') as f:
         return SentencePieceTokenizer(f.read())
   except (OSError, ValueError, KeyError, RuntimeError) as e:
     raise DataFileError(f'cannot read tokenizer {meta_path}: {type(e).__name__}: {e}') from None
-  raise DataError(f'unknown tokenizer kind {meta["kind"]!r} in {meta_path}')
+  raise DataError(f'unknown tokenizer kind {kind!r} in {meta_path}')
 
 
 def has_tokenizer(workdir: str | None) -> bool:
@@ -240,10 +260,23 @@ def get_tokenizer(data_config, workdir: str | None) -> Tokenizer:
         raise DataError(f'workdir {workdir} holds a tokenizer with {tokenizer.vocab_size} pieces '
                         f'but config.data.vocab_size={data_config.vocab_size}; use a new workdir')
       return tokenizer
+    _refuse_retraining(workdir)
     tokenizer = _train(data_config, kind)
     tokenizer.save(os.path.join(workdir, TOKENIZER_DIR))
     log.info('Saved %s tokenizer (vocab %d) in %s', kind, tokenizer.vocab_size, workdir)
     return tokenizer
+
+
+def _refuse_retraining(workdir: str) -> None:
+  """A workdir with checkpoints but no tokenizer: a new one could number the pieces
+  differently from the one the checkpoints were trained with, so it is not retrained."""
+  checkpoints = os.path.join(workdir, 'checkpoints')
+  names = os.listdir(checkpoints) if os.path.isdir(checkpoints) else []
+  if any(name.isdigit() for name in names):
+    meta_path = os.path.join(workdir, TOKENIZER_DIR, _META)
+    raise DataError(f'{workdir} has checkpoints but no tokenizer ({meta_path} is missing); a '
+                    'retrained tokenizer could number the pieces differently, so restore that '
+                    'folder or use a new workdir')
 
 
 def _train(data_config, kind: str) -> Tokenizer:

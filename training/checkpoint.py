@@ -7,14 +7,20 @@
 
 `state` is the whole TrainState pytree (params, opt_state, step, rng); `data` is the JSON
 iterator state of every process. Orbax writes each step to a temporary directory and renames
-it when complete, so a process killed mid-write leaves the previous checkpoints intact; a
-finished-but-damaged latest checkpoint is skipped with a warning in favour of the previous one.
+it when complete, so a process killed mid-write leaves the previous checkpoints intact. Each
+step also holds `checksums.json` (sha256 of every file, written just before that rename, by
+single-process runs): a checkpoint whose files fail it, or that Orbax cannot read, is
+"damaged" and skipped with a one-line warning in favour of the previous one. A save that
+fails (disk full, ...) raises `CheckpointWriteError` naming the step and the intact ones.
 Arrays restore onto whatever devices/shardings the target asks for (1 <-> 8 devices).
 """
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
+import shutil
 import sys
 from typing import Any
 
@@ -23,11 +29,18 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from training import checkpoint_files as files
+
 CHECKPOINT_SUBDIR = 'checkpoints'
+ITEMS = ('state', 'data')
 
 
 class CheckpointError(RuntimeError):
   """No usable checkpoint, or one incompatible with the model; the message is one line."""
+
+
+class CheckpointWriteError(CheckpointError):
+  """A checkpoint could not be written (e.g. a full disk); the earlier ones are intact."""
 
 
 def checkpoint_dir(workdir: str) -> str:
@@ -39,20 +52,31 @@ def _warn(message: str) -> None:
     print(f'WARNING: {message}', file=sys.stderr, flush=True)
 
 
-def _one_line(error: BaseException) -> str:
-  text = ' '.join(str(error).split())
-  return f'{type(error).__name__}: {text[:300]}'
+def step_dir(workdir: str, step: int) -> str:
+  return os.path.join(checkpoint_dir(workdir), str(step))
 
 
 def _manager(workdir: str, *, max_to_keep: int | None = None, async_save: bool = False,
-             read_only: bool = False) -> ocp.CheckpointManager:
+             read_only: bool = False, before_commit=None) -> ocp.CheckpointManager:
+  """`before_commit()` (async saves) runs once every file of a step is written, before the
+  step's temporary directory is renamed into place."""
   directory = checkpoint_dir(workdir)
+  async_options = None
+  if async_save and before_commit is not None:
+    async_options = ocp.AsyncOptions(post_finalization_callback=before_commit)
   options = ocp.CheckpointManagerOptions(
       max_to_keep=max_to_keep, create=not read_only, read_only=read_only,
-      enable_async_checkpointing=async_save,
+      enable_async_checkpointing=async_save, async_options=async_options,
       cleanup_tmp_directories=not read_only)  # leftovers of a save killed mid-write
   handlers = {'state': ocp.PyTreeCheckpointHandler(), 'data': ocp.JsonCheckpointHandler()}
   return ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
+
+
+def _committed_steps(workdir: str) -> list[int]:
+  """Step folders on disk (renamed into place, so complete), without asking Orbax."""
+  where = checkpoint_dir(workdir)
+  names = os.listdir(where) if os.path.isdir(where) else []
+  return sorted(int(n) for n in names if n.isdigit() and os.path.isdir(os.path.join(where, n)))
 
 
 def list_steps(workdir: str) -> list[int]:
@@ -100,11 +124,20 @@ class Checkpointer:
   `save` is asynchronous (Orbax writes in a background thread after copying the arrays off
   the devices); `wait()` blocks until the last save is on disk. Every process must call
   `save`/`restore` (Orbax coordinates the processes; process 0 writes the metadata).
+  Orbax's own warning/error logs are held back while it lives: every failure reaches the
+  caller as one `CheckpointError` line instead.
   """
 
   def __init__(self, workdir: str, *, max_to_keep: int = 3, async_save: bool = True):
     self.workdir = workdir
-    self._manager = _manager(workdir, max_to_keep=max_to_keep, async_save=async_save)
+    self._async = async_save
+    self._pending: int | None = None  # the step a background save may still be writing
+    # Checksums and the free-space check need one view of every file: single-process runs.
+    self._single = jax.process_count() == 1
+    self._quiet = contextlib.ExitStack()
+    self._quiet.enter_context(files.quiet_orbax_logs())
+    self._manager = _manager(workdir, max_to_keep=max_to_keep, async_save=async_save,
+                             before_commit=self._checksum_pending if self._single else None)
 
   def all_steps(self) -> list[int]:
     return sorted(self._manager.all_steps())
@@ -116,49 +149,146 @@ class Checkpointer:
   def save(self, step: int, state: Any, data_state: dict[str, Any] | None) -> None:
     """Starts saving `state` (a pytree of arrays) and this process's `data_state` (JSON) at `step`."""
     data = {'process_count': jax.process_count(), 'states': _gather_json(data_state)}
-    if step in self._manager.all_steps():  # a damaged checkpoint skipped at restore
-      self._manager.delete(step)
-    self._manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.PyTreeSave(state), data=ocp.args.JsonSave(data)), force=True)
+    self._finish_pending()
+    if self._single:
+      self._check_free_space(step, state)
+    try:
+      if step in self._manager.all_steps():  # a damaged checkpoint skipped at restore
+        self._manager.delete(step)
+      self._pending = step
+      self._manager.save(step, args=ocp.args.Composite(
+          state=ocp.args.PyTreeSave(state), data=ocp.args.JsonSave(data)), force=True)
+    except Exception as e:  # pylint: disable=broad-except
+      self._write_failed(step, e)
+    if not self._async:
+      self._finish_pending()
 
-  def restore(self, abstract_state: Any) -> tuple[Any, dict[str, Any] | None, int] | None:
+  def _checksum_pending(self) -> None:
+    """Orbax's background thread, once every file of the pending step is written: checksums
+    into its temporary directory, so that they are renamed into place with it."""
+    pattern = os.path.join(checkpoint_dir(self.workdir), f'{self._pending}.orbax-checkpoint-tmp*')
+    found = [p for p in glob.glob(pattern) if os.path.isdir(p)]
+    if len(found) != 1:
+      _warn(f'checkpoint {self._pending} is saved without checksums (Orbax wrote it to '
+            f'{len(found)} temporary directories)')
+      return
+    files.write_checksums(found[0])
+
+  def _finish_pending(self) -> None:
+    """Waits for the background save; its failure raises `CheckpointWriteError`."""
+    step = self._pending
+    if step is None:
+      return
+    try:
+      self._manager.wait_until_finished()  # `_checksum_pending` runs meanwhile: keep _pending
+    except Exception as e:  # pylint: disable=broad-except
+      self._write_failed(step, e)
+    self._pending = None
+    if jax.process_index() == 0 and not os.path.isdir(step_dir(self.workdir, step)):
+      self._write_failed(step, RuntimeError('Orbax did not commit it'))
+    if not self._async and self._single:  # no background thread: checksum the final files
+      files.write_checksums(step_dir(self.workdir, step))
+
+  def _check_free_space(self, step: int, state: Any) -> None:
+    """Refuses a save that cannot fit: a step needs about as much as the previous one."""
+    steps = [s for s in self._manager.all_steps() if os.path.isdir(step_dir(self.workdir, s))]
+    if steps:
+      need = files.tree_size(step_dir(self.workdir, max(steps)))
+    else:
+      need = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(state))
+    need = int(need * 1.05) + (1 << 16)
+    free = shutil.disk_usage(checkpoint_dir(self.workdir)).free
+    if free < need:
+      self._write_failed(step, OSError(28, f'about {need / 2**20:.1f} MiB needed, '
+                                           f'{free / 2**20:.1f} MiB free'))
+
+  def _write_failed(self, step: int, error: BaseException) -> None:
+    """Stops Orbax's pending work, removes the unfinished step (freeing its space) and raises
+    one line naming the step and the checkpoints still intact."""
+    self._pending = None
+    with contextlib.suppress(Exception):
+      self._manager.close()
+    for path in glob.glob(os.path.join(checkpoint_dir(self.workdir), f'{step}.orbax-checkpoint-tmp*')):
+      shutil.rmtree(path, ignore_errors=True)
+    self._quiet.close()
+    where = checkpoint_dir(self.workdir)
+    intact = [s for s in _committed_steps(self.workdir) if s != step]
+    kept = (f'checkpoints {", ".join(map(str, intact))} are intact' if len(intact) > 1 else
+            f'checkpoint {intact[0]} is intact' if intact else 'there is no earlier checkpoint')
+    if files.is_disk_full(error):
+      raise CheckpointWriteError(
+          f'no space left on device writing checkpoint {step} in {where}; {kept}') from None
+    raise CheckpointWriteError(f'cannot write checkpoint {step} in {where} '
+                               f'({files.short_reason(error, where)}); {kept}') from None
+
+  def restore(self, abstract_state: Any, *, allow_fresh_data: bool = False
+              ) -> tuple[Any, dict[str, Any] | None, int] | None:
     """-> (state, this process's data state or None, step) from the newest good checkpoint,
-    or None when there is none. Raises `CheckpointError` for an incompatible checkpoint."""
+    or None when there is none. Raises `CheckpointError` for an incompatible checkpoint, and
+    for one without its data-iterator state unless `allow_fresh_data`."""
     steps = self.all_steps()
     if not steps:
       return None
     skipped = []
     for step in reversed(steps):
-      try:
-        stored = _state_metadata(self._manager, step)
-      except Exception as e:  # pylint: disable=broad-except
-        _warn(f'checkpoint {step} is unreadable ({_one_line(e)}); trying the previous one')
+      no_data = files.missing_items(step_dir(self.workdir, step), ('data',))
+      problem = files.verify_checksums(step_dir(self.workdir, step), skip=tuple(no_data))
+      if problem is None:
+        try:
+          stored = _state_metadata(self._manager, step)
+        except Exception as e:  # pylint: disable=broad-except
+          problem = files.short_reason(e, checkpoint_dir(self.workdir))
+      if problem is not None:
+        _warn(f'checkpoint {step} is damaged ({problem}); trying the previous one')
         skipped.append(step)
         continue
-      mismatches = _shape_mismatches(_params_tree(abstract_state), stored.get('params', {}),
-                                     'params/')
-      if mismatches:
-        raise CheckpointError(
-            f'checkpoint {step} in {checkpoint_dir(self.workdir)} does not fit the model: '
-            f'{"; ".join(mismatches[:3])}' + (f' (+{len(mismatches) - 3} more)'
-                                              if len(mismatches) > 3 else ''))
+      self._check_fits(abstract_state, stored, step)
+      if no_data:
+        self._no_data_state(step, allow_fresh_data)
       try:
-        restored = self._manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.PyTreeRestore(
-                item=abstract_state,
-                restore_args=ocp.checkpoint_utils.construct_restore_args(abstract_state)),
-            data=ocp.args.JsonRestore()))
+        restored = self._restore_step(step, abstract_state, with_data=not no_data)
       except Exception as e:  # pylint: disable=broad-except
-        _warn(f'checkpoint {step} is damaged ({_one_line(e)}); trying the previous one')
+        _warn(f'checkpoint {step} is damaged '
+              f'({files.short_reason(e, checkpoint_dir(self.workdir))}); trying the previous one')
         skipped.append(step)
         continue
       for bad in skipped:
         _warn(f'removing damaged checkpoint {bad}')
         if jax.process_index() == 0:
           self._manager.delete(bad)
-      return restored['state'], self._data_state(restored['data'], step), step
+      return restored['state'], self._data_state(restored.get('data'), step), step
     raise CheckpointError(f'no readable checkpoint in {checkpoint_dir(self.workdir)} '
                           f'(tried steps {sorted(skipped)})')
+
+  def _check_fits(self, abstract_state: Any, stored: Any, step: int) -> None:
+    mismatches = _shape_mismatches(_params_tree(abstract_state), stored.get('params', {}),
+                                   'params/')
+    if mismatches:
+      raise CheckpointError(
+          f'checkpoint {step} in {checkpoint_dir(self.workdir)} does not fit the model: '
+          f'{"; ".join(mismatches[:3])}' + (f' (+{len(mismatches) - 3} more)'
+                                            if len(mismatches) > 3 else ''))
+
+  def _no_data_state(self, step: int, allow_fresh_data: bool) -> None:
+    """A step whose parameters are fine but whose data-iterator state is gone: kept; resumed
+    with a fresh iterator only when asked (the batches then differ from an unbroken run)."""
+    where = step_dir(self.workdir, step)
+    if not allow_fresh_data:
+      raise CheckpointError(
+          f'checkpoint {step} has no data-iterator state ({where}/data is missing; its '
+          'parameters are intact and kept): rerun with '
+          '--config.train.allow_fresh_data_iterator=True to resume from it with a fresh data '
+          'iterator, or restore that folder')
+    _warn(f'checkpoint {step} has no data-iterator state ({where}/data is missing): resuming '
+          'with a fresh data iterator (config.train.allow_fresh_data_iterator)')
+
+  def _restore_step(self, step: int, abstract_state: Any, with_data: bool) -> dict[str, Any]:
+    items = {'state': ocp.args.PyTreeRestore(
+        item=abstract_state,
+        restore_args=ocp.checkpoint_utils.construct_restore_args(abstract_state))}
+    if with_data:
+      items['data'] = ocp.args.JsonRestore()
+    return dict(self._manager.restore(step, args=ocp.args.Composite(**items)))
 
   @staticmethod
   def _data_state(data: dict[str, Any] | None, step: int) -> dict[str, Any] | None:
@@ -171,11 +301,12 @@ class Checkpointer:
     return data['states'][jax.process_index()]
 
   def wait(self) -> None:
-    self._manager.wait_until_finished()
+    self._finish_pending()
 
   def close(self) -> None:
-    self._manager.wait_until_finished()
+    self._finish_pending()
     self._manager.close()
+    self._quiet.close()
 
 
 def _gather_json(value: Any) -> list[Any]:
@@ -192,7 +323,14 @@ def _gather_json(value: Any) -> list[Any]:
   return [json.loads(bytes(row).rstrip(b'\0').decode()) for row in gathered]
 
 
-def _restore_params_at(manager: ocp.CheckpointManager, step: int, sharding) -> Any:
+class _Damaged(Exception):
+  """A checkpoint whose files fail their checksums (the message is the short reason)."""
+
+
+def _restore_params_at(manager: ocp.CheckpointManager, workdir: str, step: int, sharding) -> Any:
+  problem = files.verify_checksums(step_dir(workdir, step), skip=('data',))
+  if problem is not None:  # found before Orbax starts reading: nothing is left pending
+    raise _Damaged(problem)
   stored = _state_metadata(manager, step)
   if 'params' not in stored:
     raise ValueError(f'checkpoint {step} has no params')
@@ -202,6 +340,27 @@ def _restore_params_at(manager: ocp.CheckpointManager, step: int, sharding) -> A
       item={'params': target}, restore_args=ocp.checkpoint_utils.construct_restore_args(
           {'params': target}), partial_restore=True)))
   return restored['state']['params']
+
+
+def _load_params(workdir: str, candidates: list[int], count: int, sharding,
+                 strict_step: int | None) -> list[tuple[int, Any]]:
+  """The params of up to `count` readable checkpoints among `candidates`, newest first; a
+  damaged one is skipped with a warning, except `strict_step` (asked for by number)."""
+  manager = _manager(workdir, read_only=True)
+  where = checkpoint_dir(workdir)
+  loaded: list[tuple[int, Any]] = []
+  for s in reversed(candidates):
+    try:
+      loaded.append((s, _restore_params_at(manager, workdir, s, sharding)))
+    except Exception as e:  # pylint: disable=broad-except
+      reason = str(e) if isinstance(e, _Damaged) else files.short_reason(e, where)
+      if s == strict_step:
+        raise CheckpointError(f'checkpoint {s} in {where} is damaged: {reason}') from None
+      _warn(f'checkpoint {s} in {where} is damaged ({reason}); skipping it')
+      continue
+    if len(loaded) == count:
+      break
+  return loaded
 
 
 def restore_params(workdir: str, step: int | None = None, average_last: int = 1,
@@ -222,19 +381,11 @@ def restore_params(workdir: str, step: int | None = None, average_last: int = 1,
   if step is not None and step not in steps:
     raise CheckpointError(f'no checkpoint for step {step} in {where}; available: {steps}')
   sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  manager = _manager(workdir, read_only=True)
   candidates = [s for s in steps if step is None or s <= step]
-  loaded: list[tuple[int, Any]] = []
-  for s in reversed(candidates):
-    try:
-      loaded.append((s, _restore_params_at(manager, s, sharding)))
-    except Exception as e:  # pylint: disable=broad-except
-      if step is not None and s == step:
-        raise CheckpointError(f'checkpoint {s} in {where} is unreadable: {_one_line(e)}') from None
-      _warn(f'checkpoint {s} in {where} is unreadable ({_one_line(e)}); skipping it')
-      continue
-    if len(loaded) == average_last:
-      break
+  with files.quiet_orbax_logs():
+    loaded = _load_params(workdir, candidates, average_last, sharding, strict_step=step)
+  if not loaded:
+    raise CheckpointError(f'no readable checkpoint in {where} (tried steps {candidates})')
   if len(loaded) < average_last:
     raise CheckpointError(f'average_last={average_last} needs {average_last} readable checkpoints '
                           f'in {where}; found {len(loaded)} (steps {[s for s, _ in loaded]})')

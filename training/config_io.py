@@ -10,13 +10,16 @@ differs. `validate_config(config)` checks the train/optimizer/decode fields (and
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
+import math
 import os
 from typing import Any
 
 import ml_collections
 
 from model.config import ConfigError, ModelConfig
+from training.atomic_file import atomic_write
 from training.accelerator import MATMUL_PRECISIONS
 from training.telemetry import parse_profile_steps
 
@@ -53,11 +56,12 @@ def save_config(config, workdir: str) -> str:
   """Writes the resolved config to `DIR/config.json` (atomically); returns the path."""
   os.makedirs(workdir, exist_ok=True)
   path = config_path(workdir)
-  tmp = f'{path}.tmp.{os.getpid()}'
-  with open(tmp, 'w') as f:
-    json.dump(to_dict(config), f, indent=2, sort_keys=True)
-    f.write('\n')
-  os.replace(tmp, path)
+  text = json.dumps(to_dict(config), indent=2, sort_keys=True, allow_nan=False) + '\n'
+  try:
+    atomic_write(path, text.encode())
+  except OSError as e:
+    what = 'no space left on device' if e.errno == errno.ENOSPC else e.strerror or str(e)
+    raise ConfigError(f'cannot write {path}: {what}') from None
   return path
 
 
@@ -130,10 +134,21 @@ def _is_number(value) -> bool:
   return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _check_finite(values: dict[str, Any], prefix: str = 'config') -> None:
+  """Every float in the config is finite: `learning_rate=inf` or `alpha=nan` stop here, not at
+  step 2 on a NaN loss (or as empty translations)."""
+  for key, value in values.items():
+    if isinstance(value, dict):
+      _check_finite(value, f'{prefix}.{key}')
+    elif isinstance(value, float) and not math.isfinite(value):
+      raise ConfigError(f'{prefix}.{key}={value!r} must be a finite number')
+
+
 def validate_config(config, *, num_devices: int = 1, process_count: int = 1) -> ModelConfig:
   """Checks every field train.py uses; raises `ConfigError` naming the field. Returns the model config."""
   for section in ('model', 'data', 'optimizer', 'train', 'decode'):
     _require(section in config, f'config has no {section!r} section (start from configs/base.py)')
+  _check_finite(to_dict(config))
   model_config = ModelConfig.from_config(config.model)
   _require(model_config.kind in TRAINABLE_KINDS,
            f'config.model.kind={model_config.kind!r}: train.py trains {list(TRAINABLE_KINDS)}')

@@ -1,14 +1,16 @@
 """The training loop: `train_and_evaluate(config, workdir)`.
 
-Order of work: validate the config and the workdir (one-line errors, nothing compiled or
-written yet), write DIR/config.json, build data/model/optimizer, restore the newest good
-checkpoint (or initialise), then train with periodic logging, evaluation and checkpoints.
+Order of work: validate the config (one-line errors, nothing compiled or written yet), lock
+the workdir (one writer), check it, build the data and tokenizer and check every split, only
+then write DIR/config.json; build model/optimizer, restore the newest good checkpoint (or
+initialise), then train with periodic logging, evaluation and checkpoints.
 SIGTERM/SIGINT save a checkpoint and return; a non-finite loss raises `NonFiniteLossError`
 without saving.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -22,6 +24,7 @@ from training import accelerator, checkpoint as ckpt_lib
 from training import config_io, evaluation, metrics as metrics_lib, optim, steps, telemetry
 from training import mesh as mesh_lib
 from training import state as state_lib
+from training import workdir_lock
 from training.metrics import log
 
 
@@ -79,16 +82,32 @@ class _Run:
     self.mesh = mesh_lib.make_mesh()
     self.model_config = config_io.validate_config(
         config, num_devices=self.mesh.size, process_count=jax.process_count())
+    # One writer per workdir for the run's whole life (an OS lock: it goes with the process).
+    # Process 0 holds it for every process of a multi-host run.
+    self.lock = workdir_lock.acquire(workdir) if metrics_lib.is_main_process() else None
+    try:
+      self._setup(datasets)
+    except BaseException:
+      self.release()
+      raise
+
+  def _setup(self, datasets) -> None:
+    config, workdir = self.config, self.workdir
     changes = config_io.check_compatible(config, workdir)
-    if metrics_lib.is_main_process():
-      config_io.save_config(config, workdir)
-    if changes:
-      log(f'config differs from the previous run in this workdir: {"; ".join(changes)}')
+    self.had_config = os.path.exists(config_io.config_path(workdir))
     self.datasets = datasets if datasets is not None else _get_datasets(config, workdir)
     vocab = getattr(self.datasets.tokenizer, 'vocab_size', None)
     if vocab is not None and vocab > self.model_config.vocab_size:
       raise config_io.ConfigError(
           f'the tokenizer has {vocab} ids but config.model.vocab_size={self.model_config.vocab_size}')
+    if datasets is None:  # every split the run reads, found now rather than at the first eval
+      self.datasets.num_eval_batches()
+    # Written only once the config, data and tokenizer passed: a refused run leaves no
+    # config.json behind to refuse the corrected command with.
+    if metrics_lib.is_main_process():
+      config_io.save_config(config, workdir)
+    if changes:
+      log(f'config differs from the previous run in this workdir: {"; ".join(changes)}')
     self.module = build_model(self.model_config)
     self.schedule = optim.make_schedule(config)
     self.tx = optim.make_optimizer(config, self.schedule)
@@ -96,12 +115,21 @@ class _Run:
     self.checkpointer = ckpt_lib.Checkpointer(workdir, max_to_keep=config.train.max_checkpoints)
     self.best = {'loss': (float('inf'), None), 'bleu': (float('-inf'), None)}
 
+  def release(self) -> None:
+    """Frees the workdir for the next run."""
+    if self.lock is not None:
+      self.lock.release()
+
   # -- state --------------------------------------------------------------------------------
   def restore_or_init(self):
     t = self.config.train
     abstract = state_lib.abstract_train_state(self.module, self.tx, t.seed, self.mesh)
-    restored = self.checkpointer.restore(abstract)
+    restored = self.checkpointer.restore(
+        abstract, allow_fresh_data=bool(t.get('allow_fresh_data_iterator', False)))
     if restored is None:
+      if self.had_config:  # checkpoints deleted, or a run stopped before its first one
+        metrics_lib.warn(f'{self.workdir} has a config.json but no checkpoint in '
+                         f'{ckpt_lib.checkpoint_dir(self.workdir)}: training starts from step 0')
       return state_lib.create_train_state(self.module, self.tx, t.seed, self.mesh)
     state, data_state, step = restored
     if data_state is not None:
@@ -308,4 +336,8 @@ def train_and_evaluate(config, workdir: str, *, datasets=None) -> dict[str, Any]
   t = config.train
   accelerator.check_deterministic(t.get('deterministic', False))
   with accelerator.matmul_precision(t.get('matmul_precision', 'default')):
-    return _Run(config, workdir, datasets).run()
+    run = _Run(config, workdir, datasets)
+    try:
+      return run.run()
+    finally:
+      run.release()

@@ -1,0 +1,241 @@
+"""Issue 17: one writer per workdir; full disks, damaged and bit-rotted checkpoints, bad flags
+and refused runs end in one clear line, with nothing lost and nothing silently wrong."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from input_pipeline import tokenizers
+from training import checkpoint, checkpoint_files, config_io, workdir_lock
+import test_train_synthetic as syn
+
+compilation_cache = pytest.fixture(scope='module', autouse=True)(syn.compilation_cache_fixture)
+
+RUN = {'train.num_steps': 6, 'train.checkpoint_every_steps': 2, 'train.log_every_steps': 2}
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+  """A synthetic 6-step run (checkpoints 2, 4, 6) with a character tokenizer for decode.py."""
+  workdir = str(tmp_path_factory.mktemp('robust') / 'w')
+  summary = syn.run(workdir, 'encoder_decoder', RUN)
+  tokenizers.CharTokenizer(list(syn.ALPHABET)).save(os.path.join(workdir, 'tokenizer'))
+  return workdir, summary
+
+
+def _copy(trained, tmp_path):
+  workdir = str(tmp_path / 'w')
+  shutil.copytree(trained[0], workdir)
+  return workdir
+
+
+def _largest_state_file(workdir, step):
+  directory = os.path.join(checkpoint.step_dir(workdir, step), 'state')
+  paths = [os.path.join(root, n) for root, _, names in os.walk(directory) for n in names]
+  return max(paths, key=os.path.getsize)
+
+
+def _flip_middle_byte(path):
+  with open(path, 'r+b') as f:
+    f.seek(os.path.getsize(path) // 2)
+    byte = f.read(1)
+    f.seek(-1, os.SEEK_CUR)
+    f.write(bytes([byte[0] ^ 0x01]))
+
+
+def _assert_trees_equal(a, b):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def _run_cli(script, *args, timeout=300):
+  return subprocess.run([sys.executable, os.path.join(syn.REPO, script), *args],
+                        env=syn.subprocess_env(1), cwd=syn.REPO, capture_output=True, text=True,
+                        timeout=timeout)
+
+
+def _one_error_line(proc, prefix, code=2):
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == code, proc.stderr[-3000:]
+  assert len(lines) == 1 and lines[0].startswith(prefix), proc.stderr[-3000:]
+  return lines[0]
+
+
+# -- 1. one writer per workdir ------------------------------------------------------------------
+
+def test_second_writer_is_refused_and_a_killed_holder_leaves_no_lock(tmp_path):
+  workdir = str(tmp_path / 'w')
+  holder = subprocess.Popen(
+      [sys.executable, '-c', 'import sys, time; from training import workdir_lock; '
+       'workdir_lock.acquire(sys.argv[1]); print("locked", flush=True); time.sleep(600)',
+       workdir], cwd=syn.REPO, env=syn.subprocess_env(1), stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == 'locked'
+    proc = _run_cli('train.py', '--config=configs/default.py:tiny', f'--workdir={workdir}')
+    line = _one_error_line(proc, 'train.py: error: ')
+    assert line == (f'train.py: error: {workdir} is in use by another train.py '
+                    f'(pid {holder.pid}, host {os.uname().nodename})')
+    assert sorted(os.listdir(workdir)) == ['train.lock']  # nothing else written
+  finally:
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+  lock = workdir_lock.acquire(workdir)  # the OS dropped the dead holder's lock
+  with pytest.raises(workdir_lock.WorkdirBusyError, match=f'pid {os.getpid()}'):
+    workdir_lock.acquire(workdir)
+  lock.release()
+  workdir_lock.acquire(workdir).release()
+
+
+def test_readers_take_no_lock(trained):
+  workdir = trained[0]
+  lock = workdir_lock.acquire(workdir)
+  try:
+    params, step = checkpoint.restore_params(workdir)
+  finally:
+    lock.release()
+  assert step == 6
+  _assert_trees_equal(params, trained[1]['state'].params)
+
+
+# -- 2. disk full -------------------------------------------------------------------------------
+
+def test_disk_full_before_a_save_is_one_line_and_keeps_the_checkpoints(trained, tmp_path,
+                                                                        monkeypatch):
+  workdir = _copy(trained, tmp_path)
+  real = shutil.disk_usage
+  monkeypatch.setattr(checkpoint.shutil, 'disk_usage',
+                      lambda p: real(p)._replace(free=1000))  # a full disk, simulated
+  with pytest.raises(checkpoint.CheckpointWriteError) as e:
+    syn.run(workdir, 'encoder_decoder', {**RUN, 'train.num_steps': 8})
+  where = checkpoint.checkpoint_dir(workdir)
+  assert str(e.value).startswith(
+      f'no space left on device writing checkpoint 8 in {where}; checkpoints 2, 4, 6 are intact')
+  assert sorted(os.listdir(where)) == ['2', '4', '6']
+  monkeypatch.undo()
+  resumed = syn.run(workdir, 'encoder_decoder', {**RUN, 'train.num_steps': 8})
+  assert sorted(resumed['losses']) == [7, 8] and checkpoint.list_steps(workdir)[-1] == 8
+
+
+# -- 3/4. damaged and bit-rotted checkpoints ----------------------------------------------------
+
+def test_checksums_cover_every_item_file(trained):
+  for step in (2, 4, 6):
+    directory = checkpoint.step_dir(trained[0], step)
+    with open(os.path.join(directory, checkpoint_files.CHECKSUM_FILE)) as f:
+      listed = json.load(f)['files']
+    on_disk = {os.path.relpath(os.path.join(r, n), directory)
+               for item in ('state', 'data') for r, _, names in
+               os.walk(os.path.join(directory, item)) for n in names}
+    assert set(listed) == on_disk and 'data/metadata' in listed
+    assert checkpoint_files.verify_checksums(directory) is None
+
+
+def test_a_flipped_byte_makes_a_checkpoint_damaged(trained, tmp_path, capfd):
+  workdir = _copy(trained, tmp_path)
+  _flip_middle_byte(_largest_state_file(workdir, 6))
+  params, step = checkpoint.restore_params(workdir)
+  err = capfd.readouterr().err
+  assert step == 4 and 'checkpoint 6' in err and 'checksum mismatch in state/' in err
+  _assert_trees_equal(params, checkpoint.restore_params(trained[0], step=4)[0])
+  with pytest.raises(checkpoint.CheckpointError, match='checkpoint 6 .* damaged: checksum'):
+    checkpoint.restore_params(workdir, step=6)
+
+
+def test_every_checkpoint_damaged_is_one_line(trained, tmp_path, capfd):
+  workdir = _copy(trained, tmp_path)
+  for step in (2, 4, 6):
+    _flip_middle_byte(_largest_state_file(workdir, step))
+  checkpointer = checkpoint.Checkpointer(workdir)
+  with pytest.raises(checkpoint.CheckpointError,
+                     match=r'no readable checkpoint in .* \(tried steps \[2, 4, 6\]\)'):
+    checkpointer.restore(syn_abstract_state())
+  warnings = capfd.readouterr().err.strip().splitlines()
+  assert len(warnings) == 3 and all(len(w) < 200 and 'checksum mismatch' in w for w in warnings)
+  proc = _run_cli('decode.py', f'--workdir={workdir}', '--compilation_cache=', timeout=120)
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and 'Traceback' not in proc.stderr, proc.stderr[-3000:]
+  assert lines[-1].startswith('decode.py: error: no readable checkpoint in')
+  assert all('is damaged (checksum mismatch' in line for line in lines[:-1]), lines
+
+
+def syn_abstract_state(**overrides):
+  from model import build_model  # pylint: disable=import-outside-toplevel
+  from training import mesh as mesh_lib, optim, state as state_lib  # pylint: disable=import-outside-toplevel
+  config = syn.tiny_config('encoder_decoder', **overrides)
+  return state_lib.abstract_train_state(build_model(config.model), optim.make_optimizer(config),
+                                        config.train.seed, mesh_lib.make_mesh())
+
+
+# -- 9. a checkpoint without its data-iterator state --------------------------------------------
+
+def test_missing_data_state_is_kept_and_resumed_only_when_asked(trained, tmp_path, capfd):
+  workdir = _copy(trained, tmp_path)
+  shutil.rmtree(os.path.join(checkpoint.step_dir(workdir, 6), 'data'))
+  checkpointer = checkpoint.Checkpointer(workdir)
+  with pytest.raises(checkpoint.CheckpointError,
+                     match='checkpoint 6 has no data-iterator state .*allow_fresh_data_iterator'):
+    checkpointer.restore(syn_abstract_state())
+  assert checkpoint.list_steps(workdir) == [2, 4, 6]  # kept
+  state, data_state, step = checkpointer.restore(syn_abstract_state(), allow_fresh_data=True)
+  checkpointer.close()
+  assert step == 6 and data_state is None
+  assert 'resuming with a fresh data iterator' in capfd.readouterr().err
+  _assert_trees_equal(state.params, trained[1]['state'].params)
+
+
+def test_removed_checkpoints_restart_from_zero_with_a_warning(trained, tmp_path, capfd):
+  workdir = _copy(trained, tmp_path)
+  shutil.rmtree(checkpoint.checkpoint_dir(workdir))
+  summary = syn.run(workdir, 'encoder_decoder', {**RUN, 'train.num_steps': 2})
+  assert sorted(summary['losses']) == [1, 2]
+  assert 'has a config.json but no checkpoint' in capfd.readouterr().err
+
+
+def test_tokenizer_is_not_retrained_next_to_checkpoints(tmp_path):
+  from configs import default  # pylint: disable=import-outside-toplevel
+  workdir = str(tmp_path)
+  os.makedirs(os.path.join(workdir, 'checkpoints', '20'))
+  with pytest.raises(tokenizers.DataError, match='has checkpoints but no tokenizer'):
+    tokenizers.get_tokenizer(default.get_config('tiny').data, workdir)
+
+
+# -- 5/6. decode.py flags -----------------------------------------------------------------------
+
+@pytest.mark.parametrize('flag,message', [
+    ('--alpha=nan', '--alpha=nan must be a finite number >= 0'),
+    ('--temperature=nan', '--temperature=nan must be a finite number >= 0'),
+    ('--temperature=inf', '--temperature=inf must be a finite number >= 0'),
+    ('--top_p=nan', '--top_p=nan must be a finite number in (0, 1]'),
+])
+def test_decode_rejects_non_finite_floats(trained, flag, message):
+  proc = _run_cli('decode.py', f'--workdir={trained[0]}', flag, '--compilation_cache=')
+  assert _one_error_line(proc, 'decode.py: error: ') == f'decode.py: error: {message}'
+
+
+def test_config_rejects_non_finite_floats():
+  config = syn.tiny_config('encoder_decoder', **{'optimizer.learning_rate': float('inf')})
+  with pytest.raises(config_io.ConfigError,
+                     match=r'config.optimizer.learning_rate=inf must be a finite number'):
+    config_io.validate_config(config)
+
+
+def test_output_file_may_not_be_an_input(trained, tmp_path):
+  source, other = tmp_path / 'src.txt', tmp_path / 'other.txt'
+  source.write_text('abc\n')
+  other.write_text('abc\n')
+  link = tmp_path / 'link.txt'
+  link.symlink_to(source)
+  for inputs, output, flag in ((source, source, '--input_file'), (source, link, '--input_file'),
+                               (other, link, '--reference')):
+    proc = _run_cli('decode.py', f'--workdir={trained[0]}', f'--input_file={inputs}',
+                    f'--reference={source}', f'--output_file={output}', '--compilation_cache=')
+    line = _one_error_line(proc, 'decode.py: error: --output_file ')
+    assert f'is the same file as {flag}' in line
+  assert source.read_text() == 'abc\n'

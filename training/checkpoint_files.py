@@ -1,0 +1,166 @@
+"""What `training.checkpoint` adds around Orbax's files: checksums, short reasons, quiet failures.
+
+  write_checksums(step_dir)        sha256 of every file of a finished-but-uncommitted step
+  verify_checksums(step_dir)       -> None when intact, else a short reason
+  short_reason(error, root)        one short line for an Orbax/TensorStore error
+  is_disk_full(error)              ENOSPC anywhere in an error (or its text)
+  quiet_orbax_logs()               context manager: Orbax's own error logs are collected
+                                   instead of printed (our callers report the failure)
+
+The checksum file is written into the step's temporary directory just before Orbax renames
+it into place, so a checkpoint and its checksums appear together; a flipped byte in any
+listed file makes the checkpoint "damaged", and the caller falls back to the previous one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import gc
+import hashlib
+import json
+import logging
+import os
+import re
+
+CHECKSUM_FILE = 'checksums.json'
+
+
+def _file_sha256(path: str) -> str:
+  with open(path, 'rb') as f:
+    return hashlib.file_digest(f, 'sha256').hexdigest()
+
+
+def _files(step_dir: str) -> list[str]:
+  """Paths (relative, '/'-separated) of the files of the saved items (`state/`, `data/`),
+  sorted. The step folder's own files are Orbax's bookkeeping, which it updates after the
+  commit (`_CHECKPOINT_METADATA`), so they are not checksummed."""
+  out = []
+  for root, _, names in os.walk(step_dir):
+    for name in names:
+      rel = os.path.relpath(os.path.join(root, name), step_dir).replace(os.sep, '/')
+      if '/' in rel:
+        out.append(rel)
+  return sorted(out)
+
+
+def write_checksums(step_dir: str) -> None:
+  """Writes `step_dir/checksums.json`: {relative path: sha256 hex} of the items' files."""
+  digests = {rel: _file_sha256(os.path.join(step_dir, rel)) for rel in _files(step_dir)}
+  path = os.path.join(step_dir, CHECKSUM_FILE)
+  with open(path, 'w') as f:
+    json.dump({'algorithm': 'sha256', 'files': digests}, f, indent=0, sort_keys=True)
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def has_checksums(step_dir: str) -> bool:
+  return os.path.isfile(os.path.join(step_dir, CHECKSUM_FILE))
+
+
+def verify_checksums(step_dir: str, skip: tuple[str, ...] = ()) -> str | None:
+  """None when every listed file (except those under the folders in `skip`) is present and
+  unchanged, else a short reason naming the first bad file. A step without a checksum file
+  is not checked (None): it was written before checksums existed, or by several processes."""
+  path = os.path.join(step_dir, CHECKSUM_FILE)
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path) as f:
+      digests = json.load(f)['files']
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    return f'{CHECKSUM_FILE} is unreadable ({type(e).__name__})'
+  for rel, expected in sorted(digests.items()):
+    if rel.split('/', 1)[0] in skip:
+      continue
+    full = os.path.join(step_dir, *rel.split('/'))
+    try:
+      actual = _file_sha256(full)
+    except FileNotFoundError:
+      return f'{rel} is missing'
+    except OSError as e:
+      return f'{rel} is unreadable ({e.strerror or e})'
+    if actual != expected:
+      return f'checksum mismatch in {rel}'
+  return None
+
+
+def tree_size(directory: str) -> int:
+  """Bytes of every file under `directory`."""
+  return sum(os.path.getsize(os.path.join(root, name))
+             for root, _, names in os.walk(directory) for name in names)
+
+
+def missing_items(step_dir: str, items: tuple[str, ...]) -> list[str]:
+  """Which of the item folders (e.g. 'data') a step has not got at all."""
+  return [item for item in items if not os.path.isdir(os.path.join(step_dir, item))]
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+def _chain(error: BaseException):
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    yield error
+    error = error.__cause__ or error.__context__
+
+
+def is_disk_full(error: BaseException) -> bool:
+  for e in _chain(error):
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+      return True
+    text = str(e)
+    if 'No space left on device' in text or "os_error_code='28'" in text:
+      return True
+  return False
+
+
+def short_reason(error: BaseException, root: str | None = None) -> str:
+  """The gist of an Orbax/TensorStore error: no tensorstore spec, no source locations, paths
+  relative to `root`, at most ~160 characters."""
+  text = ' '.join(str(error).split())
+  text = re.sub(r" \[(tensorstore_spec|source locations)='.*?'\]", '', text)
+  text = text.split(" [tensorstore_spec=")[0]
+  if root:
+    text = text.replace(os.path.join(root, ''), '')
+  if len(text) > 160:
+    text = text[:157] + '...'
+  return f'{type(error).__name__}: {text}' if text else type(error).__name__
+
+
+# -- logging ----------------------------------------------------------------------------------
+
+class _Collect(logging.Filter):
+  """Keeps Orbax's (and asyncio's "exception was never retrieved") error records off stderr;
+  remembers the first one so that a failure nobody raised is still reported."""
+
+  def __init__(self):
+    super().__init__()
+    self.first: str | None = None
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    path = record.pathname or ''
+    ours = '/orbax/' in path or '/tensorstore/' in path or path.endswith('asyncio/base_events.py')
+    if ours and record.levelno >= logging.WARNING:
+      if self.first is None and record.levelno >= logging.ERROR:
+        self.first = record.getMessage().split('\n', 1)[0][:200]
+      return False
+    return True
+
+
+@contextlib.contextmanager
+def quiet_orbax_logs():
+  """Within: Orbax/TensorStore/asyncio warnings and errors are not printed (each failure
+  reaches our code as an exception and is reported in one line). Yields the filter, whose
+  `first` holds the first error message seen."""
+  collect = _Collect()
+  handlers = [h for name in ('', 'absl') for h in logging.getLogger(name).handlers]
+  for handler in handlers:
+    handler.addFilter(collect)
+  try:
+    yield collect
+  finally:
+    gc.collect()  # finish abandoned coroutines now, not at interpreter exit
+    for handler in handlers:
+      handler.removeFilter(collect)
