@@ -1,0 +1,265 @@
+"""Our parameters -> `transformers` state dicts and configs, as pure NumPy functions.
+
+Targets (chosen by `target_class`):
+  encoder_decoder, norm_position='post'  MarianMTModel    (post-LN, scaled sinusoidal embeddings)
+  encoder_decoder, norm_position='pre'   PegasusForConditionalGeneration (the same, pre-LN, with a
+                                         final LayerNorm after each stack, as ours)
+  decoder_only,    norm_position='pre'   GPT2LMHeadModel  (pre-LN, absolute positions, tied softmax)
+Anything else is refused by `check_exportable` with one line naming the feature.
+
+Exactness:
+- Marian/Pegasus build their sinusoid as `[sin(all frequencies) | cos(all frequencies)]`;
+  ours interleaves `sin, cos` per frequency (the paper). Both are the same columns in another
+  order, so the model dimension is permuted by `halves_order(d)` in every weight that reads or
+  writes the residual stream (embeddings, LayerNorms, projections). LayerNorm and dot products
+  do not care about the order of the dimension, so the permuted model computes the same
+  function, and its position table is exactly Marian's.
+- GPT-2 does not scale its embeddings by sqrt(d_model): `wte` holds ours times sqrt(d_model),
+  and the final LayerNorm's scale and offset are divided by it, so the tied logits are ours.
+- LayerNorm epsilon: ours is 1e-6. GPT-2's is a config field (set to 1e-6); Marian and
+  Pegasus hard-code torch's 1e-5. That is the one difference this conversion cannot remove:
+  each LayerNorm output changes by a factor sqrt((var + 1e-6) / (var + 1e-5)), about
+  1 - 4.5e-6 / var of its input's variance (see the README).
+
+A params tree here is our (unrolled) `params` collection as nested dicts of arrays.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from model import attention as attn
+
+GELU = 'gelu_new'  # flax's nn.gelu is the tanh approximation; HF's name for that is gelu_new
+LAYER_NORM_EPS = 1e-6  # model/layers.py: LayerNorm
+
+
+class UnsupportedConfig(ValueError):
+  """No `transformers` class computes this model exactly; the message names the feature."""
+
+
+def target_class(model_config) -> str:
+  """The `transformers` architecture for `model_config` (a `ModelConfig`), or raise."""
+  check_exportable(model_config)
+  if model_config.kind == 'decoder_only':
+    return 'GPT2LMHeadModel'
+  if model_config.norm_position == 'post':
+    return 'MarianMTModel'
+  return 'PegasusForConditionalGeneration'
+
+
+def check_exportable(cfg, tokenizer_kind: str | None = None) -> None:
+  """Raises `UnsupportedConfig` (one line) unless a target class expresses `cfg` exactly."""
+  def refuse(feature, why):
+    raise UnsupportedConfig(f'config.model.{feature} cannot be exported: {why}')
+
+  if cfg.kind == 'encoder_only':
+    refuse('kind=encoder_only', 'there is no generation head to export (only encoder_decoder '
+           'and decoder_only models are exported)')
+  if cfg.kind == 'encoder_decoder':
+    if cfg.positional_encoding != 'sinusoidal':
+      refuse(f'positional_encoding={cfg.positional_encoding}', 'MarianMTModel and '
+             'PegasusForConditionalGeneration add fixed sinusoidal positions only')
+    if cfg.norm_position == 'pre' and not cfg.share_embeddings:
+      refuse('share_embeddings=False with norm_position=pre', 'PegasusForConditionalGeneration '
+             '(the pre-LN target) has one embedding shared by encoder and decoder')
+  else:
+    if cfg.norm_position != 'pre':
+      refuse('norm_position=post (decoder_only)', 'GPT2LMHeadModel is pre-LN only')
+    if cfg.positional_encoding == 'rope':
+      refuse('positional_encoding=rope (decoder_only)', 'GPT2LMHeadModel adds absolute '
+             'position embeddings; it has no rotary embeddings')
+    if not cfg.logits_via_embedding:
+      refuse('logits_via_embedding=False (decoder_only)', "GPT2LMHeadModel's output layer has "
+             'no bias, and ours (a Dense layer) has one')
+  if cfg.kind == 'decoder_only' and tokenizer_kind == 'sentencepiece':
+    raise UnsupportedConfig('config.data.tokenizer=sentencepiece with kind=decoder_only cannot '
+                            'be exported: the exporter writes a sentencepiece tokenizer only for '
+                            'translation (MarianTokenizer), and a character one for both kinds')
+
+
+def halves_order(d_model: int) -> np.ndarray:
+  """`[d_model]` indices: the even (sin) dimensions, then the odd (cos) ones.
+
+  `ours[..., halves_order(d)]` is in Marian's layout: `sinusoidal_positions(L, d)[:, order]`
+  equals Marian's table (first half sin, second half cos, same frequencies).
+  """
+  return np.concatenate([np.arange(0, d_model, 2), np.arange(1, d_model, 2)])
+
+
+# ----------------------------------------------------------------------------- one layer
+
+def _norm(block, order):
+  """LayerNorm of a `Sublayer` -> (scale, offset) `[d_model]` in the target's order."""
+  ln = block['norm']['LayerNorm_0']
+  return np.asarray(ln['scale'])[order], np.asarray(ln['bias'])[order]
+
+
+def _reader(dense, order, parts=None):
+  """A Dense reading the stream: kernel `[d, *out]` -> `[d, out]` rows in the target order.
+
+  With `parts` (fused Q/K/V or K/V kernels `[d, parts, heads, head_dim]`) -> a list of
+  `(kernel [d, heads*head_dim], bias [heads*head_dim])`, one per part.
+  """
+  kernel, bias = np.asarray(dense['kernel']), np.asarray(dense['bias'])
+  d = kernel.shape[0]
+  if parts is None:
+    return kernel.reshape(d, -1)[order], bias.reshape(-1)
+  kernel = kernel.reshape(d, parts, -1)[order]
+  bias = bias.reshape(parts, -1)
+  return [(kernel[:, p], bias[p]) for p in range(parts)]
+
+
+def _writer(dense, order):
+  """A Dense writing the stream: kernel `[*in, d]` -> `[in, d]` columns in the target order."""
+  kernel, bias = np.asarray(dense['kernel']), np.asarray(dense['bias'])
+  d = kernel.shape[-1]
+  return kernel.reshape(-1, d)[:, order], bias[order]
+
+
+def layer_pieces(layer, order) -> dict:
+  """One encoder/decoder layer of ours -> named `(kernel [in, out], bias [out])` and
+  `(scale, offset)` pieces, the model dimension in `order`."""
+  pieces = {}
+  sa = layer['self_attention']
+  pieces['q'], pieces['k'], pieces['v'] = _reader(sa['qkv'], order, parts=3)
+  pieces['out'] = _writer(sa['out'], order)
+  pieces['fc1'] = _reader(layer['ffn']['wi'], order)
+  pieces['fc2'] = _writer(layer['ffn']['wo'], order)
+  pieces['ffn_norm'] = _norm(layer['ffn_block'], order)
+  if 'attention_block' in layer:  # encoder layer
+    pieces['self_norm'] = _norm(layer['attention_block'], order)
+  else:
+    pieces['self_norm'] = _norm(layer['self_attention_block'], order)
+  if 'cross_attention' in layer:
+    ca = layer['cross_attention']
+    pieces['cross_q'] = _reader(ca['query'], order)
+    pieces['cross_k'], pieces['cross_v'] = _reader(ca['kv'], order, parts=2)
+    pieces['cross_out'] = _writer(ca['out'], order)
+    pieces['cross_norm'] = _norm(layer['cross_attention_block'], order)
+  return pieces
+
+
+def _layers(stack) -> list[dict]:
+  names = sorted((k for k in stack if k.startswith('layer_')), key=lambda k: int(k[6:]))
+  if not names:
+    raise UnsupportedConfig('the parameters have no layer_0, layer_1, ... (unroll a '
+                            'scan_layers tree with model.transformer.unrolled first)')
+  return [stack[k] for k in names]
+
+
+# ----------------------------------------------------------------------------- Marian / Pegasus
+
+_BART_LAYER = {'q': 'self_attn.q_proj', 'k': 'self_attn.k_proj', 'v': 'self_attn.v_proj',
+               'out': 'self_attn.out_proj', 'self_norm': 'self_attn_layer_norm',
+               'cross_q': 'encoder_attn.q_proj', 'cross_k': 'encoder_attn.k_proj',
+               'cross_v': 'encoder_attn.v_proj', 'cross_out': 'encoder_attn.out_proj',
+               'cross_norm': 'encoder_attn_layer_norm', 'fc1': 'fc1', 'fc2': 'fc2',
+               'ffn_norm': 'final_layer_norm'}
+
+
+def _bart_layer(prefix, pieces) -> dict:
+  """Pieces -> `{prefix.name.weight|bias}`; torch Linear weights are `[out, in]`."""
+  out = {}
+  for piece, (a, b) in pieces.items():
+    name = f'{prefix}.{_BART_LAYER[piece]}'
+    out[f'{name}.weight'] = a if piece.endswith('norm') else a.T
+    out[f'{name}.bias'] = b
+  return out
+
+
+def seq2seq_state_dict(params, cfg) -> dict[str, np.ndarray]:
+  """Our encoder-decoder params -> the state dict of MarianMTModel (post-LN) or
+  PegasusForConditionalGeneration (pre-LN), float32, the model dimension in Marian's order."""
+  order = halves_order(cfg.d_model)
+  embed = np.asarray(params['embed']['embedding'])[:, order]  # [vocab, d_model]
+  sd = {}
+  target = (embed if cfg.share_embeddings else
+            np.asarray(params['target_embed']['embedding'])[:, order])
+  if cfg.share_embeddings:
+    sd['model.shared.weight'] = embed
+  if not (cfg.share_embeddings and cfg.logits_via_embedding):
+    # transformers ties the encoder/decoder embeddings to `shared` only together with the
+    # output layer (tie_word_embeddings); otherwise each is a parameter of its own.
+    sd['model.encoder.embed_tokens.weight'] = embed
+    sd['model.decoder.embed_tokens.weight'] = target
+  for side in ('encoder', 'decoder'):
+    for i, layer in enumerate(_layers(params[side])):
+      sd.update(_bart_layer(f'model.{side}.layers.{i}', layer_pieces(layer, order)))
+    if cfg.norm_position == 'pre':
+      scale, offset = _norm({'norm': params[side]['final_norm']}, order)
+      sd[f'model.{side}.layer_norm.weight'], sd[f'model.{side}.layer_norm.bias'] = scale, offset
+      # Pegasus saves its position table; ours, in its order, is the same sinusoid.
+      sd[f'model.{side}.embed_positions.weight'] = (
+          np.asarray(attn.sinusoidal_positions(cfg.max_len, cfg.d_model))[:, order])
+  vocab = cfg.vocab_size
+  if cfg.logits_via_embedding:
+    sd['final_logits_bias'] = np.zeros((1, vocab), np.float32)
+  else:
+    kernel, bias = _reader(params['decoder']['logits'], order)  # [d_model, vocab], [vocab]
+    sd['lm_head.weight'] = kernel.T
+    sd['final_logits_bias'] = bias.reshape(1, vocab)
+  return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sd.items()}
+
+
+def seq2seq_config(cfg, *, eos_id: int | None) -> dict:
+  """MarianConfig / PegasusConfig fields for `cfg` (pad = decoder start = 0, as ours)."""
+  fields = dict(
+      vocab_size=cfg.vocab_size, d_model=cfg.d_model, max_position_embeddings=cfg.max_len,
+      encoder_layers=cfg.num_encoder_layers, decoder_layers=cfg.num_decoder_layers,
+      encoder_attention_heads=cfg.num_heads, decoder_attention_heads=cfg.num_heads,
+      encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff,
+      activation_function=GELU if cfg.activation == 'gelu' else 'relu',
+      dropout=cfg.dropout_rate, attention_dropout=cfg.attention_dropout_rate,
+      activation_dropout=0.0, scale_embedding=True, pad_token_id=0,
+      decoder_start_token_id=0, eos_token_id=eos_id, forced_eos_token_id=None,
+      bos_token_id=None, tie_word_embeddings=cfg.logits_via_embedding)
+  if cfg.norm_position == 'post':
+    fields.update(decoder_vocab_size=cfg.vocab_size,
+                  share_encoder_decoder_embeddings=cfg.share_embeddings)
+  return fields
+
+
+# ----------------------------------------------------------------------------- GPT-2
+
+def gpt2_state_dict(params, cfg) -> dict[str, np.ndarray]:
+  """Our decoder-only params -> the state dict of GPT2LMHeadModel (float32).
+
+  Conv1D weights are `[in, out]` like our kernels; c_attn is `[d, 3d]` = `[q | k | v]`,
+  which is our fused `[d, 3, heads, head_dim]` kernel flattened.
+  """
+  d = cfg.d_model
+  order = np.arange(d)  # GPT-2's positions are a table we fill in: no reordering needed
+  root = np.sqrt(float(d))
+  sd = {'transformer.wte.weight': np.asarray(params['embed']['embedding']) * root}
+  if cfg.positional_encoding == 'learned':
+    sd['transformer.wpe.weight'] = np.asarray(params['decoder']['positions']['pos_embedding'])
+  else:  # sinusoidal: GPT-2's learned table holds the fixed one
+    sd['transformer.wpe.weight'] = np.asarray(attn.sinusoidal_positions(cfg.max_len, d))
+  for i, layer in enumerate(_layers(params['decoder'])):
+    p = layer_pieces(layer, order)
+    h = f'transformer.h.{i}'
+    sd[f'{h}.ln_1.weight'], sd[f'{h}.ln_1.bias'] = p['self_norm']
+    sd[f'{h}.attn.c_attn.weight'] = np.concatenate([p[x][0] for x in 'qkv'], axis=1)
+    sd[f'{h}.attn.c_attn.bias'] = np.concatenate([p[x][1] for x in 'qkv'])
+    sd[f'{h}.attn.c_proj.weight'], sd[f'{h}.attn.c_proj.bias'] = p['out']
+    sd[f'{h}.ln_2.weight'], sd[f'{h}.ln_2.bias'] = p['ffn_norm']
+    sd[f'{h}.mlp.c_fc.weight'], sd[f'{h}.mlp.c_fc.bias'] = p['fc1']
+    sd[f'{h}.mlp.c_proj.weight'], sd[f'{h}.mlp.c_proj.bias'] = p['fc2']
+  scale, offset = _norm({'norm': params['decoder']['final_norm']}, order)
+  # wte is sqrt(d) times ours, so the final LayerNorm output is divided by it: same logits.
+  sd['transformer.ln_f.weight'], sd['transformer.ln_f.bias'] = scale / root, offset / root
+  return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sd.items()}
+
+
+def gpt2_config(cfg, *, eos_id: int | None) -> dict:
+  """GPT2Config fields for `cfg`. The start token 0 (our pad) is GPT-2's BOS."""
+  return dict(
+      vocab_size=cfg.vocab_size, n_positions=cfg.max_len, n_embd=cfg.d_model,
+      n_layer=cfg.num_decoder_layers, n_head=cfg.num_heads, n_inner=cfg.d_ff,
+      activation_function=GELU if cfg.activation == 'gelu' else 'relu',
+      resid_pdrop=cfg.dropout_rate, embd_pdrop=cfg.dropout_rate,
+      attn_pdrop=cfg.attention_dropout_rate, layer_norm_epsilon=LAYER_NORM_EPS,
+      scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False,
+      reorder_and_upcast_attn=False, bos_token_id=0, pad_token_id=0, eos_token_id=eos_id,
+      tie_word_embeddings=True)
