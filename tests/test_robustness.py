@@ -3,6 +3,7 @@ and refused runs end in one clear line, with nothing lost and nothing silently w
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -61,8 +62,12 @@ def _run_cli(script, *args, timeout=300):
                         timeout=timeout)
 
 
+# tfds's notice for every parallel_text run (input_pipeline/sources.py), not an error report.
+_TFDS_NOTICE = re.compile(r'^W\d{4} .*dataset_builder\.py:\d+\] Using custom data configuration')
+
+
 def _one_error_line(proc, prefix, code=2):
-  lines = proc.stderr.strip().splitlines()
+  lines = [line for line in proc.stderr.strip().splitlines() if not _TFDS_NOTICE.match(line)]
   assert proc.returncode == code, proc.stderr[-3000:]
   assert len(lines) == 1 and lines[0].startswith(prefix), proc.stderr[-3000:]
   return lines[0]
@@ -239,3 +244,135 @@ def test_output_file_may_not_be_an_input(trained, tmp_path):
     line = _one_error_line(proc, 'decode.py: error: --output_file ')
     assert f'is the same file as {flag}' in line
   assert source.read_text() == 'abc\n'
+
+
+# -- 2, 7, 8 through train.py, on small parallel text --------------------------------------------
+
+def _tmpfs(path, size):
+  """A `size` tmpfs at `path` (root only); skips the test where mounting is not allowed."""
+  os.makedirs(path, exist_ok=True)
+  proc = subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={size}', 'tmpfs', str(path)],
+                        capture_output=True, check=False)
+  if proc.returncode != 0:
+    pytest.skip(f'cannot mount a tmpfs here: {proc.stderr.decode().strip()}')
+  return path
+
+
+@pytest.fixture(scope='module')
+def text_files(tmp_path_factory):
+  """300 Multi30k sentence pairs as plain files, and a data dir for their tfds preparation."""
+  import gzip  # pylint: disable=import-outside-toplevel
+  root = tmp_path_factory.mktemp('text')
+  out = {}
+  for split, name in (('train', 'train'), ('eval', 'val')):
+    for lang in ('en', 'de'):
+      with gzip.open(os.path.join(syn.REPO, 'data', 'multi30k', f'{name}.{lang}.gz'), 'rt') as f:
+        lines = [next(f) for _ in range(300)]
+      out[f'{split}.{lang}'] = str(root / f'{split}.{lang}')
+      with open(out[f'{split}.{lang}'], 'w') as f:
+        f.writelines(lines)
+  out['data_dir'] = str(root / 'tfds')
+  return out
+
+
+def _text_args(files, workdir, *extra, eval_files=True):
+  args = ['--config=configs/default.py:tiny', f'--workdir={workdir}',
+          '--config.data.dataset=parallel_text', f'--config.data.data_dir={files["data_dir"]}',
+          f'--config.data.train_files={files["train.en"]},{files["train.de"]}',
+          '--config.decode.num_eval_sentences=0', '--config.train.num_eval_batches=1']
+  if eval_files:
+    args.append(f'--config.data.eval_files={files["eval.en"]},{files["eval.de"]}')
+  return [*args, *extra]
+
+
+def test_a_refused_run_writes_no_config_and_a_missing_split_is_found_at_start(text_files,
+                                                                             tmp_path):
+  workdir = str(tmp_path / 'w')
+  proc = _run_cli('train.py', *_text_args(text_files, workdir, '--config.data.vocab_size=3'))
+  assert 'config.data.vocab_size=3 is too small' in _one_error_line(proc, 'train.py: error: ')
+  assert not os.path.exists(os.path.join(workdir, 'config.json'))
+  proc = _run_cli('train.py', *_text_args(text_files, workdir, eval_files=False))
+  line = _one_error_line(proc, 'train.py: error: ')
+  assert "has no split 'validation'" in line and 'eval_files' in line
+  assert not os.path.exists(os.path.join(workdir, 'config.json'))
+  assert not os.path.exists(os.path.join(workdir, 'checkpoints'))
+
+
+def test_disk_full_through_train_py(text_files, tmp_path):
+  """The issue's case: a small tmpfs as the workdir; one line, exit 1, earlier steps intact,
+  and the run resumes once there is space."""
+  mount = _tmpfs(tmp_path / 'fs', '2m')
+  try:
+    workdir = str(mount / 'w')
+    args = _text_args(text_files, workdir, '--config.train.num_steps=30')
+    proc = _run_cli('train.py', *args)
+    where = checkpoint.checkpoint_dir(workdir)
+    assert _one_error_line(proc, 'train.py: error: ', code=1) == (
+        f'train.py: error: no space left on device writing checkpoint 20 in {where}; '
+        'checkpoint 10 is intact')
+    assert checkpoint.list_steps(workdir) == [10] and sorted(os.listdir(where)) == ['10']
+    subprocess.run(['mount', '-o', 'remount,size=16m', str(mount)], check=True)
+    proc = _run_cli('train.py', *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert 'resumed from the checkpoint at step 10' in proc.stdout
+    assert checkpoint.list_steps(workdir) == [10, 20, 30]
+  finally:
+    subprocess.run(['umount', str(mount)], check=False)
+
+
+def test_a_write_failing_inside_orbax_is_one_line(tmp_path, monkeypatch, capfd):
+  """A disk that fills during the write (the free-space check passed): Orbax's failure in its
+  background thread becomes the same line, and its logs and pending work stay silent."""
+  mount = _tmpfs(tmp_path / 'fs', '1m')
+  try:
+    real = shutil.disk_usage
+    monkeypatch.setattr(checkpoint.shutil, 'disk_usage',
+                        lambda p: real(p)._replace(free=1 << 40))
+    workdir = str(mount / 'w')
+    with pytest.raises(checkpoint.CheckpointWriteError,
+                       match=r'no space left on device writing checkpoint (\d+) in .*; '
+                             r'checkpoints? [\d, ]+ (is|are) intact$'):
+      syn.run(workdir, 'encoder_decoder', {**RUN, 'train.num_steps': 40,
+                                           'train.max_checkpoints': 20})
+    err = capfd.readouterr().err
+    assert 'Traceback' not in err and 'Event loop' not in err and 'RESOURCE_EXHAUSTED' not in err
+    steps = checkpoint.list_steps(workdir)
+    assert steps and all(checkpoint_files.verify_checksums(checkpoint.step_dir(workdir, s)) is None
+                         for s in steps)
+    assert not [n for n in os.listdir(checkpoint.checkpoint_dir(workdir)) if 'tmp' in n]
+  finally:
+    monkeypatch.undo()
+    subprocess.run(['umount', str(mount)], check=False)
+
+
+# -- security -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('model_file', ['../../secret', '/etc/hostname', '..', 'sub/spm.model',
+                                        'link.model'])
+def test_tokenizer_model_file_stays_in_its_directory(tmp_path, model_file):
+  directory = tmp_path / 'tokenizer'
+  directory.mkdir()
+  (tmp_path / 'outside.model').write_bytes(b'x')
+  (directory / 'link.model').symlink_to(tmp_path / 'outside.model')
+  (directory / 'tokenizer.json').write_text(json.dumps(
+      {'kind': 'sentencepiece', 'vocab_size': 8, 'model_file': model_file}))
+  with pytest.raises(tokenizers.DataError, match='model_file='):
+    tokenizers.load_tokenizer(str(tmp_path))
+
+
+def test_written_files_get_the_umask_mode_and_no_predictable_temp_file(trained, tmp_path):
+  old = os.umask(0o022)
+  try:
+    workdir = str(tmp_path)
+    # A symlink where the old code put its temporary file must not be followed.
+    victim = tmp_path / 'victim'
+    victim.write_text('untouched')
+    (tmp_path / f'config.json.tmp.{os.getpid()}').symlink_to(victim)
+    config_io.save_config(syn.tiny_config(), workdir)
+    tokenizers.CharTokenizer(list('ab')).save(os.path.join(workdir, 'tokenizer'))
+    for path in ('config.json', 'tokenizer/tokenizer.json'):
+      assert os.stat(os.path.join(workdir, path)).st_mode & 0o777 == 0o644, path
+    assert victim.read_text() == 'untouched'
+    assert [n for n in os.listdir(workdir) if n.startswith('.')] == []
+  finally:
+    os.umask(old)

@@ -24,6 +24,8 @@ def _train(*args, timeout=300):
     (['--config.train.num_steps=abc'], "--config.train.num_steps=abc: invalid literal for int()"),
     (['--config.optimizer.name=sgd'], "config.optimizer.name='sgd' is not one of"),
     (['--config.model.d_model=30'], 'config.model.d_model=30 is not divisible by'),
+    (['--config.optimizer.learning_rate=inf'],
+     'config.optimizer.learning_rate=inf must be a finite number'),
     (['--config=configs/default.py:huge'], "unknown preset 'huge'"),
     (['--config=configs/nope.py'], "config file 'configs/nope.py' not found"),
 ])
