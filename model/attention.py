@@ -8,6 +8,8 @@ The paper's equation (1):  Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -76,19 +78,73 @@ def dot_product_attention(query: Array, key: Array, value: Array, *, mask: Array
 
 def fused_dot_product_attention(query: Array, key: Array, value: Array, *,
                                 mask: Array | None = None, scale: float | None = None) -> Array:
-  """Same result as `dot_product_attention` (no bias, no dropout) through `jax.nn.dot_product_attention`.
+  """Same result as `dot_product_attention` (no bias, no dropout) through
+  `jax.nn.dot_product_attention(implementation='xla')`: XLA may fuse the whole computation.
 
-  XLA (and cuDNN on GPU) may fuse the whole computation. Fully masked query rows are
-  zeroed explicitly so the contract (zeros, never NaN) holds on every backend.
+  Fully masked query rows are zeroed explicitly so the contract (zeros, never NaN) holds on
+  every backend. (cuDNN's fused kernel is `cudnn_dot_product_attention`.)
   """
   if mask is not None:
     lead = query.shape[:-3]
     mask = jnp.broadcast_to(mask, (*lead, query.shape[-2], query.shape[-3], key.shape[-3]))
-  out = jax.nn.dot_product_attention(query, key, value, mask=mask, scale=scale)
+  out = jax.nn.dot_product_attention(query, key, value, mask=mask, scale=scale,
+                                     implementation='xla')
   if mask is not None:
     any_key = jnp.any(mask, axis=-1)  # [batch..., heads, q_len]
     out = jnp.where(jnp.swapaxes(any_key, -1, -2)[..., None], out, 0.0)
   return out.astype(query.dtype)
+
+
+def cudnn_dot_product_attention(query: Array, key: Array, value: Array, *,
+                                mask: FactoredMask | None = None,
+                                scale: float | None = None) -> Array:
+  """`dot_product_attention` (no bias, no dropout) by cuDNN's fused flash attention (GPU only).
+
+  query `[batch, q_len, heads, head_dim]`, key/value `[batch, kv_len, heads, head_dim]`, in
+  bfloat16 or float16. cuDNN takes a mask only as "causal" plus per-row valid lengths, so
+  `mask` must be a `FactoredMask` without segment ids; anything else raises a ValueError
+  rather than being approximated. Its validity vectors are read as lengths (padding at the
+  end): a row whose padding is not at the end gets NaN outputs, never a wrong value. Rows
+  with no valid query or no valid key give zeros, as in `dot_product_attention`.
+  """
+  if query.dtype not in (jnp.bfloat16, jnp.float16):
+    raise ValueError(f'cudnn_dot_product_attention: cuDNN computes in bfloat16/float16, got '
+                     f'{query.dtype}; use dot_product_attention for float32')
+  if mask is not None and not isinstance(mask, FactoredMask):
+    raise ValueError('cudnn_dot_product_attention: cuDNN cannot take an arbitrary boolean mask '
+                     'exactly; pass a FactoredMask (causal + padding)')
+  mask = mask or FactoredMask()
+  if mask.query_segment_ids is not None or mask.key_segment_ids is not None:
+    raise ValueError('cudnn_dot_product_attention: packed sequences (segment ids) cannot be '
+                     'masked through jax.nn.dot_product_attention; use the reference or '
+                     'chunked attention for packed batches')
+  (batch, q_len), kv_len = query.shape[:2], key.shape[1]
+  if mask.causal and q_len != kv_len:
+    raise ValueError(f'cudnn_dot_product_attention: causal needs q_len == kv_len, '
+                     f'got {q_len} and {kv_len}')
+  q_lengths, q_prefix = _valid_lengths(mask.query_valid, batch, q_len)
+  kv_lengths, kv_prefix = _valid_lengths(mask.key_valid, batch, kv_len)
+  padded = mask.query_valid is not None or mask.key_valid is not None
+  out = jax.nn.dot_product_attention(
+      query, key, value, scale=scale, is_causal=mask.causal, implementation='cudnn',
+      query_seq_lengths=q_lengths if padded else None,
+      key_value_seq_lengths=kv_lengths if padded else None)
+  if not padded:
+    return out
+  row_valid = (jnp.arange(q_len)[None, :] < q_lengths[:, None]) & (kv_lengths[:, None] > 0)
+  out = jnp.where(row_valid[:, :, None, None], out, jnp.zeros((), out.dtype))
+  return jnp.where((q_prefix & kv_prefix)[:, None, None, None], out, jnp.nan).astype(query.dtype)
+
+
+def _valid_lengths(valid: Array | None, batch: int, length: int) -> tuple[Array, Array]:
+  """int32 lengths `[batch]` of boolean validity `[batch, length]`, and whether each row is
+  a prefix (True ... True False ... False)."""
+  if valid is None:
+    return jnp.full((batch,), length, jnp.int32), jnp.ones((batch,), jnp.bool_)
+  valid = jnp.broadcast_to(valid, (batch, length))
+  lengths = jnp.sum(valid, axis=-1, dtype=jnp.int32)
+  prefix = jnp.all(valid == (jnp.arange(length)[None, :] < lengths[:, None]), axis=-1)
+  return lengths, prefix
 
 
 # ----------------------------------------------------------------------------- dropout
@@ -171,6 +227,53 @@ def combine_masks(*masks: Array | None) -> Array | None:
   return combined
 
 
+
+@dataclasses.dataclass(frozen=True)
+class FactoredMask:
+  """A mask kept as its factors: causal AND padding(query_valid, key_valid) AND
+  segment(query_segment_ids, key_segment_ids), each factor optional.
+
+  `dense(q_len, kv_len)` is the boolean `[batch|1, 1, q_len, kv_len]` mask (`combine_masks`
+  of `causal_mask`, `padding_mask`, `segment_mask`). The fast attention paths read the
+  factors instead: chunked attention builds one key block at a time, cuDNN takes causal +
+  lengths, so the `[q_len, kv_len]` matrix never needs to exist.
+  """
+  causal: bool = False  # query i sees key j <= i
+  query_valid: Array | None = None  # bool [batch, q_len]
+  key_valid: Array | None = None  # bool [batch, kv_len]
+  query_segment_ids: Array | None = None  # int [batch, q_len]
+  key_segment_ids: Array | None = None  # int [batch, kv_len]
+
+  def dense(self, q_len: int, kv_len: int, key_start: Array | int = 0) -> Array | None:
+    """Boolean `[batch|1, 1, q_len, kv_len]` over keys `key_start .. key_start + kv_len - 1`
+    (all keys by default; None when there is no factor)."""
+    def keys(x):  # [batch, len] -> the keys' slice
+      if x.shape[-1] == kv_len:
+        return x
+      return jax.lax.dynamic_slice_in_dim(x, key_start, kv_len, axis=-1)
+
+    causal = None
+    if self.causal:
+      key_pos = key_start + jnp.arange(kv_len)
+      causal = (jnp.arange(q_len)[:, None] >= key_pos[None, :])[None, None]
+    query_valid = None if self.query_valid is None else self.query_valid[:, None, :, None]
+    key_valid = None if self.key_valid is None else keys(self.key_valid)[:, None, None, :]
+    segments = None
+    if self.query_segment_ids is not None:
+      segments = segment_mask(self.query_segment_ids, keys(self.key_segment_ids))
+    return combine_masks(causal, query_valid, key_valid, segments)
+
+
+jax.tree_util.register_dataclass(
+    FactoredMask, data_fields=['query_valid', 'key_valid', 'query_segment_ids', 'key_segment_ids'],
+    meta_fields=['causal'])
+
+
+def dense_mask(mask: Array | FactoredMask | None, q_len: int, kv_len: int) -> Array | None:
+  """A boolean mask array (or None) from a mask array, a `FactoredMask` or None."""
+  return mask.dense(q_len, kv_len) if isinstance(mask, FactoredMask) else mask
+
+
 # ----------------------------------------------------------------------------- heads
 
 def split_heads(x: Array, num_heads: int) -> Array:
@@ -215,3 +318,7 @@ def rotary_embedding(x: Array, positions: Array, *, base: float = 10000.0) -> Ar
   x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
   rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   return rotated.astype(x.dtype)
+
+
+# The memory-efficient path lives in its own module; imported last (it uses the above).
+from model.chunked_attention import chunked_dot_product_attention  # noqa: E402,F401

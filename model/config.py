@@ -14,7 +14,11 @@ POSITIONAL_ENCODINGS = ('sinusoidal', 'learned', 'rope')
 NORM_POSITIONS = ('post', 'pre')
 ACTIVATIONS = ('relu', 'gelu')
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
-ATTENTION_IMPLS = ('reference', 'xla')
+# 'reference': attention.dot_product_attention; 'xla': jax.nn.dot_product_attention(
+# implementation='xla'); 'cudnn': cuDNN's fused flash attention (GPU, bfloat16, causal +
+# padding masks only); 'chunked': attention.chunked_dot_product_attention (O(len x block) memory).
+ATTENTION_IMPLS = ('reference', 'xla', 'cudnn', 'chunked')
+CUDNN_MAX_HEAD_DIM = 128  # cuDNN flash attention: head_dim <= 128 (256 on Hopper), multiple of 8
 
 
 class ConfigError(ValueError):
@@ -99,3 +103,24 @@ class ModelConfig:
       value = getattr(self, field)
       if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
         raise ConfigError(f'config.model.{field}={value!r} must be in [0, 1)')
+    self._validate_attention_impl()
+
+  def _validate_attention_impl(self) -> None:
+    """Refuses attention_impl combinations the fast paths cannot compute exactly."""
+    impl = f'config.model.attention_impl={self.attention_impl!r}'
+    if self.attention_impl == 'cudnn':
+      if self.dtype != 'bfloat16':
+        raise ConfigError(f"{impl} needs config.model.dtype='bfloat16' (cuDNN's fused "
+                          f'attention computes in bfloat16/float16), got {self.dtype!r}')
+      if self.attention_dropout_rate > 0.0:
+        raise ConfigError(f'{impl} cannot apply attention dropout exactly (jax.nn.'
+                          f'dot_product_attention has none): set config.model.'
+                          f'attention_dropout_rate=0 (got {self.attention_dropout_rate}) or '
+                          f"use attention_impl='chunked'")
+      if self.head_dim % 8 or self.head_dim > CUDNN_MAX_HEAD_DIM:
+        raise ConfigError(f'{impl} needs a head size (d_model/num_heads) that is a multiple '
+                          f'of 8 and at most {CUDNN_MAX_HEAD_DIM}, got {self.head_dim}')
+    if (self.attention_impl == 'chunked' and self.attention_dropout_rate > 0.0
+        and self.dropout_rng != 'hash'):
+      raise ConfigError(f"{impl} draws attention dropout bits block by block, which needs "
+                        f"config.model.dropout_rng='hash', got {self.dropout_rng!r}")

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from model import attention as attn
+from model.config import ConfigError
 
 Array = jax.Array
 Dtype = Any
@@ -79,7 +80,7 @@ class MultiHeadAttention(nn.Module):
   num_heads: int
   dtype: Dtype = jnp.float32
   attention_dropout_rate: float = 0.0
-  impl: str = 'reference'  # 'reference' | 'xla'
+  impl: str = 'reference'  # config.ATTENTION_IMPLS
   use_rope: bool = False
   dropout_rng_impl: str = 'hash'  # attention.DROPOUT_RNGS
 
@@ -89,9 +90,10 @@ class MultiHeadAttention(nn.Module):
                decode: bool = False) -> Array:
     """x `[batch, q_len, d_model]`, kv `[batch, kv_len, d_model]` -> `[batch, q_len, d_model]`.
 
-    `mask` is boolean `[batch|1, 1|heads, q_len, kv_len]`; in self-attention decode mode it
-    is the mask over the whole cache `[batch|1, 1, q_len, max_len]` minus causality, which
-    is added here from `cache_index`. `positions` `[batch, len]` feed rotary embeddings.
+    `mask` is boolean `[batch|1, 1|heads, q_len, kv_len]` or an `attention.FactoredMask`
+    (what the model passes: the fast paths read its factors); in self-attention decode mode
+    it is the mask over the whole cache `[batch|1, 1, q_len, max_len]` minus causality,
+    which is added here from `cache_index`. `positions` `[batch, len]` feed rotary embeddings.
     """
     d_model = x.shape[-1]
     head_dim = d_model // self.num_heads
@@ -111,19 +113,42 @@ class MultiHeadAttention(nn.Module):
       else:
         key, value = self._project_kv(kv, heads)
 
-    use_dropout = not deterministic and self.attention_dropout_rate > 0.0
-    if self.impl == 'xla' and not use_dropout:
-      out = attn.fused_dot_product_attention(query, key, value, mask=mask)
-    else:
-      dropout_rng = self.make_rng('dropout') if use_dropout else None
-      attention = _heads_major_attention if decode else attn.dot_product_attention
-      out, weights = attention(
-          query, key, value, mask=mask, dropout_rate=self.attention_dropout_rate,
-          dropout_rng=dropout_rng, dropout_rng_impl=self.dropout_rng_impl,
-          deterministic=deterministic, return_weights=True)
-      # Stored only when the caller makes 'intermediates' mutable (attention plots).
-      self.sow('intermediates', 'attention_weights', weights)
+    out = self._attend(query, key, value, mask, deterministic, decode)
     return _dense(d_model, 'out', self.dtype, axis=(-2, -1))(out)
+
+  def _attend(self, query, key, value, mask, deterministic, decode):
+    """Attention(Q, K, V) `[batch, q_len, heads, head_dim]` by `impl` (see `ATTENTION_IMPLS`).
+
+    'chunked' and 'cudnn' serve whole sequences (training, evaluation, encoding); decoding
+    steps (a query of one or a few tokens over the cache: nothing quadratic, and beam
+    search's masks are not causal + lengths) take the reference path.
+    """
+    use_dropout = not deterministic and self.attention_dropout_rate > 0.0
+    dropout_rng = self.make_rng('dropout') if use_dropout else None
+    if self.impl == 'chunked' and not decode:
+      return attn.chunked_dot_product_attention(
+          query, key, value, mask=mask, dropout_rate=self.attention_dropout_rate,
+          dropout_rng=dropout_rng, deterministic=deterministic)
+    if self.impl == 'cudnn' and not decode:
+      if use_dropout:  # ModelConfig refuses this combination; a direct caller gets told too
+        raise ConfigError("attention_impl='cudnn' cannot apply attention dropout exactly")
+      if isinstance(mask, attn.FactoredMask) and mask.query_segment_ids is not None:
+        raise ConfigError(
+            "config.model.attention_impl='cudnn' cannot mask packed batches (segment ids) "
+            "through jax.nn.dot_product_attention; set config.data.packing=False or use "
+            "attention_impl='chunked' or 'reference'")
+      return attn.cudnn_dot_product_attention(query, key, value, mask=mask)
+    mask = attn.dense_mask(mask, query.shape[1], key.shape[1])
+    if self.impl == 'xla' and not use_dropout:
+      return attn.fused_dot_product_attention(query, key, value, mask=mask)
+    attention = _heads_major_attention if decode else attn.dot_product_attention
+    out, weights = attention(
+        query, key, value, mask=mask, dropout_rate=self.attention_dropout_rate,
+        dropout_rng=dropout_rng, dropout_rng_impl=self.dropout_rng_impl,
+        deterministic=deterministic, return_weights=True)
+    # Stored only when the caller makes 'intermediates' mutable (attention plots).
+    self.sow('intermediates', 'attention_weights', weights)
+    return out
 
   def _project_kv(self, kv, heads):
     kv = _dense((2, *heads), 'kv', self.dtype)(kv)

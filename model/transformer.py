@@ -56,7 +56,7 @@ class EncoderLayer(nn.Module):
   deterministic: bool = True
 
   @nn.compact
-  def __call__(self, x: Array, mask: Array | None, positions: Array | None) -> Array:
+  def __call__(self, x: Array, mask: attn.FactoredMask, positions: Array | None) -> Array:
     cfg = self.config
     self_attention = MultiHeadAttention(
         cfg.num_heads, cfg.compute_dtype, cfg.attention_dropout_rate, cfg.attention_impl,
@@ -76,8 +76,8 @@ class DecoderLayer(nn.Module):
   decode: bool = False
 
   @nn.compact
-  def __call__(self, x: Array, encoded: Array | None, self_mask: Array | None,
-               cross_mask: Array | None, positions: Array | None) -> Array:
+  def __call__(self, x: Array, encoded: Array | None, self_mask: attn.FactoredMask | Array | None,
+               cross_mask: attn.FactoredMask | None, positions: Array | None) -> Array:
     cfg = self.config
 
     def attention(name):
@@ -176,9 +176,8 @@ class Encoder(nn.Module):
     """tokens `[batch, len]` -> `[batch, len, d_model]`."""
     cfg = self.config
     valid = tokens > 0
-    mask = attn.combine_masks(
-        attn.padding_mask(valid, valid),
-        None if segmentation is None else attn.segment_mask(segmentation, segmentation))
+    mask = attn.FactoredMask(query_valid=valid, key_valid=valid,
+                             query_segment_ids=segmentation, key_segment_ids=segmentation)
     x = AddPositions(cfg.positional_encoding, cfg.max_len, name='positions')(
         self.embed(tokens), positions)
     x = Dropout(cfg.dropout_rate, cfg.dropout_rng)(x, deterministic)
@@ -226,15 +225,16 @@ class Decoder(nn.Module):
       decoder_inputs = shift_right(tokens, segmentation)
       valid = tokens > 0
       query_valid = valid
-      self_mask = attn.combine_masks(
-          attn.causal_mask(tokens.shape[1]), attn.padding_mask(valid, valid),
-          None if segmentation is None else attn.segment_mask(segmentation, segmentation))
+      self_mask = attn.FactoredMask(causal=True, query_valid=valid, key_valid=valid,
+                                    query_segment_ids=segmentation,
+                                    key_segment_ids=segmentation)
     cross_mask = None
     if encoded is not None:
-      cross_mask = attn.combine_masks(
-          attn.padding_mask(query_valid, encoder_valid),
-          None if segmentation is None or encoder_segmentation is None
-          else attn.segment_mask(segmentation, encoder_segmentation))
+      packed = segmentation is not None and encoder_segmentation is not None
+      cross_mask = attn.FactoredMask(
+          query_valid=query_valid, key_valid=encoder_valid,
+          query_segment_ids=segmentation if packed else None,
+          key_segment_ids=encoder_segmentation if packed else None)
 
     x = AddPositions(cfg.positional_encoding, cfg.max_len, name='positions')(
         self.embed(decoder_inputs), positions)
@@ -330,14 +330,11 @@ class EncoderOnly(nn.Module):
                         deterministic=deterministic)
 
 
-MODELS = {'encoder_decoder': EncoderDecoder, 'decoder_only': DecoderOnly,
-          'encoder_only': EncoderOnly}
-
-
 def build_model(model_config) -> nn.Module:
   """The module for `model_config.kind` (a ConfigDict, dict or `ModelConfig`), validated."""
   if not isinstance(model_config, ModelConfig):
     model_config = ModelConfig.from_config(model_config)
   else:
     model_config.validate()
-  return MODELS[model_config.kind](model_config)
+  from model.kinds import KINDS  # pylint: disable=import-outside-toplevel  (kinds imports us)
+  return KINDS[model_config.kind].module_class(model_config)
