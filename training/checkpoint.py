@@ -128,16 +128,18 @@ class Checkpointer:
   caller as one `CheckpointError` line instead.
   """
 
-  def __init__(self, workdir: str, *, max_to_keep: int = 3, async_save: bool = True):
+  def __init__(self, workdir: str, *, max_to_keep: int = 3, async_save: bool = True,
+               checksums: bool = True):
     self.workdir = workdir
     self._async = async_save
     self._pending: int | None = None  # the step a background save may still be writing
     # Checksums and the free-space check need one view of every file: single-process runs.
     self._single = jax.process_count() == 1
+    self._checksums = checksums and self._single  # False: bench/checkpoint_io.py's baseline
     self._quiet = contextlib.ExitStack()
     self._quiet.enter_context(files.quiet_orbax_logs())
     self._manager = _manager(workdir, max_to_keep=max_to_keep, async_save=async_save,
-                             before_commit=self._checksum_pending if self._single else None)
+                             before_commit=self._checksum_pending if self._checksums else None)
 
   def all_steps(self) -> list[int]:
     return sorted(self._manager.all_steps())
@@ -184,9 +186,9 @@ class Checkpointer:
     except Exception as e:  # pylint: disable=broad-except
       self._write_failed(step, e)
     self._pending = None
-    if jax.process_index() == 0 and not os.path.isdir(step_dir(self.workdir, step)):
+    if self._single and not os.path.isdir(step_dir(self.workdir, step)):
       self._write_failed(step, RuntimeError('Orbax did not commit it'))
-    if not self._async and self._single:  # no background thread: checksum the final files
+    if not self._async and self._checksums:  # no background thread: checksum the final files
       files.write_checksums(step_dir(self.workdir, step))
 
   def _check_free_space(self, step: int, state: Any) -> None:

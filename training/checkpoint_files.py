@@ -5,7 +5,8 @@
   short_reason(error, root)        one short line for an Orbax/TensorStore error
   is_disk_full(error)              ENOSPC anywhere in an error (or its text)
   quiet_orbax_logs()               context manager: Orbax's own error logs are collected
-                                   instead of printed (our callers report the failure)
+                                   instead of printed (our callers report the failure), and
+                                   TensorStore's late wake-ups of closed loops are dropped
 
 The checksum file is written into the step's temporary directory just before Orbax renames
 it into place, so a checkpoint and its checksums appear together; a flipped byte in any
@@ -22,6 +23,7 @@ import json
 import logging
 import os
 import re
+import sys
 
 CHECKSUM_FILE = 'checksums.json'
 
@@ -117,15 +119,18 @@ def is_disk_full(error: BaseException) -> bool:
 
 
 def short_reason(error: BaseException, root: str | None = None) -> str:
-  """The gist of an Orbax/TensorStore error: no tensorstore spec, no source locations, paths
-  relative to `root`, at most ~160 characters."""
+  """The gist of an Orbax/TensorStore error, from the innermost cause (Orbax's wrappers say
+  only "see full TensorStore details"): no tensorstore spec, no source locations, paths
+  relative to `root`, at most ~200 characters."""
+  error = list(_chain(error))[-1]
   text = ' '.join(str(error).split())
   text = re.sub(r" \[(tensorstore_spec|source locations)='.*?'\]", '', text)
   text = text.split(" [tensorstore_spec=")[0]
+  text = re.sub(r' in OCDBT database at local file "[^"]*"', '', text)
   if root:
     text = text.replace(os.path.join(root, ''), '')
-  if len(text) > 160:
-    text = text[:157] + '...'
+  if len(text) > 200:
+    text = text[:197] + '...'
   return f'{type(error).__name__}: {text}' if text else type(error).__name__
 
 
@@ -149,11 +154,34 @@ class _Collect(logging.Filter):
     return True
 
 
+def _is_closed_loop_wakeup(unraisable) -> bool:
+  return (isinstance(unraisable.exc_value, RuntimeError)
+          and str(unraisable.exc_value) == 'Event loop is closed')
+
+
+def _drop_closed_loop_wakeups() -> None:
+  """TensorStore reads/writes still in flight when Orbax gives up on a damaged checkpoint (or
+  a failed save) finish later and try to wake the event loop Orbax has already closed; Python
+  reports each as an unraisable `RuntimeError: Event loop is closed`. That is noise about work
+  nobody waits for: dropped. Every other unraisable goes to the previous hook."""
+  previous = sys.unraisablehook
+  if getattr(previous, 'drops_closed_loop_wakeups', False):
+    return
+
+  def hook(unraisable):
+    if not _is_closed_loop_wakeup(unraisable):
+      previous(unraisable)
+
+  hook.drops_closed_loop_wakeups = True
+  sys.unraisablehook = hook
+
+
 @contextlib.contextmanager
 def quiet_orbax_logs():
   """Within: Orbax/TensorStore/asyncio warnings and errors are not printed (each failure
   reaches our code as an exception and is reported in one line). Yields the filter, whose
   `first` holds the first error message seen."""
+  _drop_closed_loop_wakeups()
   collect = _Collect()
   handlers = [h for name in ('', 'absl') for h in logging.getLogger(name).handlers]
   for handler in handlers:
