@@ -1,0 +1,269 @@
+"""Hugging Face export: `transformers` (PyTorch, CPU) computes our logits, tokenizer ids and
+beam search; configs no target class can express are refused.
+
+Tolerances: Marian/Pegasus hard-code LayerNorm epsilon 1e-5 where ours is 1e-6 (GPT-2's is a
+config field), so their logits are compared at 1e-4 as exported, and at 1e-5 (float32
+rounding) once the epsilon of the loaded torch modules is set to ours: the epsilon is then the
+only difference left.
+"""
+
+import gzip
+import os
+import re
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+torch = pytest.importorskip('torch')  # the [hf] extra, which [test] includes
+transformers = pytest.importorskip('transformers')
+
+from configs import default, shakespeare_char  # noqa: E402
+from hf_export import UnsupportedConfig, check_exportable, writer  # noqa: E402
+from input_pipeline.tokenizers import CharTokenizer  # noqa: E402
+from model import build_model, decoding  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.path.join(ROOT, 'data', 'multi30k')
+DECODE = {'beam_size': 4, 'alpha': 0.0, 'max_len': 16, 'temperature': 1.0, 'top_k': 0}
+CHARS = list(" !',.:;?ETAOINSHRDLUetaoinshrdlucmwfgypbvk\n")  # 44 characters: ids 1..44
+
+
+def _env():
+  env = dict(os.environ)
+  env['PYTHONPATH'] = ROOT + os.pathsep + env.get('PYTHONPATH', '')
+  env.setdefault('JAX_PLATFORMS', 'cpu')
+  return env
+
+
+def _random_model(config, seed=0):
+  """(module, params): a tiny model with every weight, LayerNorm and bias random (not 0/1)."""
+  module = build_model(config)
+  x = jnp.ones((1, 8), jnp.int32)
+  args = (x, x) if module.config.kind == 'encoder_decoder' else (x,)
+  params = module.init(jax.random.key(seed), *args)['params']
+  leaves, tree = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+  leaves = [np.asarray(p + 0.2 * jax.random.normal(k, p.shape)) for p, k in zip(leaves, keys)]
+  return module, jax.tree.unflatten(tree, leaves)
+
+
+def _load(directory, cls, eps=None):
+  model, info = cls.from_pretrained(directory, output_loading_info=True)
+  problems = {k: v for k, v in info.items() if v}
+  assert not problems, f'the export does not fill the class exactly: {problems}'
+  if eps is not None:
+    for m in model.modules():
+      if isinstance(m, torch.nn.LayerNorm):
+        m.eps = eps
+  return model.eval()
+
+
+def _padded_batch(rng, vocab, rows, length, lengths):
+  ids = rng.integers(3, vocab, (rows, length))
+  for row, n in enumerate(lengths):
+    ids[row, n:] = 0
+  return ids
+
+
+def _hf_seq2seq_logits(model, inputs, targets):
+  """Teacher-forced logits `[batch, tgt_len, vocab]` with our shift (start token 0)."""
+  decoder_inputs = np.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+  with torch.no_grad():
+    return model(input_ids=torch.tensor(inputs), attention_mask=torch.tensor(inputs > 0),
+                 decoder_input_ids=torch.tensor(decoder_inputs),
+                 decoder_attention_mask=torch.tensor(targets > 0)).logits.numpy()
+
+
+SEQ2SEQ = [  # norm_position, share_embeddings, logits_via_embedding, activation
+    ('post', True, True, 'relu'), ('post', True, False, 'gelu'),
+    ('post', False, True, 'relu'), ('post', False, False, 'gelu'),
+    ('pre', True, True, 'gelu'), ('pre', True, False, 'relu')]
+
+
+@pytest.mark.parametrize('norm,share,tied,activation', SEQ2SEQ)
+def test_encoder_decoder_logits_equal(tmp_path, norm, share, tied, activation):
+  config = default.get_config('tiny').model
+  config.norm_position, config.share_embeddings = norm, share
+  config.logits_via_embedding, config.activation = tied, activation
+  module, params = _random_model(config)
+  arch, _ = writer.write_export(str(tmp_path), params, module.config, CharTokenizer(CHARS), DECODE)
+  assert arch == {'post': 'MarianMTModel', 'pre': 'PegasusForConditionalGeneration'}[norm]
+  rng = np.random.default_rng(0)
+  inputs = _padded_batch(rng, config.vocab_size, 4, 13, [13, 7, 1, 10])
+  targets = _padded_batch(rng, config.vocab_size, 4, 11, [11, 4, 9, 1])
+  ours = np.asarray(module.apply({'params': params}, inputs, targets))
+  valid = targets > 0  # our logits at padded target positions are not defined the same way
+  cls = getattr(transformers, arch)
+  theirs = _hf_seq2seq_logits(_load(tmp_path, cls), inputs, targets)
+  np.testing.assert_allclose(theirs[valid], ours[valid], atol=1e-4, rtol=0)
+  same_eps = _hf_seq2seq_logits(_load(tmp_path, cls, eps=1e-6), inputs, targets)
+  np.testing.assert_allclose(same_eps[valid], ours[valid], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize('positions,activation', [('learned', 'gelu'), ('sinusoidal', 'relu')])
+def test_decoder_only_logits_and_greedy_equal(tmp_path, positions, activation):
+  config = shakespeare_char.get_config('tiny').model
+  config.vocab_size = len(CHARS) + 1
+  config.positional_encoding, config.activation = positions, activation
+  module, params = _random_model(config)
+  arch, _ = writer.write_export(str(tmp_path), params, module.config, CharTokenizer(CHARS), DECODE)
+  assert arch == 'GPT2LMHeadModel'
+  model = _load(tmp_path, transformers.GPT2LMHeadModel)
+  tokens = _padded_batch(np.random.default_rng(1), config.vocab_size, 3, 20, [20, 12, 1])
+  ours = np.asarray(module.apply({'params': params}, tokens))
+  with torch.no_grad():  # GPT-2 reads our decoder input: the start token 0, then the text
+    theirs = model(input_ids=torch.tensor(np.pad(tokens, ((0, 0), (1, 0)))[:, :-1]),
+                   attention_mask=torch.tensor(tokens > 0)).logits.numpy()
+  np.testing.assert_allclose(theirs[tokens > 0], ours[tokens > 0], atol=1e-5, rtol=0)
+  # Greedy continuation of a prompt through transformers' own tokenizer and generate().
+  tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path)
+  prompt = 'ROSE: his tale'
+  ids = tokenizer(prompt)['input_ids']
+  assert ids == [0] + CharTokenizer(CHARS).encode(prompt)
+  ours = decoding.greedy_decode(module, params, prompt=np.array([ids[1:]], np.int32),
+                                max_len=12, eos_id=None)
+  # The tokenizer's attention mask keeps the start token: it is id 0, which is also pad.
+  theirs = model.generate(**tokenizer([prompt], return_tensors='pt'), do_sample=False,
+                          max_new_tokens=12)
+  assert theirs[0, len(ids):].tolist() == np.asarray(ours)[0].tolist()
+
+
+def test_char_tokenizer_round_trip(tmp_path):
+  text = open(os.path.join(ROOT, 'data', 'tinyshakespeare', 'input.txt')).read()[:3000]
+  ours = CharTokenizer(sorted(set(text)))
+  config = shakespeare_char.get_config('tiny').model
+  config.vocab_size = ours.vocab_size
+  module, params = _random_model(config)
+  writer.write_export(str(tmp_path), params, module.config, ours, DECODE)
+  theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)
+  sample = text[1000:1400]  # newlines, double spaces, punctuation
+  assert theirs(sample)['input_ids'] == [0] + ours.encode(sample)
+  assert theirs.decode(theirs(sample)['input_ids'], skip_special_tokens=True) == sample
+  with pytest.raises(Exception, match='UNK|unk|Unk'):  # as ours: no silent unknown character
+    theirs('~ not in the vocabulary ~')
+
+
+REFUSED = [
+    ('encoder_decoder', {'positional_encoding': 'learned'}, 'positional_encoding=learned'),
+    ('encoder_decoder', {'positional_encoding': 'rope'}, 'positional_encoding=rope'),
+    ('encoder_decoder', {'norm_position': 'pre', 'share_embeddings': False}, 'share_embeddings'),
+    ('decoder_only', {'norm_position': 'post'}, 'norm_position=post'),
+    ('decoder_only', {'positional_encoding': 'rope'}, 'positional_encoding=rope'),
+    ('decoder_only', {'logits_via_embedding': False}, 'logits_via_embedding=False'),
+    ('encoder_only', {}, 'kind=encoder_only'),
+]
+
+
+@pytest.mark.parametrize('kind,changes,named', REFUSED)
+def test_inexpressible_configs_are_refused(kind, changes, named):
+  preset = shakespeare_char if kind == 'decoder_only' else default
+  config = preset.get_config('tiny').model
+  config.kind = kind
+  config.update(changes)
+  with pytest.raises(UnsupportedConfig, match=re.escape(named)):
+    check_exportable(build_model(config).config)
+
+
+# ----------------------------------------------------------------------------- trained model
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+  """A small Multi30k model trained to write real (EOS-ended) sentences, 2 checkpoints."""
+  workdir = str(tmp_path_factory.mktemp('export_hf') / 'mt')
+  cmd = [sys.executable, os.path.join(ROOT, 'train.py'), '--config=configs/default.py:tiny',
+         f'--workdir={workdir}', '--config.model.d_model=64', '--config.model.d_ff=256',
+         '--config.train.num_steps=250', '--config.train.batch_size=32',
+         '--config.optimizer.warmup_steps=100', '--config.train.checkpoint_every_steps=125',
+         '--config.train.eval_every_steps=250', '--config.train.num_eval_batches=1',
+         '--config.decode.num_eval_sentences=0']
+  proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, f'training failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}'
+  return workdir
+
+
+def _export(*args):
+  return subprocess.run([sys.executable, os.path.join(ROOT, 'export.py'), *args], cwd=ROOT,
+                        env=_env(), capture_output=True, text=True, timeout=600)
+
+
+def _sentences(n):
+  with gzip.open(os.path.join(DATA, 'test_2016_flickr.en.gz'), 'rt', encoding='utf-8') as f:
+    return [next(f).rstrip('\n') for _ in range(n)]
+
+
+def test_trained_export_translates_as_decode_py(trained, tmp_path):
+  import decode  # its restore and translate: what decode.py runs
+
+  out = str(tmp_path / 'hf')
+  proc = _export(f'--workdir={trained}', f'--output_dir={out}', '--average_last=2')
+  assert proc.returncode == 0, proc.stderr
+  assert 'MarianMTModel' in proc.stderr
+  assert {'config.json', 'model.safetensors', 'source.spm', 'vocab.json'} <= set(os.listdir(out))
+  restored = decode.Restored(trained, None, 2)
+  lines = _sentences(6)
+  tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+  sources = decode.encode_sources(restored.tokenizer, lines, restored.module.config.max_len)
+  assert [tokenizer(line)['input_ids'] for line in lines] == sources
+  model = _load(out, transformers.AutoModelForSeq2SeqLM)
+
+  # Logits on a padded batch of real sentences.
+  inputs = np.zeros((len(lines), max(map(len, sources))), np.int64)
+  for row, ids in enumerate(sources):
+    inputs[row, :len(ids)] = ids
+  targets = np.roll(inputs, 2, axis=0)[:, :20]
+  ours = np.asarray(restored.module.apply({'params': restored.params}, inputs, targets))
+  theirs = _hf_seq2seq_logits(model, inputs, targets)
+  np.testing.assert_allclose(theirs[targets > 0], ours[targets > 0], atol=1e-4, rtol=0)
+
+  # Beam 4 with no length penalty: the same search (see the README), so the same output.
+  outputs = decode.translate(restored, sources, beam_size=4, alpha=0.0, max_len=32,
+                             batch_size=len(lines), progress=False)
+  batch = tokenizer(lines, return_tensors='pt', padding=True)
+  generated = model.generate(**batch, num_beams=4, length_penalty=0.0, max_new_tokens=32,
+                             output_scores=True, return_dict_in_generate=True)
+  theirs = [decode._until_eos(row[1:], 1) for row in generated.sequences.tolist()]
+  assert theirs == outputs
+  assert sum(o[-1] == 1 for o in outputs) >= 4  # most of them end with EOS before max_len
+  texts = tokenizer.batch_decode(generated.sequences, skip_special_tokens=True)
+  assert texts == [restored.tokenizer.decode(o) for o in outputs]
+  _, scores = decoding.beam_search_decode(restored.module, restored.params, inputs.astype(np.int32),
+                                          beam_size=4, alpha=0.0, max_len=32)
+  np.testing.assert_allclose(generated.sequences_scores.numpy(), np.asarray(scores)[:, 0],
+                             atol=1e-3, rtol=0)
+
+  # The README's three lines, as printed, on this export.
+  readme = open(os.path.join(ROOT, 'README.md'), encoding='utf-8').read()
+  section = readme[readme.index('## Hugging Face export'):]
+  code = re.search(r'```python\n(.*?)```', section, re.S).group(1)
+  assert len(code.strip().splitlines()) == 3
+  printed = []
+  exec(code.replace('runs/default_hf', out), {'print': printed.append})  # noqa: S102
+  assert len(printed) == 1 and isinstance(printed[0][0], str) and printed[0][0]
+
+
+def test_cli_refuses_without_writing(trained, tmp_path):
+  import json
+  import shutil
+
+  bad = tmp_path / 'learned_positions'
+  shutil.copytree(os.path.join(trained, 'tokenizer'), bad / 'tokenizer')
+  with open(os.path.join(trained, 'config.json')) as f:
+    config = json.load(f)
+  config['model']['positional_encoding'] = 'learned'
+  (bad / 'config.json').write_text(json.dumps(config))
+  out = tmp_path / 'out'
+  proc = _export(f'--workdir={bad}', f'--output_dir={out}')
+  assert proc.returncode == 2
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith('export.py: error: ')
+  assert 'positional_encoding=learned' in lines[0]
+  assert sorted(os.listdir(tmp_path)) == ['learned_positions']  # nothing written, no temp dir
+  # A non-empty output directory is refused too (in-process: same check, no restore).
+  (out / 'keep').mkdir(parents=True)
+  with pytest.raises(writer.ExportError, match='not empty'):
+    writer.export_workdir(trained, str(out))
+  assert os.listdir(out) == ['keep']
