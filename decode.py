@@ -120,34 +120,15 @@ def read_lines(path: str | None, what: str = 'input') -> list[str]:
 
 # ----------------------------------------------------------------------------- restore
 
-def _expected_param_shapes(module, kind):
-  import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  dummy = jnp.ones((1, 4), jnp.int32)
-  args = (dummy, dummy) if kind == 'encoder_decoder' else (dummy,)
-  return jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), *args))['params']
-
-
-def _check_params(params, module, kind, workdir) -> None:
+def _check_params(params, module, workdir) -> None:
   """The restored tree must be the model of config.json (a clear error, not a JAX one)."""
-  import jax  # pylint: disable=import-outside-toplevel
-  expected = _expected_param_shapes(module, kind)
-  flat_expected = {jax.tree_util.keystr(k): v.shape
-                   for k, v in jax.tree_util.tree_flatten_with_path(expected)[0]}
-  flat_stored = {jax.tree_util.keystr(k): tuple(v.shape)
-                 for k, v in jax.tree_util.tree_flatten_with_path(params)[0]}
-  problems = []
-  for name in sorted(set(flat_expected) | set(flat_stored)):
-    if name not in flat_stored:
-      problems.append(f'{name} missing from the checkpoint')
-    elif name not in flat_expected:
-      problems.append(f'{name} is not in the model')
-    elif tuple(flat_expected[name]) != flat_stored[name]:
-      problems.append(f'{name}: checkpoint {flat_stored[name]} vs model {tuple(flat_expected[name])}')
+  from model.kinds import kind_of  # pylint: disable=import-outside-toplevel
+  from training import checkpoint  # pylint: disable=import-outside-toplevel
+  problems = checkpoint.shape_mismatches(kind_of(module).param_shapes(module), params)
   if problems:
     more = f' (+{len(problems) - 3} more)' if len(problems) > 3 else ''
     raise DecodeError(f'the checkpoint in {workdir} does not fit the model in its config.json '
-                      f'(kind={kind}): {"; ".join(problems[:3])}{more}')
+                      f'(kind={module.config.kind}): {"; ".join(problems[:3])}{more}')
 
 
 class Restored:
@@ -183,7 +164,7 @@ class Restored:
                                                          average_last=average_last)
     except checkpoint.CheckpointError as e:
       raise DecodeError(str(e)) from None
-    _check_params(self.params, self.module, self.kind, workdir)
+    _check_params(self.params, self.module, workdir)
     # Decoding keeps one KV cache per layer: a `scan_layers` model is unstacked here, once.
     self.module, self.params = transformer.unrolled(self.module, self.params)
     averaged = f' (average of the last {average_last})' if average_last > 1 else ''
@@ -198,8 +179,9 @@ def _round_up(n: int, multiple: int) -> int:
 
 
 def encode_sources(tokenizer, lines, max_source_len: int):
-  """Token ids per line (EOS-terminated); empty lines -> None; long ones truncated."""
-  eos = tokenizer.eos_id
+  """Token ids per line (EOS-terminated); empty lines -> None; long ones truncated (with a
+  warning) by the rule of `model.inference.truncate`."""
+  from model import inference  # pylint: disable=import-outside-toplevel
   sources = []
   for number, line in enumerate(lines, start=1):
     if not line.strip():
@@ -209,55 +191,24 @@ def encode_sources(tokenizer, lines, max_source_len: int):
     if len(ids) > max_source_len:
       _warn(f'input line {number} has {len(ids)} tokens, more than the model\'s max_len '
             f'{max_source_len}; truncated')
-      ids = ids[:max_source_len - 1] + [eos] if eos is not None else ids[:max_source_len]
-    sources.append(ids)
+    sources.append(inference.truncate(ids, max_source_len, tokenizer.eos_id))
   return sources
 
 
 def translate(restored, sources, *, beam_size, alpha, max_len, batch_size, progress=True):
-  """Output ids per source (None for empty), in order: batches of similar length, padded to
-  a fixed batch size and a multiple of 16 in length (few compilations)."""
-  import numpy as np  # pylint: disable=import-outside-toplevel
+  """Output ids per source (None for empty), in order (`model.inference.Translator`: the
+  trainer's BLEU evaluation decodes the same way)."""
   from tqdm import tqdm  # pylint: disable=import-outside-toplevel
 
-  from model import decoding  # pylint: disable=import-outside-toplevel
+  from model import inference  # pylint: disable=import-outside-toplevel
 
-  module, params = restored.module, restored.params
-  model_max = module.config.max_len
-  order = sorted((i for i, s in enumerate(sources) if s is not None), key=lambda i: len(sources[i]))
-  outputs = [None] * len(sources)
-  bar = tqdm(total=len(order), file=sys.stderr, unit='sent', desc='decoding',
-             disable=not progress or len(order) <= batch_size, dynamic_ncols=True)
-  for start in range(0, len(order), batch_size):
-    chunk = order[start:start + batch_size]
-    length = min(model_max, _round_up(max(len(sources[i]) for i in chunk), 16))
-    inputs = np.zeros((batch_size, length), np.int32)
-    for row, i in enumerate(chunk):
-      inputs[row, :len(sources[i])] = sources[i]
-    if beam_size > 1:
-      tokens, _ = decoding.beam_search_decode(module, params, inputs, beam_size=beam_size,
-                                              alpha=alpha, max_len=max_len)
-      tokens = tokens[:, 0]
-    else:
-      tokens = decoding.greedy_decode(module, params, inputs, max_len=max_len)
-    tokens = np.asarray(tokens)
-    for row, i in enumerate(chunk):
-      outputs[i] = _until_eos(tokens[row].tolist(), restored.tokenizer.eos_id)
-    bar.update(len(chunk))
-  bar.close()
-  return outputs
-
-
-def _until_eos(ids, eos):
-  """Generated ids up to and including EOS, without trailing pad."""
-  out = []
-  for i in ids:
-    if i == 0:
-      break
-    out.append(i)
-    if eos is not None and i == eos:
-      break
-  return out
+  translator = inference.Translator(restored.module, restored.params, beam_size=beam_size,
+                                    alpha=alpha, max_len=max_len, batch_size=batch_size,
+                                    eos_id=restored.tokenizer.eos_id)
+  count = sum(s is not None for s in sources)
+  with tqdm(total=count, file=sys.stderr, unit='sent', desc='decoding', dynamic_ncols=True,
+            disable=not progress or count <= batch_size) as bar:
+    return translator(sources, progress=bar.update)
 
 
 def score(hypotheses, references):
@@ -377,7 +328,7 @@ def generate(restored, prompt_ids, *, num_tokens, temperature, top_k, top_p, see
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
 
-  from model import decoding  # pylint: disable=import-outside-toplevel
+  from model import decoding, inference  # pylint: disable=import-outside-toplevel
 
   module, params = restored.module, restored.params
   span = module.config.max_len
@@ -396,7 +347,7 @@ def generate(restored, prompt_ids, *, num_tokens, temperature, top_k, top_p, see
     rng, key = jax.random.split(rng)
     out = decoding.sample(module, params, prompt, rng=key, max_len=n, temperature=temperature,
                           top_k=top_k or None, top_p=top_p, eos_id=eos)
-    new = _until_eos(np.asarray(out)[0].tolist(), eos)
+    new = inference.until_eos(np.asarray(out)[0].tolist(), eos)
     generated += new
     if len(generated) >= num_tokens or len(new) < n or (eos is not None and new[-1] == eos):
       return generated[:num_tokens]

@@ -10,7 +10,7 @@ optimizer, loss and timing, so the ratio compares model code only.
 import jax.numpy as jnp
 
 from model import build_model
-from training.steps import smoothed_cross_entropy
+from training.losses import smoothed_cross_entropy
 
 
 class Harnessed:

@@ -5,35 +5,19 @@ every section (model, data, optimizer, train, decode) and every field can be
 overridden from the command line (`--config.model.num_heads=4`).
 """
 
+import dataclasses
+
 import ml_collections
 from ml_collections import config_dict
+
+from model.config import ModelConfig
 
 
 def base_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
 
-  # Model: field names follow the paper (Vaswani et al. 2017, Table 3).
-  config.model = m = ml_collections.ConfigDict()
-  m.kind = 'encoder_decoder'  # 'encoder_decoder' | 'decoder_only' | 'encoder_only'
-  m.vocab_size = 8000
-  m.num_encoder_layers = 6
-  m.num_decoder_layers = 6
-  m.d_model = 512
-  m.num_heads = 8
-  m.d_ff = 2048
-  m.dropout_rate = 0.1
-  m.attention_dropout_rate = 0.0
-  m.max_len = 256
-  m.share_embeddings = True
-  m.logits_via_embedding = True
-  m.positional_encoding = 'sinusoidal'  # 'sinusoidal' | 'learned' | 'rope'
-  m.norm_position = 'post'  # 'post' (the paper) | 'pre'
-  m.activation = 'relu'  # 'relu' (the paper) | 'gelu'
-  m.dtype = 'float32'  # compute dtype; parameters stay float32
-  m.attention_impl = 'reference'  # 'reference' (our pure function) | 'xla' (jax.nn.dot_product_attention)
-  m.remat = False  # rematerialise each layer in the backward pass
-  m.dropout_rng = 'hash'  # dropout bits: 'hash' (fused integer hash) | 'threefry' (jax.random)
-  m.scan_layers = False  # nn.scan over layers: one compiled layer, params stacked [layers, ...]
+  # Model: every field, its default and its choices are `model.config.ModelConfig`'s.
+  config.model = ml_collections.ConfigDict(dataclasses.asdict(ModelConfig()))
 
   config.data = d = ml_collections.ConfigDict()
   d.dataset = 'multi30k'
@@ -49,7 +33,6 @@ def base_config() -> ml_collections.ConfigDict:
   d.train_files = config_dict.placeholder(str)  # parallel_text: 'SRC_FILE,TGT_FILE'
   d.eval_files = config_dict.placeholder(str)
   d.test_files = config_dict.placeholder(str)
-  d.shuffle_buffer = 0  # 0 = global shuffle of the index (Grain)
   d.num_workers = 0  # Grain worker processes (0 = in-process)
   d.packing_window = 1024  # examples packed together (first-fit decreasing), per process
   d.tokenizer_model_type = 'bpe'  # sentencepiece model: 'bpe' (the paper) | 'unigram'

@@ -115,8 +115,6 @@ def get_datasets(config, *, workdir: str | None, process_index: int | None = Non
     raise DataError(f'config.train.batch_size={global_batch} is not divisible by the '
                     f'{process_count} processes')
   batch_size = global_batch // process_count
-  if data.max_length < 2:
-    raise DataError(f'config.data.max_length={data.max_length} must be at least 2')
   tokenizer = tokenizers.get_tokenizer(data, workdir)
   seed = config.train.seed
   train_source = sources.get_source(data, 'train')

@@ -9,7 +9,6 @@ import jax.numpy as jnp
 
 from model.attention import DROPOUT_RNGS
 
-KINDS = ('encoder_decoder', 'decoder_only', 'encoder_only')
 POSITIONAL_ENCODINGS = ('sinusoidal', 'learned', 'rope')
 NORM_POSITIONS = ('post', 'pre')
 ACTIVATIONS = ('relu', 'gelu')
@@ -27,26 +26,28 @@ class ConfigError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  kind: str = 'encoder_decoder'
+  """`config.model`: every field and its default (configs/base.py takes them from here).
+  Names follow the paper (Vaswani et al. 2017, Table 3); the defaults are its base model."""
+  kind: str = 'encoder_decoder'  # a name in model.kinds.KINDS
   vocab_size: int = 8000
   num_encoder_layers: int = 6
   num_decoder_layers: int = 6
   d_model: int = 512
   num_heads: int = 8
   d_ff: int = 2048
-  dropout_rate: float = 0.1
-  attention_dropout_rate: float = 0.0
-  max_len: int = 256
-  share_embeddings: bool = True
-  logits_via_embedding: bool = True
-  positional_encoding: str = 'sinusoidal'
-  norm_position: str = 'post'
-  activation: str = 'relu'
-  dtype: str = 'float32'
-  attention_impl: str = 'reference'
-  remat: bool = False
-  scan_layers: bool = False
-  dropout_rng: str = 'hash'
+  dropout_rate: float = 0.1  # P_drop: sub-layer outputs and embedding sums
+  attention_dropout_rate: float = 0.0  # on the attention weights (not in the paper)
+  max_len: int = 256  # positions of the position table (the longest sequence)
+  share_embeddings: bool = True  # one source/target embedding matrix (§3.4)
+  logits_via_embedding: bool = True  # the pre-softmax projection is that matrix (§3.4)
+  positional_encoding: str = 'sinusoidal'  # 'sinusoidal' (§3.5) | 'learned' | 'rope'
+  norm_position: str = 'post'  # 'post' (the paper: LayerNorm(x + Sublayer(x))) | 'pre'
+  activation: str = 'relu'  # 'relu' (the paper) | 'gelu'
+  dtype: str = 'float32'  # compute dtype; parameters stay float32
+  attention_impl: str = 'reference'  # one of ATTENTION_IMPLS (above)
+  remat: bool = False  # rematerialise each layer in the backward pass
+  scan_layers: bool = False  # nn.scan over layers: one compiled layer, params [layers, ...]
+  dropout_rng: str = 'hash'  # dropout bits: 'hash' (fused integer hash) | 'threefry'
 
   @property
   def compute_dtype(self):
@@ -74,6 +75,7 @@ class ModelConfig:
       if value not in options:
         raise ConfigError(f'config.model.{field}={value!r} is not one of {list(options)}')
 
+    from model.kinds import KINDS  # pylint: disable=import-outside-toplevel  (kinds imports us)
     choice('kind', KINDS)
     choice('positional_encoding', POSITIONAL_ENCODINGS)
     choice('norm_position', NORM_POSITIONS)

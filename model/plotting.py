@@ -28,14 +28,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from model import transformer
+from model.kinds import kind_of
 
 START_LABEL = '<s>'
 
 
 @functools.partial(jax.jit, static_argnums=0)
 def _forward_with_weights(module, params, inputs, targets):
-  args = (targets,) if inputs is None else (inputs, targets)
-  _, state = module.apply({'params': params}, *args, mutable=['intermediates'])
+  _, state = kind_of(module).teacher_forced(module, {'params': params}, inputs, targets,
+                                            mutable=['intermediates'])
   return state['intermediates']
 
 
@@ -123,11 +124,66 @@ def plot_heatmap(weights: np.ndarray, row_labels: Sequence[str], col_labels: Seq
     figure.close()
 
 
+def _panels(maps, index, source_pieces, target_pieces):
+  """(name, weights `[heads, rows, cols]`, row labels, col labels, xlabel, ylabel) of every
+  attention module of sentence `index`, in layer order, cut to the sentence's lengths."""
+  tgt = list(target_pieces)
+  decoder_inputs = [START_LABEL] + tgt[:-1]
+  encoder_first = lambda name: (not name.startswith('encoder'), _layer_sort_key(name))  # noqa: E731
+  for name in sorted(maps, key=encoder_first):
+    if source_pieces is None and (name.startswith('encoder') or name.endswith('cross_attention')):
+      continue
+    if name.startswith('encoder'):
+      rows = cols = list(source_pieces)
+      xlabel, ylabel = 'source (keys)', 'source (queries)'
+    elif name.endswith('cross_attention'):
+      rows, cols = tgt, list(source_pieces)
+      xlabel, ylabel = 'source', 'target (predicted token)'
+    else:
+      rows, cols = tgt, decoder_inputs
+      xlabel, ylabel = 'decoder input (previous tokens)', 'target (predicted token)'
+    yield name, maps[name][index][:, :len(rows), :len(cols)], rows, cols, xlabel, ylabel
+
+
+def save_overview(panels, title: str, path: str) -> str:
+  """One PNG of a sentence's attention: a row per attention module (layers and kinds), a
+  column per head and the heads' average. The file to open first."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  heads = max(p[1].shape[0] for p in panels)
+  fig, axes = plt.subplots(len(panels), heads + 1, squeeze=False, dpi=80,
+                           figsize=(min(40.0, 2.2 * (heads + 1)), min(60.0, 2.0 * len(panels))))
+  for r, (name, weights, *_) in enumerate(panels):
+    columns = [('average', weights.mean(axis=0))]
+    columns += [(f'head {h}', weights[h]) for h in range(weights.shape[0])]
+    for c, ax in enumerate(axes[r]):
+      ax.set_xticks([])
+      ax.set_yticks([])
+      if c >= len(columns):
+        ax.axis('off')
+        continue
+      label, w = columns[c]
+      ax.imshow(w, cmap='viridis', vmin=0.0, vmax=max(float(w.max()), 1e-6), aspect='auto',
+                interpolation='nearest')
+      if r == 0:
+        ax.set_title(label, fontsize=9)
+      if c == 0:
+        ax.set_ylabel(name.replace('/', '\n'), fontsize=7)
+  fig.suptitle(title, fontsize=10)
+  fig.tight_layout()
+  fig.savefig(path)
+  plt.close(fig)
+  return path
+
+
 def save_sentence_plots(maps: dict[str, np.ndarray], index: int, out_dir: str, *,
                         source_pieces: Sequence[str] | None, target_pieces: Sequence[str],
                         heads: str = 'all', folder: str | None = None,
                         title: str | None = None) -> list[str]:
-  """PNG heatmaps of one sentence (row `index` of every map) into `out_dir/<folder>/`.
+  """PNG heatmaps of one sentence (row `index` of every map) into `out_dir/<folder>/`:
+  `overview.png` (every module and head in one grid), then one labelled file per attention
+  module and head plus the head average.
 
   `folder` defaults to `sentence_NNNN` (the index), `title` to `sentence N`.
 
@@ -139,32 +195,16 @@ def save_sentence_plots(maps: dict[str, np.ndarray], index: int, out_dir: str, *
   directory = os.path.join(out_dir, folder or f'sentence_{index:04d}')
   title = title or f'sentence {index}'
   os.makedirs(directory, exist_ok=True)
-  tgt = list(target_pieces)
-  decoder_inputs = [START_LABEL] + tgt[:-1]
-  written = []
-  for name in sorted(maps, key=_layer_sort_key):
-    weights = maps[name][index]  # [heads, q, k]
-    if name.startswith('encoder'):
-      if source_pieces is None:
-        continue
-      rows = cols = list(source_pieces)
-      xlabel, ylabel = 'source (keys)', 'source (queries)'
-    elif name.endswith('cross_attention'):
-      if source_pieces is None:
-        continue
-      rows, cols = tgt, list(source_pieces)
-      xlabel, ylabel = 'source', 'target (predicted token)'
-    else:
-      rows, cols = tgt, decoder_inputs
-      xlabel, ylabel = 'decoder input (previous tokens)', 'target (predicted token)'
-    weights = weights[:, :len(rows), :len(cols)]
+  panels = list(_panels(maps, index, source_pieces, target_pieces))
+  written = [save_overview(panels, title, os.path.join(directory, 'overview.png'))]
+  for name, weights, rows, cols, xlabel, ylabel in panels:
     base = _safe(name.replace('/', '_'))
-    panels = [('average', weights.mean(axis=0))]
+    figures = [('average', weights.mean(axis=0))]
     if heads == 'all':
-      panels += [(f'head_{h}', weights[h]) for h in range(weights.shape[0])]
+      figures += [(f'head_{h}', weights[h]) for h in range(weights.shape[0])]
     figure = _Heatmap(rows, cols, xlabel=xlabel, ylabel=ylabel)
     try:
-      for label, w in panels:
+      for label, w in figures:
         path = os.path.join(directory, f'{base}_{label}.png')
         text = f'{title}: {name} ({label.replace("_", " ")})'
         written.append(figure.save(w, text, path))

@@ -109,7 +109,8 @@ def test_translate_file_with_bleu_plots_and_averaging(workdirs, tmp_path):
   for kind in ('encoder_layer_1_self_attention', 'decoder_layer_0_self_attention',
                'decoder_layer_1_cross_attention'):
     assert f'{kind}_average.png' in pngs and f'{kind}_head_3.png' in pngs, pngs
-  assert len(pngs) == 2 * 3 * 5  # 2 layers x (enc self, dec self, cross) x (4 heads + average)
+  # 2 layers x (enc self, dec self, cross) x (4 heads + average), and the overview grid.
+  assert 'overview.png' in pngs and len(pngs) == 2 * 3 * 5 + 1
   with open(tmp_path / 'plots' / 'line_00001' / pngs[0], 'rb') as f:
     assert f.read(8) == b'\x89PNG\r\n\x1a\n'
   assert _snapshot(workdirs['mt']) == before  # nothing in the workdir was modified
@@ -125,12 +126,16 @@ def test_translate_stdin_to_stdout_greedy_at_a_step(workdirs):
 
 
 def test_checkpoint_from_8_devices_decodes_on_1(workdirs):
-  result = _decode(f'--workdir={workdirs["mt8"]}', '--beam_size=2', '--max_len=6',
-                   stdin=b'A man rides a bike.\n')
-  assert result.returncode == 0, result.stderr.decode()
-  assert result.stdout.decode().count('\n') == 1
-  with open(os.path.join(workdirs['mt8'], 'config.json')) as f:
-    assert f.read()  # trained under XLA_FLAGS=...device_count=8 (see the fixture)
+  """A checkpoint written by an 8-device run restores on 1 device and translates exactly as
+  it does on 8."""
+  assert 'over 8 cpu device(s)' in workdirs['mt8_log'], workdirs['mt8_log'][-2000:]
+  args = (f'--workdir={workdirs["mt8"]}', '--beam_size=2', '--max_len=6')
+  stdin = b'A man rides a bike.\nTwo dogs play in the snow.\n'
+  one, eight = _decode(*args, stdin=stdin), _decode(*args, stdin=stdin, devices=8)
+  assert one.returncode == 0, one.stderr.decode()
+  assert eight.returncode == 0, eight.stderr.decode()
+  assert one.stdout.decode().count('\n') == 2
+  assert one.stdout == eight.stdout
 
 
 def test_scan_layers_model_trains_evaluates_and_decodes(workdirs, tmp_path):
@@ -144,7 +149,7 @@ def test_scan_layers_model_trains_evaluates_and_decodes(workdirs, tmp_path):
   assert result.stdout.decode().count('\n') == 2
   pngs = sorted(p.name for p in (tmp_path / 'plots' / 'line_00001').iterdir())
   assert 'encoder_layer_1_self_attention_average.png' in pngs, pngs
-  assert len(pngs) == 2 * 3  # 2 layers x (enc self, dec self, cross), averages only
+  assert len(pngs) == 2 * 3 + 1  # 2 layers x (enc self, dec self, cross), averages only; overview
 
 
 def test_language_model_prompt_longer_than_context(workdirs, tmp_path):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from model import ModelConfig, build_model, decoding
+from model.kinds import kind_of
 
 EOS = 1
 
@@ -18,11 +19,7 @@ def _model(kind='encoder_decoder', vocab=20, max_len=24, seed=0, eos_boost=1.0, 
   cfg = ModelConfig(kind=kind, vocab_size=vocab, num_encoder_layers=2, num_decoder_layers=2,
                     d_model=32, num_heads=4, d_ff=64, dropout_rate=0.0, max_len=max_len, **kw)
   module = build_model(cfg)
-  if kind == 'encoder_decoder':
-    args = (jnp.ones((1, 4), jnp.int32), jnp.ones((1, 4), jnp.int32))
-  else:
-    args = (jnp.ones((1, 4), jnp.int32),)
-  params = module.init(jax.random.PRNGKey(seed), *args)['params']
+  params = module.init(jax.random.PRNGKey(seed), *kind_of(module).example_inputs(4))['params']
   # Larger weights give peakier, more varied distributions than the near-uniform init.
   params = jax.tree.map(lambda x: x * 2.0, params)
   if eos_boost != 1.0:  # make EOS likely enough that some (not all) sequences end early
@@ -78,7 +75,8 @@ def _greedy_full(module, params, inputs, max_len, eos=EOS):
   return out
 
 
-_step = jax.jit(decoding._decoder_step, static_argnums=0)
+_step = jax.jit(lambda module, *args: kind_of(module).decoder_step(module, *args),
+                static_argnums=0)
 
 
 def _score(lp_rows, seq, alpha):
@@ -100,7 +98,7 @@ def test_cached_step_by_step_equals_full_forward_encoder_decoder():
   tgt = np.random.RandomState(1).randint(2, 20, size=(3, 6)).astype(np.int32)
   full = jax.jit(module.apply)({'params': params}, src, tgt)
   encoded = jax.jit(lambda p, s: module.apply({'params': p}, s, method=module.encode))(params, src)
-  cache = decoding._init_cache(module, params, encoded, src, 3, 6)
+  cache = kind_of(module).init_cache(module, encoded, src, 3, 6)
   dec_in = np.pad(tgt, ((0, 0), (1, 0)))[:, :-1]
   for t in range(6):
     logits, cache = _step(module, params, cache, encoded, src, dec_in[:, t:t + 1])
@@ -111,7 +109,7 @@ def test_cached_prefill_then_steps_equals_full_forward_decoder_only():
   module, params = _model('decoder_only', positional_encoding='learned', norm_position='pre')
   tokens = np.random.RandomState(2).randint(2, 20, size=(2, 8)).astype(np.int32)
   full = jax.jit(module.apply)({'params': params}, tokens)
-  cache = decoding._init_cache(module, params, None, None, 2, 8)
+  cache = kind_of(module).init_cache(module, None, None, 2, 8)
   dec_in = np.pad(tokens, ((0, 0), (1, 0)))[:, :-1]
   logits, cache = _step(module, params, cache, None, None, dec_in[:, :3])
   np.testing.assert_allclose(logits, full[:, :3], atol=1e-4, rtol=1e-4)
@@ -328,3 +326,36 @@ def test_scan_layers_model_decodes_like_the_unrolled_model(kind):
                                      **kwargs)
   np.testing.assert_array_equal(got[0], want[0])
   np.testing.assert_allclose(got[1], want[1], rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- loop helpers
+
+def test_block_top_k_equals_lax_top_k_ties_included():
+  """The block path of beam search's top-k (taken when k x vocab >= 2 blocks per beam, i.e.
+  for any real vocabulary) gives `lax.top_k`'s values and indices, ties in index order."""
+  from model.beam_search import top_k  # pylint: disable=import-outside-toplevel
+  rng = np.random.RandomState(0)
+  x = jnp.asarray(rng.randint(0, 40, (5, 1024)).astype(np.float32))  # many ties
+  x = x.at[1].set(-jnp.inf).at[1, 700].set(3.0)  # one finite entry in a row
+  for k in (1, 4, 7):
+    values, idx = top_k(x, k)
+    ref_values, ref_idx = jax.lax.top_k(x, k)
+    np.testing.assert_array_equal(values, ref_values)
+    np.testing.assert_array_equal(idx, ref_idx)
+
+
+def test_pin_is_a_barrier_on_the_cross_attention_cache_only():
+  from model.decode_loop import pin  # pylint: disable=import-outside-toplevel
+  module, params = _model()
+  src = _sources()
+  encoded = module.apply({'params': params}, src, method=module.encode)
+  kind = kind_of(module)
+  cache = kind.init_cache(module, encoded, src, 3, 4)
+  _, cache = kind.decoder_step(module, params, cache, encoded, src, np.zeros((3, 1), np.int32))
+  pinned = pin(cache)
+  jax.tree.map(np.testing.assert_array_equal, pinned, cache)
+  jaxpr = jax.make_jaxpr(pin)(cache)
+  barriers = [e for e in jaxpr.eqns if e.primitive.name == 'optimization_barrier']
+  cross = [x for path, x in jax.tree_util.tree_flatten_with_path(cache)[0]
+           if getattr(path[-1], 'key', None) in ('cross_key', 'cross_value')]
+  assert cross and sum(len(e.invars) for e in barriers) == len(cross)

@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from configs import default, shakespeare_char, wmt14_base, wmt14_big
+from configs import wmt14_base, wmt14_big
 from model import ConfigError, build_model, layers
 
 TINY = dict(kind='encoder_decoder', vocab_size=40, num_encoder_layers=2, num_decoder_layers=2,
@@ -252,12 +252,6 @@ def test_paper_parameter_counts():
   big = count_params(wmt14_big.get_config())
   assert abs(base - 65e6) / 65e6 < 0.04, base  # 63.1M: see README for the count
   assert abs(big - 213e6) / 213e6 < 0.02, big  # 214.2M
-
-
-def test_presets_build():
-  for config in (default.get_config(), default.get_config('tiny'), shakespeare_char.get_config(),
-                 shakespeare_char.get_config('large'), shakespeare_char.get_config('tiny')):
-    build_model(config.model)
 
 
 @pytest.mark.parametrize('field, value, message', [

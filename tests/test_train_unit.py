@@ -59,15 +59,15 @@ def test_smoothed_cross_entropy():
   targets = jnp.array([[1, 3, 6]])
   # A model predicting exactly the smoothed distribution has loss 0.
   smoothed = jnp.full((1, 3, vocab), ls / (vocab - 1)).at[0, jnp.arange(3), targets[0]].set(1 - ls)
-  loss = steps.smoothed_cross_entropy(jnp.log(smoothed), targets, ls)
+  loss = losses.smoothed_cross_entropy(jnp.log(smoothed), targets, ls)
   np.testing.assert_allclose(loss, 0.0, atol=1e-6)
   # Without smoothing it is the usual cross-entropy.
   logits = jax.random.normal(jax.random.PRNGKey(0), (1, 3, vocab))
-  np.testing.assert_allclose(steps.smoothed_cross_entropy(logits, targets, 0.0),
+  np.testing.assert_allclose(losses.smoothed_cross_entropy(logits, targets, 0.0),
                              optax.softmax_cross_entropy_with_integer_labels(logits, targets),
                              rtol=1e-6)
   # Smoothed loss = KL(smoothed || model) >= 0.
-  assert (steps.smoothed_cross_entropy(logits, targets, ls) >= -1e-6).all()
+  assert (losses.smoothed_cross_entropy(logits, targets, ls) >= -1e-6).all()
 
 
 def test_target_weights():

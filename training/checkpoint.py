@@ -72,13 +72,6 @@ def _manager(workdir: str, *, max_to_keep: int | None = None, async_save: bool =
   return ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
 
 
-def _committed_steps(workdir: str) -> list[int]:
-  """Step folders on disk (renamed into place, so complete), without asking Orbax."""
-  where = checkpoint_dir(workdir)
-  names = os.listdir(where) if os.path.isdir(where) else []
-  return sorted(int(n) for n in names if n.isdigit() and os.path.isdir(os.path.join(where, n)))
-
-
 def list_steps(workdir: str) -> list[int]:
   """Steps of the finished checkpoints in `DIR/checkpoints`, ascending ([] if none)."""
   if not os.path.isdir(checkpoint_dir(workdir)):
@@ -94,8 +87,9 @@ def _state_metadata(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]
   return tree
 
 
-def _shape_mismatches(expected: Any, stored: Any, prefix: str = '') -> list[str]:
-  """Differences between a target tree of ShapeDtypeStructs and stored metadata (dict/list)."""
+def shape_mismatches(expected: Any, stored: Any, prefix: str = '') -> list[str]:
+  """Differences (one line each) between two trees of arrays or ShapeDtypeStructs: the model's
+  and a checkpoint's (stored arrays or their metadata). Used by restore and by decode.py."""
   if isinstance(expected, dict) or isinstance(stored, dict):
     if not (isinstance(expected, dict) and isinstance(stored, dict)):
       return [f'{prefix or "<root>"}: structure differs']
@@ -104,7 +98,7 @@ def _shape_mismatches(expected: Any, stored: Any, prefix: str = '') -> list[str]
       if key not in expected or key not in stored:
         out.append(f'{prefix}{key}: only in the {"checkpoint" if key in stored else "model"}')
       else:
-        out += _shape_mismatches(expected[key], stored[key], f'{prefix}{key}/')
+        out += shape_mismatches(expected[key], stored[key], f'{prefix}{key}/')
     return out
   shape = getattr(stored, 'shape', None)
   if shape is not None and tuple(shape) != tuple(expected.shape):
@@ -210,11 +204,11 @@ class Checkpointer:
     self._pending = None
     with contextlib.suppress(Exception):
       self._manager.close()
-    for path in glob.glob(os.path.join(checkpoint_dir(self.workdir), f'{step}.orbax-checkpoint-tmp*')):
+    where = checkpoint_dir(self.workdir)
+    for path in glob.glob(os.path.join(where, f'{step}.orbax-checkpoint-tmp*')):
       shutil.rmtree(path, ignore_errors=True)
     self._quiet.close()
-    where = checkpoint_dir(self.workdir)
-    intact = [s for s in _committed_steps(self.workdir) if s != step]
+    intact = [s for s in files.committed_steps(where) if s != step]
     kept = (f'checkpoints {", ".join(map(str, intact))} are intact' if len(intact) > 1 else
             f'checkpoint {intact[0]} is intact' if intact else 'there is no earlier checkpoint')
     if files.is_disk_full(error):
@@ -263,7 +257,7 @@ class Checkpointer:
                           f'(tried steps {sorted(skipped)})')
 
   def _check_fits(self, abstract_state: Any, stored: Any, step: int) -> None:
-    mismatches = _shape_mismatches(_params_tree(abstract_state), stored.get('params', {}),
+    mismatches = shape_mismatches(_params_tree(abstract_state), stored.get('params', {}),
                                    'params/')
     if mismatches:
       raise CheckpointError(

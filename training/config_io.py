@@ -19,6 +19,7 @@ from typing import Any
 import ml_collections
 
 from model.config import ConfigError, ModelConfig
+from model.kinds import KINDS, kind_of
 from training.atomic_file import atomic_write
 from training.accelerator import MATMUL_PRECISIONS
 from training.telemetry import parse_profile_steps
@@ -37,7 +38,8 @@ SHAPE_FIELDS = (
 
 OPTIMIZERS = ('adam', 'adamw')
 SCHEDULES = ('rsqrt', 'cosine', 'constant')
-TRAINABLE_KINDS = ('encoder_decoder', 'decoder_only')
+MIN_MAX_LENGTH = 2  # a token and its EOS
+TRAINABLE_KINDS = tuple(name for name, kind in KINDS.items() if kind.has_decoder)
 
 
 class IncompatibleWorkdirError(ConfigError):
@@ -206,9 +208,9 @@ def validate_config(config, *, num_devices: int = 1, process_count: int = 1) -> 
            f'processes ({process_count})')
 
   d = config.data
-  _require(_is_int(d.max_length) and d.max_length > 0,
-           f'config.data.max_length={d.max_length!r} must be a positive integer')
-  target_len = d.max_length + 1 if model_config.kind == 'decoder_only' else d.max_length
+  _require(_is_int(d.max_length) and d.max_length >= MIN_MAX_LENGTH,
+           f'config.data.max_length={d.max_length!r} must be an integer >= {MIN_MAX_LENGTH}')
+  target_len = kind_of(model_config).target_length(d.max_length)
   _require(model_config.positional_encoding == 'rope' or target_len <= model_config.max_len,
            f'config.data.max_length={d.max_length} needs config.model.max_len >= {target_len} '
            f'(positional_encoding={model_config.positional_encoding!r})')

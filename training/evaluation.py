@@ -1,9 +1,9 @@
 """Evaluation during training: validation loss/accuracy/perplexity and BLEU.
 
 `evaluate` runs the jitted eval step over the (padded) validation batches of every process.
-`translate` decodes raw source sentences with `model.decoding` (beam search; greedy when
-`beam_size == 1`) on this process's devices only, and `bleu` scores them with sacreBLEU on
-detokenized text.
+`translate` decodes raw source sentences with `model.inference` (the path `decode.py` takes
+too) on this process's devices only, and `bleu` scores them with sacreBLEU on detokenized
+text.
 """
 
 from __future__ import annotations
@@ -66,50 +66,9 @@ def evaluate(eval_step: Callable, params: Any, batches: Iterable[dict[str, np.nd
           'perplexity': float(np.exp(min(loss, 100.0))), 'num_tokens': float(sums['num_tokens'])}
 
 
-def _fallback_greedy(module, params, inputs, *, max_len):
-  """Greedy decoding by full recomputation (used only when model.decoding is unavailable)."""
-  encoded = module.apply({'params': params}, inputs, method=module.encode)
-
-  def body(t, tokens):
-    logits = module.apply({'params': params}, encoded, inputs, tokens, method=module.decode)
-    return tokens.at[:, t].set(jnp.argmax(logits[:, t], -1).astype(tokens.dtype))
-
-  return jax.lax.fori_loop(0, max_len, body, jnp.zeros((inputs.shape[0], max_len), jnp.int32))
-
-
-def make_translate_fn(module, *, beam_size: int, alpha: float, max_len: int) -> Callable:
-  """(params, inputs [batch, src_len]) -> best tokens [batch, max_len], on local devices."""
-  try:
-    from model import decoding  # pylint: disable=import-outside-toplevel
-  except ImportError:
-    decoding = None
-  if decoding is not None and beam_size > 1 and hasattr(decoding, 'beam_search_decode'):
-    def translate(params, inputs):
-      tokens, _ = decoding.beam_search_decode(module, params, inputs, beam_size=beam_size,
-                                              alpha=alpha, max_len=max_len)
-      return tokens[:, 0]
-    return translate
-  if decoding is not None and hasattr(decoding, 'greedy_decode'):
-    return lambda params, inputs: decoding.greedy_decode(module, params, inputs, max_len=max_len)
-  fallback = jax.jit(_fallback_greedy, static_argnums=0, static_argnames='max_len')
-  return lambda params, inputs: fallback(module, params, inputs, max_len=max_len)
-
-
-def translate(translate_fn: Callable, params: Any, tokenizer, sources: Sequence[str], *,
-              batch_size: int, max_source_len: int) -> list[str]:
-  """Detokenized translations of `sources` (batches padded to a fixed shape: one compile)."""
-  encoded = [tokenizer.encode(s)[:max_source_len] for s in sources]
-  length = max([len(e) for e in encoded] + [1])
-  length = min(max_source_len, -(-length // 8) * 8)
-  outputs = []
-  for start in range(0, len(encoded), batch_size):
-    chunk = encoded[start:start + batch_size]
-    inputs = np.zeros((batch_size, length), np.int32)
-    for i, ids in enumerate(chunk):
-      inputs[i, :len(ids)] = ids
-    tokens = np.asarray(jax.device_get(translate_fn(params, jnp.asarray(inputs))))
-    outputs += [tokenizer.decode(row) for row in tokens[:len(chunk)]]
-  return outputs
+def translate(translator, tokenizer, sources: Sequence[str]) -> list[str]:
+  """Detokenized translations of `sources` by a `model.inference.Translator`."""
+  return [tokenizer.decode(ids) for ids in translator([tokenizer.encode(s) for s in sources])]
 
 
 def bleu(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, str]:

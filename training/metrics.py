@@ -68,10 +68,6 @@ class MetricsWriter:
     for name, value in metrics.items():
       self._writer.add_scalar(f'{prefix}/{name}', float(value), step)
 
-  def text(self, step: int, tag: str, text: str) -> None:
-    if self._writer is not None:
-      self._writer.add_text(tag, text, step)
-
   def flush(self) -> None:
     if self._writer is not None:
       self._writer.flush()

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
+from model.kinds import kind_of
 from training import mesh as mesh_lib
 
 
@@ -23,17 +24,10 @@ class TrainState:
   rng: jax.Array
 
 
-def dummy_inputs(model_config, length: int = 8) -> tuple[tuple, dict]:
-  tokens = jnp.ones((1, length), jnp.int32)
-  if model_config.kind == 'encoder_decoder':
-    return (tokens, tokens), {}
-  return (tokens,), {}
-
-
 def init_params(module, seed_key: jax.Array) -> Any:
   """Float32 parameters from `init` on a dummy batch."""
-  args, kwargs = dummy_inputs(module.config)
-  return module.init({'params': seed_key}, *args, deterministic=True, **kwargs)['params']
+  args = kind_of(module).example_inputs()
+  return module.init({'params': seed_key}, *args, deterministic=True)['params']
 
 
 def make_init_fn(module, tx: optax.GradientTransformation, seed: int):

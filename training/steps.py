@@ -18,8 +18,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from model.kinds import kind_of
 from training import mesh as mesh_lib
-from training.losses import cross_entropy_and_accuracy, smoothed_cross_entropy  # noqa: F401
+from training.losses import cross_entropy_and_accuracy
 from training.state import TrainState
 
 Batch = dict[str, jax.Array]
@@ -35,19 +36,8 @@ def apply_model(module, params, batch: Batch, *, deterministic: bool,
                 dropout_rng: jax.Array | None = None) -> jax.Array:
   """Logits `[batch, len, vocab]` (float32); `logits[:, t]` predicts `targets[:, t]`."""
   rngs = {} if dropout_rng is None else {'dropout': dropout_rng}
-  variables = {'params': params}
-  if module.config.kind == 'encoder_decoder':
-    return module.apply(
-        variables, batch['inputs'], batch['targets'],
-        inputs_segmentation=batch.get('inputs_segmentation'),
-        targets_segmentation=batch.get('targets_segmentation'),
-        inputs_position=batch.get('inputs_position'),
-        targets_position=batch.get('targets_position'),
-        deterministic=deterministic, rngs=rngs)
-  return module.apply(variables, batch['targets'],
-                      segmentation=batch.get('targets_segmentation'),
-                      positions=batch.get('targets_position'),
-                      deterministic=deterministic, rngs=rngs)
+  return kind_of(module).apply_batch(module, {'params': params}, batch,
+                                     deterministic=deterministic, rngs=rngs)
 
 
 def _loss_sums(params, module, batch: Batch, dropout_rng, label_smoothing: float):

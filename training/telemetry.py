@@ -14,6 +14,8 @@ from typing import Mapping, Sequence
 
 import jax
 
+from model.kinds import kind_of
+
 # Dense peak TFLOP/s per chip (vendor data sheets, no sparsity): bf16 compute, and float32
 # at the backend's default precision (TF32 tensor cores on NVIDIA; bf16 passes on TPU).
 # First match wins, so the more specific names come first.
@@ -39,22 +41,8 @@ def peak_flops(device_kind: str, dtype: str) -> float | None:
 
 def train_step_flops(model_config, batch_shapes: Mapping[str, Sequence[int]]) -> int:
   """Analytic FLOPs of one train step for a batch with these `[batch, len]` shapes (padding
-  included: it is computed). Matmuls only: projections, attention scores and values, logits."""
-  c = model_config
-  d, f, v = c.d_model, c.d_ff, c.vocab_size
-  b, t = batch_shapes['targets'][:2]
-  per_layer = lambda length: 2 * (4 * d * d + 2 * d * f) + 4 * length * d  # noqa: E731
-  flops = b * t * 2 * d * v  # the output softmax
-  if c.kind == 'encoder_decoder':
-    s = batch_shapes['inputs'][1]
-    flops += b * s * c.num_encoder_layers * per_layer(s)
-    cross = b * t * (2 * 2 * d * d + 4 * s * d) + b * s * 2 * 2 * d * d  # Q, W^O; K, V
-    flops += c.num_decoder_layers * (b * t * per_layer(t) + cross)
-  elif c.kind == 'decoder_only':
-    flops += b * t * c.num_decoder_layers * per_layer(t)
-  else:
-    flops += b * t * c.num_encoder_layers * per_layer(t)
-  return 3 * flops
+  included: it is computed): 3 x the forward pass's matmuls (`ModelKind.forward_flops`)."""
+  return 3 * kind_of(model_config).forward_flops(model_config, batch_shapes)
 
 
 def mfu(flops_per_step: float, seconds_per_step: float, dtype: str,

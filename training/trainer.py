@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from model import build_model, transformer
+from model import build_model, inference
 from training import accelerator, checkpoint as ckpt_lib
 from training import config_io, evaluation, metrics as metrics_lib, optim, steps, telemetry
 from training import mesh as mesh_lib
@@ -171,16 +171,12 @@ class _Run:
     examples = list(self.datasets.eval_examples())[:dec.num_eval_sentences]
     if not examples:
       return None, ''
-    # Unstacked once per evaluation (not per batch) if the layers are scanned.
-    module, params = transformer.unrolled(self.module, mesh_lib.to_local(state.params))
-    if not hasattr(self, '_translate_fn'):
-      max_len = min(dec.max_len, self.model_config.max_len)
-      self._translate_fn = evaluation.make_translate_fn(
-          module, beam_size=dec.beam_size, alpha=dec.alpha, max_len=max_len)
-    hypotheses = evaluation.translate(
-        self._translate_fn, params, self.datasets.tokenizer,
-        [e['source'] for e in examples], batch_size=min(dec.batch_size, len(examples)),
-        max_source_len=self.model_config.max_len)
+    translator = inference.Translator(  # a scan_layers model is unrolled here, once
+        self.module, mesh_lib.to_local(state.params), beam_size=dec.beam_size,
+        alpha=dec.alpha, max_len=min(dec.max_len, self.model_config.max_len),
+        batch_size=min(dec.batch_size, len(examples)), eos_id=self.datasets.tokenizer.eos_id)
+    hypotheses = evaluation.translate(translator, self.datasets.tokenizer,
+                                      [e['source'] for e in examples])
     return evaluation.bleu(hypotheses, [e['target'] for e in examples])
 
   # -- the loop -----------------------------------------------------------------------------

@@ -1,0 +1,83 @@
+"""Translating token ids with a trained encoder-decoder: the one path used by the trainer's
+BLEU evaluation and by `decode.py`.
+
+Sources are token ids (EOS-terminated, as the tokenizer gives them); a source longer than the
+model's positions is cut by `truncate`, the same rule as the training pipeline's. Batches
+hold sentences of similar length, padded to a fixed batch size and a multiple of
+`LENGTH_MULTIPLE` tokens, so a whole test set compiles only a few shapes.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from model import decoding, transformer
+
+LENGTH_MULTIPLE = 16
+
+
+def truncate(ids: Sequence[int], max_len: int, eos_id: int | None) -> list[int]:
+  """At most `max_len` ids; a cut sequence keeps its EOS at the end (when there is one)."""
+  ids = list(ids)
+  if len(ids) <= max_len:
+    return ids
+  return ids[:max_len - 1] + [eos_id] if eos_id is not None else ids[:max_len]
+
+
+def until_eos(ids: Sequence[int], eos_id: int | None) -> list[int]:
+  """Generated ids up to and including EOS, without the trailing padding."""
+  out = []
+  for i in ids:
+    if i == decoding.PAD_ID:
+      break
+    out.append(int(i))
+    if eos_id is not None and i == eos_id:
+      break
+  return out
+
+
+class Translator:
+  """`translator(sources)` -> output ids per source (None where the source is None).
+
+  `module`/`params` as restored (a `scan_layers` model is unrolled here, once); beam search
+  with `beam_size > 1`, else greedy; `max_len` generated tokens at most.
+  """
+
+  def __init__(self, module, params, *, beam_size: int, alpha: float, max_len: int,
+               batch_size: int, eos_id: int | None = decoding.EOS_ID):
+    self.module, self.params = transformer.unrolled(module, params)
+    self.beam_size, self.alpha, self.max_len = beam_size, alpha, max_len
+    self.batch_size, self.eos_id = batch_size, eos_id
+
+  def _decode(self, inputs: np.ndarray) -> np.ndarray:
+    if self.beam_size > 1:
+      tokens, _ = decoding.beam_search_decode(self.module, self.params, inputs,
+                                              beam_size=self.beam_size, alpha=self.alpha,
+                                              max_len=self.max_len, eos_id=self.eos_id)
+      return np.asarray(tokens[:, 0])
+    return np.asarray(decoding.greedy_decode(self.module, self.params, inputs,
+                                             max_len=self.max_len, eos_id=self.eos_id))
+
+  def __call__(self, sources: Sequence[Sequence[int] | None],
+               progress: Callable[[int], None] | None = None) -> list[list[int] | None]:
+    """`progress(n)` is called after each batch with the number of sentences it held."""
+    model_len = self.module.config.max_len
+    order = sorted((i for i, s in enumerate(sources) if s is not None),
+                   key=lambda i: len(sources[i]))
+    outputs: list[list[int] | None] = [None] * len(sources)
+    for start in range(0, len(order), self.batch_size):
+      chunk = order[start:start + self.batch_size]
+      longest = max(len(sources[i]) for i in chunk)
+      length = min(model_len, max(1, -(-longest // LENGTH_MULTIPLE) * LENGTH_MULTIPLE))
+      inputs = np.zeros((self.batch_size, length), np.int32)
+      for row, i in enumerate(chunk):
+        ids = truncate(sources[i], model_len, self.eos_id)
+        inputs[row, :len(ids)] = ids
+      tokens = self._decode(inputs)
+      for row, i in enumerate(chunk):
+        outputs[i] = until_eos(tokens[row], self.eos_id)
+      if progress is not None:
+        progress(len(chunk))
+    return outputs

@@ -1,0 +1,163 @@
+"""One adapter per model kind: everything outside the Linen modules that depends on the kind.
+
+As t5x's model classes do, an adapter says how a model of its kind is called (example inputs
+for `init`, a training batch, a teacher-forced pass for scoring and attention plots), how it
+decodes (encoding the source, the KV cache, one decoder step) and what it costs (analytic
+FLOPs). Training, decoding, plotting and `decode.py` ask `kind_of(...)` instead of branching
+on `config.kind`; a new kind is a module class in `model/transformer.py` plus an adapter here
+in `KINDS`.
+
+Batches are dicts of `[batch, len]` int32 arrays: `targets` (the decoder's tokens; for a
+language model, the text) and, with a source, `inputs`; packed rows add `*_segmentation` and
+`*_position`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from model import transformer
+
+Array = jax.Array
+
+
+class ModelKind:
+  """The kind-independent part; subclasses fill in what differs."""
+  name: str
+  module_class: type
+  has_source: bool  # the model reads `inputs` (a source sentence) besides its tokens
+  has_decoder: bool  # it predicts tokens: trains on a loss, decodes
+
+  def example_inputs(self, length: int = 8, batch: int = 1) -> tuple[Array, ...]:
+    """Positional arguments of a forward pass (for `init` and shape checks)."""
+    tokens = jnp.ones((batch, length), jnp.int32)
+    return (tokens, tokens) if self.has_source else (tokens,)
+
+  def param_shapes(self, module) -> Any:
+    """The parameter tree's ShapeDtypeStructs (no compute)."""
+    return jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0),
+                                              *self.example_inputs(4)))['params']
+
+  def target_length(self, max_length: int) -> int:
+    """Positions the decoder needs for examples of `config.data.max_length` tokens."""
+    return max_length
+
+  def apply_batch(self, module, variables, batch: Mapping[str, Array], *, deterministic: bool,
+                  rngs=None, **kwargs):
+    """A training/eval batch -> the model's output (logits `[batch, len, vocab]`)."""
+    return module.apply(variables, batch['targets'],
+                        segmentation=batch.get('targets_segmentation'),
+                        positions=batch.get('targets_position'),
+                        deterministic=deterministic, rngs=rngs or {}, **kwargs)
+
+  def teacher_forced(self, module, variables, source, tokens, **kwargs):
+    """Unpacked forward pass over `tokens` `[batch, len]` (and the `source`, if any)."""
+    args = (source, tokens) if self.has_source else (tokens,)
+    return module.apply(variables, *args, **kwargs)
+
+  # -- decoding -----------------------------------------------------------------------------
+  def encode(self, module, params, inputs):
+    """The decoder's fixed context: encoded source `[batch, src_len, d_model]`, or None."""
+    del module, params, inputs
+    return None
+
+  def init_cache(self, module, encoded, inputs, batch: int, cache_len: int):
+    """A zero KV cache for `batch` rows and `cache_len` positions (shapes only, no compute)."""
+    dummy = jnp.zeros((batch, cache_len), jnp.int32)
+    shapes = jax.eval_shape(lambda: self._call_decoder(
+        module.init, jax.random.PRNGKey(0), module, encoded, inputs, dummy))['cache']
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+  def decoder_step(self, module, params, cache, encoded, inputs, tokens, positions=None,
+                   mask=None):
+    """Decoder inputs `[batch, n]` -> (logits `[batch, n, vocab]` float32, new cache).
+
+    `positions` `[batch, n]` and `mask` `[batch, 1, n, cache_len]` (see `Decoder`)."""
+    logits, state = self._call_decoder(module.apply, {'params': params, 'cache': cache},
+                                       module, encoded, inputs, tokens, positions=positions,
+                                       decode_mask=mask, mutable=['cache'])
+    return logits.astype(jnp.float32), state['cache']
+
+  def _call_decoder(self, fn, first, module, encoded, inputs, tokens, positions=None,
+                    **kwargs):
+    del module, encoded, inputs
+    return fn(first, tokens, positions=positions, decode=True, **kwargs)
+
+  # -- cost ---------------------------------------------------------------------------------
+  def forward_flops(self, config, shapes: Mapping[str, Sequence[int]]) -> int:
+    """Matmul FLOPs of one forward pass over a batch of these `[batch, len]` shapes."""
+    b, t = shapes['targets'][:2]
+    return b * t * config.num_decoder_layers * _layer_flops(config, t) + _logits(config, b, t)
+
+
+def _layer_flops(c, length: int) -> int:
+  """Per token of one self-attention + feed-forward layer: projections (Q, K, V, W^O), the
+  feed-forward, and the attention's scores and values over `length` keys."""
+  return 2 * (4 * c.d_model * c.d_model + 2 * c.d_model * c.d_ff) + 4 * length * c.d_model
+
+
+def _logits(c, b: int, t: int) -> int:
+  return b * t * 2 * c.d_model * c.vocab_size
+
+
+class EncoderDecoderKind(ModelKind):
+  name, module_class = 'encoder_decoder', transformer.EncoderDecoder
+  has_source, has_decoder = True, True
+
+  def apply_batch(self, module, variables, batch, *, deterministic, rngs=None, **kwargs):
+    return module.apply(
+        variables, batch['inputs'], batch['targets'],
+        inputs_segmentation=batch.get('inputs_segmentation'),
+        targets_segmentation=batch.get('targets_segmentation'),
+        inputs_position=batch.get('inputs_position'),
+        targets_position=batch.get('targets_position'),
+        deterministic=deterministic, rngs=rngs or {}, **kwargs)
+
+  def encode(self, module, params, inputs):
+    return module.apply({'params': params}, inputs, method=module.encode)
+
+  def _call_decoder(self, fn, first, module, encoded, inputs, tokens, positions=None,
+                    **kwargs):
+    return fn(first, encoded, inputs, tokens, targets_position=positions, decode=True,
+              method=module.decode, **kwargs)
+
+  def forward_flops(self, config, shapes):
+    c = config
+    b, t = shapes['targets'][:2]
+    s = shapes['inputs'][1]
+    d = c.d_model
+    encoder = b * s * c.num_encoder_layers * _layer_flops(c, s)
+    # Cross-attention: Q and W^O per target token, K and V per source token, scores/values.
+    cross = b * t * (2 * 2 * d * d + 4 * s * d) + b * s * 2 * 2 * d * d
+    decoder = c.num_decoder_layers * (b * t * _layer_flops(c, t) + cross)
+    return encoder + decoder + _logits(c, b, t)
+
+
+class DecoderOnlyKind(ModelKind):
+  name, module_class = 'decoder_only', transformer.DecoderOnly
+  has_source, has_decoder = False, True
+
+  def target_length(self, max_length: int) -> int:
+    return max_length + 1  # the decoder reads the start token before the text
+
+
+class EncoderOnlyKind(ModelKind):
+  name, module_class = 'encoder_only', transformer.EncoderOnly
+  has_source, has_decoder = False, False
+
+  def forward_flops(self, config, shapes):
+    b, t = shapes['targets'][:2]
+    return b * t * config.num_encoder_layers * _layer_flops(config, t)
+
+
+KINDS: dict[str, ModelKind] = {k.name: k for k in (EncoderDecoderKind(), DecoderOnlyKind(),
+                                                   EncoderOnlyKind())}
+
+
+def kind_of(module_or_config) -> ModelKind:
+  """The adapter of a module (anything with `.config.kind`) or of a model config."""
+  config = getattr(module_or_config, 'config', module_or_config)
+  return KINDS[config.kind]
