@@ -1,12 +1,16 @@
-"""Decoding speed: greedy and beam search on the KV cache, random weights, CPU.
+"""Decoding speed: greedy and beam search on the KV cache, random weights.
 
-    python bench/decode.py                      # 'small' and 'default', greedy + beam 4
+    python bench/decode.py                      # 'small' and 'default', greedy + beam 4, CPU
     python bench/decode.py --configs=small --reps=10 --peer   # + the Flax WMT example
+    python bench/decode.py --platform=gpu --configs=small --batch_size=16 --dtype=bfloat16
+
+Runs on the CPU unless `--platform` names another JAX platform ('gpu', 'tpu', or 'auto' =
+JAX's choice); `--batch_size` and `--dtype` size it for an accelerator.
 
 Prints one JSON object per (config, method): ms per batch (median over timed calls),
 sentences/s, generated tokens/s (best hypothesis: batch x steps; and x beam for all beams).
 
-Setup (as the peers' harness, `../shared/bench/peers/jax_encdec_bench.py`): batch 16, source
+Setup (as the peers' harness, `../shared/bench/peers/jax_encdec_bench.py`): batch 16 (default), source
 length 32 (random ids in [3, vocab)), `max_len` 32 generated tokens, EOS out of reach, so
 every call runs the full 32 decoder steps (1 before the loop + 31 in it), encoder included.
 `small` = vocab 8192, d_model 256, d_ff 1024, 4 heads, 3+3 layers, shared embeddings, tied
@@ -34,7 +38,20 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+
+
+def _platform_flag(argv) -> str:
+  """--platform's value, read before JAX is imported (it fixes the backend at import)."""
+  for i, arg in enumerate(argv):
+    if arg.startswith('--platform='):
+      return arg.split('=', 1)[1]
+    if arg == '--platform' and i + 1 < len(argv):
+      return argv[i + 1]
+  return 'cpu'
+
+
+if _platform_flag(sys.argv) != 'auto':
+  os.environ.setdefault('JAX_PLATFORMS', _platform_flag(sys.argv))
 
 import jax
 import jax.numpy as jnp
@@ -48,7 +65,11 @@ from model import (
 BATCH, SRC_LEN, MAX_LEN, BEAM = 16, 32, 32, 4
 
 
-def model_config(name: str) -> dict:
+def model_config(name: str, dtype: str = 'float32') -> dict:
+  return {**_model_config(name), 'dtype': dtype}
+
+
+def _model_config(name: str) -> dict:
   if name == 'small':
     return {'kind': 'encoder_decoder', 'vocab_size': 8192, 'num_encoder_layers': 3,
             'num_decoder_layers': 3, 'd_model': 256, 'num_heads': 4, 'd_ff': 1024,
@@ -89,8 +110,8 @@ def _timed(fn, reps: int, warmup: int, max_foreign: float):
           'foreign_cores_median': round(statistics.median(f for _, f in calls), 2)}
 
 
-def bench_ours(name: str, reps: int, warmup: int, max_foreign: float, methods):
-  module = build_model(model_config(name))
+def bench_ours(name: str, reps: int, warmup: int, max_foreign: float, methods, dtype='float32'):
+  module = build_model(model_config(name, dtype))
   vocab = module.config.vocab_size
   rng = np.random.default_rng(7)
   inputs = [jnp.asarray(rng.integers(3, vocab, size=(BATCH, SRC_LEN)), jnp.int32)
@@ -142,6 +163,7 @@ def _rates(result, beam):
 
 
 def main():
+  global BATCH  # pylint: disable=global-statement  (--batch_size sets the module's setup)
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument('--configs', default='small,default')
   ap.add_argument('--methods', default=f'greedy,beam{BEAM}')
@@ -149,14 +171,21 @@ def main():
   ap.add_argument('--warmup', type=int, default=2)
   ap.add_argument('--max_foreign', type=float, default=0.15)
   ap.add_argument('--peer', action='store_true', help='also time the Flax WMT beam search')
+  ap.add_argument('--batch_size', type=int, default=BATCH, help='sentences per call')
+  ap.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16'])
+  ap.add_argument('--platform', default='cpu',
+                  help="JAX platform: cpu (default), gpu, tpu, or auto (JAX's choice)")
   a = ap.parse_args()
+  BATCH = a.batch_size
   stamp = {'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
            'cpus': os.cpu_count(), 'jax': jax.__version__, 'python': platform.python_version(),
-           'load': os.getloadavg()[0], 'batch': BATCH, 'src_len': SRC_LEN, 'max_len': MAX_LEN}
+           'load': os.getloadavg()[0], 'batch': BATCH, 'src_len': SRC_LEN, 'max_len': MAX_LEN,
+           'dtype': a.dtype, 'backend': jax.default_backend(),
+           'device': jax.devices()[0].device_kind}
   print(json.dumps({'bench': 'decode', **stamp}), flush=True)
   methods = a.methods.split(',')
   for name in a.configs.split(','):
-    calls = bench_ours(name, a.reps, a.warmup, a.max_foreign, methods)
+    calls = bench_ours(name, a.reps, a.warmup, a.max_foreign, methods, a.dtype)
     if a.peer and name == 'small':
       peer = bench_peer(a.reps, a.warmup, a.max_foreign)
       if peer is not None:
@@ -184,6 +213,8 @@ def main():
                  r['foreign_cores_median'] for r in runs), 2)}
       beam = 1 if m == 'greedy' else BEAM
       res = _rates(res, beam)
+      res['ms_per_decoder_step'] = round(res['median_ms'] / MAX_LEN, 2)
+      res.update(batch=BATCH, dtype=a.dtype)
       if m == 'flax_wmt_beam4':
         res['gen_tokens_per_s'] = round(BATCH * (MAX_LEN - 1) / (res['median_ms'] / 1e3))
         res['gen_tokens_per_s_all_beams'] = res['gen_tokens_per_s'] * BEAM

@@ -3,6 +3,8 @@
     python bench/train_step.py --config=small            # ours + the matmul reference
     python bench/train_step.py --config=base --flax_wmt_dir=~/peers/flax/examples/wmt
     python bench/train_step.py --config=base --only=flax_wmt --flax_wmt_dir=...  # its peak RSS
+    python bench/train_step.py --config=base --batch_size=256 --dtype=bfloat16 \
+        --attention_impl=cudnn --flax_wmt_dir=...   # the GPU target of issue 15
 
 Prints one JSON object: ms/step (median, p10, p90, min, max), target tokens/s, analytic
 train FLOPs (the formula of ../shared/bench/peers/flops.py: 2 per multiply-add, matmuls
@@ -10,8 +12,11 @@ only, backward = 2 x forward), GFLOP/s and the fraction of a jitted 2048^2 f32 m
 rate measured in this process. With `--flax_wmt_dir` (a checkout of google/flax
 examples/wmt, never copied here) the Flax WMT example's step is timed in the same process,
 its steps interleaved with ours, with the same batches and optimizer and the example's own
-label-smoothed loss (`compute_weighted_cross_entropy` of its train.py), and the ratio is
-reported.
+label-smoothed loss (`compute_weighted_cross_entropy` of its train.py), in the same dtype,
+and the ratio is reported. `--batch_size`, `--length` and `--dtype` size it for an
+accelerator; the matmul reference is then an `--matmul_n`^3 matmul in the step's dtype
+(default 8192 on GPU/TPU, 2048 on CPU), timed in this process, so `fraction_of_matmul` is
+the MFU against what this device reaches, not against a datasheet.
 
 The step timed is the real one (`training/steps.py: make_train_step`): label-smoothed loss,
 Adam(0.9, 0.98, 1e-9), donated state, non-finite guard, metrics. Batches are random ids in
@@ -37,6 +42,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 from model import build_model  # noqa: E402
+from model.config import ATTENTION_IMPLS  # noqa: E402
 from training import mesh as mesh_lib, steps  # noqa: E402
 from training.state import TrainState  # noqa: E402
 
@@ -57,9 +63,9 @@ def train_flops(c) -> int:
   return 3 * (enc + dec + cross + out)
 
 
-def matmul_gflops(n=2048, reps=20) -> float:
-  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-  b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+def matmul_gflops(n=2048, reps=20, dtype='float32') -> float:
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
+  b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32).astype(dtype)
   f = jax.jit(jnp.matmul)
   for _ in range(3):
     f(a, b).block_until_ready()
@@ -71,16 +77,17 @@ def matmul_gflops(n=2048, reps=20) -> float:
   return 2 * n ** 3 / np.median(times) / 1e9
 
 
-def model_config(c, dropout, **overrides):
+def model_config(c, dropout, attention_dropout=None, **overrides):
+  attention_dropout = dropout if attention_dropout is None else attention_dropout
   return dict(kind='encoder_decoder', vocab_size=c['vocab'], num_encoder_layers=c['layers'],
               num_decoder_layers=c['layers'], d_model=c['d'], num_heads=c['heads'], d_ff=c['f'],
-              dropout_rate=dropout, attention_dropout_rate=dropout, max_len=256,
+              dropout_rate=dropout, attention_dropout_rate=attention_dropout, max_len=256,
               share_embeddings=True, logits_via_embedding=True, **overrides)
 
 
 def ours(c, batch, args):
   """A jitted step closure over our real train step."""
-  module = build_model(model_config(c, args.dropout, dtype=args.dtype,
+  module = build_model(model_config(c, args.dropout, attention_dropout(args), dtype=args.dtype,
                                     attention_impl=args.attention_impl,
                                     scan_layers=args.scan_layers, remat=args.remat))
   tx = optax.adam(5e-4, b1=0.9, b2=0.98, eps=1e-9)
@@ -96,6 +103,13 @@ def ours(c, batch, args):
     return metrics['loss']
 
   return run, count_params(params)
+
+
+def attention_dropout(args) -> float:
+  """--attention_dropout, else --dropout; 0 for 'cudnn', which cannot drop attention weights."""
+  if args.attention_dropout is not None:
+    return args.attention_dropout
+  return 0.0 if args.attention_impl == 'cudnn' else args.dropout
 
 
 def count_params(params):
@@ -125,7 +139,7 @@ def flax_wmt(c, batch, args):
       {'jnp': jnp, 'np': np, 'nn': nn, 'common_utils': common_utils})
   cfg = models.TransformerConfig(
       vocab_size=c['vocab'], output_vocab_size=c['vocab'], share_embeddings=True,
-      logits_via_embedding=True, dtype=jnp.float32, emb_dim=c['d'], num_heads=c['heads'],
+      logits_via_embedding=True, dtype=jnp.dtype(args.dtype), emb_dim=c['d'], num_heads=c['heads'],
       num_layers=c['layers'], qkv_dim=c['d'], mlp_dim=c['f'], max_len=256,
       dropout_rate=args.dropout, attention_dropout_rate=args.dropout, deterministic=False)
   model = models.Transformer(cfg)
@@ -158,6 +172,13 @@ def flax_wmt(c, batch, args):
   return run, count_params(params)
 
 
+def peak_device_memory_mib():
+  """Peak bytes in use on device 0 (GPU/TPU), in MiB; None where the backend keeps no count."""
+  stats = jax.devices()[0].memory_stats() or {}
+  peak = stats.get('peak_bytes_in_use')
+  return None if peak is None else peak / 2 ** 20
+
+
 def summarize(times, flops, tokens, peak):
   ms = np.asarray(times) * 1e3
   median = float(np.median(ms))
@@ -174,7 +195,15 @@ def main():
   parser.add_argument('--steps', type=int, default=20, help='timed steps (after 3 warm-up)')
   parser.add_argument('--dropout', type=float, default=0.1)
   parser.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16'])
-  parser.add_argument('--attention_impl', default='reference', choices=['reference', 'xla'])
+  parser.add_argument('--batch_size', type=int, default=None, help="sentences per step "
+                      "(default: the config's; the issue's GPU figure: base at 256)")
+  parser.add_argument('--length', type=int, default=None,
+                      help="source and target length (default: the config's, 32 or 64)")
+  parser.add_argument('--attention_impl', default='reference', choices=list(ATTENTION_IMPLS))
+  parser.add_argument('--attention_dropout', type=float, default=None,
+                      help="default: --dropout (0 with attention_impl='cudnn')")
+  parser.add_argument('--matmul_n', type=int, default=None,
+                      help='size of the reference matmul (default 8192 on GPU/TPU, 2048 on CPU)')
   parser.add_argument('--scan_layers', action='store_true',
                       help='nn.scan over layers (first_step_s shows the compile time it saves)')
   parser.add_argument('--remat', action='store_true', help='rematerialise each layer')
@@ -183,7 +212,11 @@ def main():
   parser.add_argument('--only', choices=['ours', 'flax_wmt'], default=None,
                       help='time one contender alone, so that the peak RSS is its own')
   args = parser.parse_args()
-  c = CONFIGS[args.config]
+  c = dict(CONFIGS[args.config])
+  if args.batch_size:
+    c['batch'] = args.batch_size
+  if args.length:
+    c['src_len'] = c['tgt_len'] = args.length
   rng = np.random.default_rng(0)
   batch = {'inputs': jnp.asarray(rng.integers(3, c['vocab'], (c['batch'], c['src_len'])), jnp.int32),
            'targets': jnp.asarray(rng.integers(3, c['vocab'], (c['batch'], c['tgt_len'])), jnp.int32)}
@@ -209,14 +242,20 @@ def main():
         first[name] = elapsed
       elif i >= 3:
         times[name].append(elapsed)
-  peak = matmul_gflops()
+  matmul_n = args.matmul_n or (2048 if jax.default_backend() == 'cpu' else 8192)
+  peak = matmul_gflops(matmul_n, dtype=args.dtype)
   result = {'bench': 'train_step', 'config': args.config, **c, 'dropout': args.dropout,
+            'attention_dropout': attention_dropout(args),
             'dtype': args.dtype, 'attention_impl': args.attention_impl,
             'scan_layers': args.scan_layers, 'remat': args.remat,
             'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
             'machine': f'{platform.processor() or platform.machine()}, {os.cpu_count()} cores',
             'jax': jax.__version__, 'backend': jax.default_backend(),
-            'train_flops_per_step': flops, 'matmul_2048_gflops': peak,
+            'device': jax.devices()[0].device_kind, 'train_flops_per_step': flops,
+            'matmul': {'n': matmul_n, 'dtype': args.dtype, 'gflops': peak},
+            'matmul_2048_gflops': (peak if (matmul_n, args.dtype) == (2048, 'float32')
+                                   else matmul_gflops(2048)),
+            'peak_device_memory_mib': peak_device_memory_mib(),
             # ru_maxrss is KiB on Linux; the process's peak, so per contender only with --only.
             'peak_rss_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
   for name, (_, num_params) in contenders.items():
