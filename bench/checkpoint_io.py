@@ -29,13 +29,14 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax  # noqa: E402
-from absl import logging  # noqa: E402
+import jax
+from absl import logging
 
-from configs import wmt14_base, wmt14_big  # noqa: E402
-from model import build_model  # noqa: E402
-from training import checkpoint, checkpoint_files  # noqa: E402
-from training import mesh as mesh_lib, optim, state as state_lib  # noqa: E402
+from configs import wmt14_base, wmt14_big
+from model import build_model
+from training import checkpoint, checkpoint_files, optim
+from training import mesh as mesh_lib
+from training import state as state_lib
 
 PRESETS = {'base': wmt14_base, 'big': wmt14_big}
 

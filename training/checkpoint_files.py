@@ -4,8 +4,8 @@
   verify_checksums(step_dir)       -> None when intact, else a short reason
   short_reason(error, root)        one short line for an Orbax/TensorStore error
   is_disk_full(error)              ENOSPC anywhere in an error (or its text)
-  quiet_orbax_logs()               context manager: Orbax's own error logs are collected
-                                   instead of printed (our callers report the failure), and
+  quiet_orbax_logs()               context manager: Orbax's own warning/error logs are not
+                                   printed (our callers report the failure in one line), and
                                    TensorStore's late wake-ups of closed loops are dropped
 
 The checksum file is written into the step's temporary directory just before Orbax renames
@@ -87,6 +87,13 @@ def verify_checksums(step_dir: str, skip: tuple[str, ...] = ()) -> str | None:
   return None
 
 
+def committed_steps(checkpoint_dir: str) -> list[int]:
+  """Step folders on disk (renamed into place, so complete), without asking Orbax."""
+  names = os.listdir(checkpoint_dir) if os.path.isdir(checkpoint_dir) else []
+  return sorted(int(n) for n in names
+                if n.isdigit() and os.path.isdir(os.path.join(checkpoint_dir, n)))
+
+
 def tree_size(directory: str) -> int:
   """Bytes of every file under `directory`."""
   return sum(os.path.getsize(os.path.join(root, name))
@@ -136,22 +143,14 @@ def short_reason(error: BaseException, root: str | None = None) -> str:
 
 # -- logging ----------------------------------------------------------------------------------
 
-class _Collect(logging.Filter):
-  """Keeps Orbax's (and asyncio's "exception was never retrieved") error records off stderr;
-  remembers the first one so that a failure nobody raised is still reported."""
-
-  def __init__(self):
-    super().__init__()
-    self.first: str | None = None
+class _Hide(logging.Filter):
+  """Keeps Orbax's, TensorStore's and asyncio's ("exception was never retrieved") warnings and
+  errors off stderr: each failure reaches our code as an exception, reported in one line."""
 
   def filter(self, record: logging.LogRecord) -> bool:
     path = record.pathname or ''
-    ours = '/orbax/' in path or '/tensorstore/' in path or path.endswith('asyncio/base_events.py')
-    if ours and record.levelno >= logging.WARNING:
-      if self.first is None and record.levelno >= logging.ERROR:
-        self.first = record.getMessage().split('\n', 1)[0][:200]
-      return False
-    return True
+    theirs = '/orbax/' in path or '/tensorstore/' in path or path.endswith('asyncio/base_events.py')
+    return not (theirs and record.levelno >= logging.WARNING)
 
 
 def _is_closed_loop_wakeup(unraisable) -> bool:
@@ -178,17 +177,16 @@ def _drop_closed_loop_wakeups() -> None:
 
 @contextlib.contextmanager
 def quiet_orbax_logs():
-  """Within: Orbax/TensorStore/asyncio warnings and errors are not printed (each failure
-  reaches our code as an exception and is reported in one line). Yields the filter, whose
-  `first` holds the first error message seen."""
+  """Within: Orbax/TensorStore/asyncio warnings and errors are not printed, and TensorStore's
+  late wake-ups of closed event loops are dropped (for good: they come after the failure)."""
   _drop_closed_loop_wakeups()
-  collect = _Collect()
+  hide = _Hide()
   handlers = [h for name in ('', 'absl') for h in logging.getLogger(name).handlers]
   for handler in handlers:
-    handler.addFilter(collect)
+    handler.addFilter(hide)
   try:
-    yield collect
+    yield
   finally:
     gc.collect()  # finish abandoned coroutines now, not at interpreter exit
     for handler in handlers:
-      handler.removeFilter(collect)
+      handler.removeFilter(hide)
