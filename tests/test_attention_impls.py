@@ -81,7 +81,7 @@ def test_chunked_equals_reference_values_and_gradients(kind, use_bias):
   ref = value_and_grads(lambda q, k, v, b: attn.dot_product_attention(
       q, k, v, mask=dense, bias=b, scale=0.4), q, k, v, bias, cotangent)
   for block in ((16, 64) if use_bias else (16,)):  # several blocks (the last padded); one block
-    out = value_and_grads(lambda q, k, v, b: attn.chunked_dot_product_attention(
+    out = value_and_grads(lambda q, k, v, b, block=block: attn.chunked_dot_product_attention(
         q, k, v, mask=mask, bias=b, scale=0.4, block_size=block), q, k, v, bias, cotangent)
     assert_close(out, ref, 2e-5)
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(out))

@@ -1,0 +1,155 @@
+"""Every target of issue 15 (GPU speed) measured in one call, one process per measurement.
+
+    python bench/gpu_targets.py --flax_wmt_dir=~/peers/flax/examples/wmt \
+        --decode_workdir=runs/multi30k > gpu_targets.json
+
+Runs, one after the other (each bench prints JSON; this collects them):
+  train_bf16    bench/train_step.py --config=base --batch_size=256 --dtype=bfloat16, ours
+                (--attention_impl, default 'cudnn') beside the Flax WMT example:
+                >= 2x its tokens/s, >= 50% of a bf16 8192^3 matmul measured in-process
+  train_f32     the same in float32 (attention 'xla'), beside the example (reported)
+  first_step    the base model's first step (compile) with --scan_layers: <= 10 s
+  decode        bench/decode.py --platform=gpu --configs=small --batch_size=16 (beam 4 and
+                greedy, 32 steps; --peer times the Flax WMT beam search too): <= 25 / 10 ms
+  decode_cli    decode.py on test2016 (1000 sentences, beam 4, batch 64), no compilation
+                cache, wall time: <= 10 s (needs --decode_workdir, a trained multi30k run)
+  shakespeare   train.py --config=configs/shakespeare_char.py:large in bfloat16, wall time
+                and tokens/s over the whole run: >= 2x nanoGPT's 1.09M tok/s (its GPU run,
+                issue 15's table)
+`--only=a,b` runs a subset. Prints one JSON object: per target the measurement, the
+target, `met`, and the bench's own JSON under `raw`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NANOGPT_TOKENS_PER_S = 1.09e6  # nanoGPT shakespeare_char on one H100, bf16 (issue 15)
+TEST2016 = os.path.join(ROOT, 'data', 'multi30k', 'test_2016_flickr.en.gz')
+
+
+def run(args: list[str], timeout: int) -> tuple[list[dict], float, str]:
+  """Runs a command from the checkout: (its JSON lines, wall seconds, stderr tail)."""
+  start = time.perf_counter()
+  proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                        check=False)
+  wall = time.perf_counter() - start
+  lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{')]
+  return lines, wall, '' if proc.returncode == 0 else proc.stderr[-2000:]
+
+
+def train(a, dtype: str, impl: str, extra=()) -> dict:
+  cmd = [sys.executable, 'bench/train_step.py', '--config=base', '--batch_size=256',
+         f'--dtype={dtype}', f'--attention_impl={impl}', f'--steps={a.steps}', *extra]
+  if a.flax_wmt_dir:
+    cmd.append(f'--flax_wmt_dir={a.flax_wmt_dir}')
+  lines, _, error = run(cmd, a.timeout)
+  return {'raw': lines[-1] if lines else None, 'error': error}
+
+
+def target_train_bf16(a) -> dict:
+  out = train(a, 'bfloat16', a.attention_impl)
+  raw = out['raw'] or {}
+  ours = raw.get('ours', {})
+  out.update(ms_per_step=ours.get('ms_per_step_median'),
+             fraction_of_bf16_matmul=ours.get('fraction_of_matmul'),
+             speedup_vs_flax_wmt=raw.get('speedup_vs_flax_wmt'),
+             target='>= 2x Flax WMT, >= 0.5 of the bf16 matmul')
+  out['met'] = (None if out['speedup_vs_flax_wmt'] is None or ours == {} else
+                out['speedup_vs_flax_wmt'] >= 2 and ours['fraction_of_matmul'] >= 0.5)
+  return out
+
+
+def target_train_f32(a) -> dict:
+  out = train(a, 'float32', 'xla')
+  raw = out['raw'] or {}
+  out.update(ms_per_step=raw.get('ours', {}).get('ms_per_step_median'),
+             speedup_vs_flax_wmt=raw.get('speedup_vs_flax_wmt'), target='reported', met=None)
+  return out
+
+
+def target_first_step(a) -> dict:
+  out = train(a, 'bfloat16', a.attention_impl, ('--scan_layers', '--steps=1'))
+  first = (out['raw'] or {}).get('ours', {}).get('first_step_s')
+  out.update(first_step_s=first, target='<= 10 s', met=None if first is None else first <= 10)
+  return out
+
+
+def target_decode(a) -> dict:
+  cmd = [sys.executable, 'bench/decode.py', '--platform=gpu', '--configs=small',
+         '--batch_size=16', '--reps=20', '--max_foreign=100']
+  if a.flax_wmt_dir:
+    cmd.append('--peer')
+  env_dir = os.path.expanduser(a.flax_wmt_dir) if a.flax_wmt_dir else None
+  if env_dir:
+    os.environ['FLAX_WMT_DIR'] = env_dir
+  lines, _, error = run(cmd, a.timeout)
+  by_method = {line['method']: line for line in lines if 'method' in line}
+  beam = by_method.get('beam4', {}).get('median_ms')
+  greedy = by_method.get('greedy', {}).get('median_ms')
+  return {'raw': lines, 'error': error, 'beam4_ms': beam, 'greedy_ms': greedy,
+          'target': 'beam 4 <= 25 ms, greedy <= 10 ms per batch of 16',
+          'met': None if beam is None or greedy is None else beam <= 25 and greedy <= 10}
+
+
+def target_decode_cli(a) -> dict:
+  if not a.decode_workdir:
+    return {'met': None, 'target': '<= 10 s cold',
+            'error': 'not run: pass --decode_workdir (a trained multi30k workdir)'}
+  with tempfile.TemporaryDirectory() as tmp:
+    cmd = [sys.executable, 'decode.py', f'--workdir={a.decode_workdir}',
+           f'--input_file={TEST2016}', f'--output_file={tmp}/out.de', '--beam_size=4',
+           '--batch_size=64', '--compilation_cache=']
+    _, wall, error = run(cmd, a.timeout)
+  return {'wall_s': wall, 'error': error, 'target': '<= 10 s cold (no compilation cache)',
+          'met': None if error else wall <= 10}
+
+
+def target_shakespeare(a) -> dict:
+  with tempfile.TemporaryDirectory() as tmp:
+    cmd = [sys.executable, 'train.py', '--config=configs/shakespeare_char.py:large',
+           '--config.model.dtype=bfloat16', f'--workdir={tmp}']
+    _, wall, error = run(cmd, a.timeout)
+  tokens = 5000 * 64 * 256  # the preset's steps x batch x block
+  rate = tokens / wall
+  return {'wall_s': wall, 'tokens_per_s_whole_run': rate, 'error': error,
+          'target': f'>= 2x nanoGPT ({NANOGPT_TOKENS_PER_S:.3g} tok/s)',
+          'met': None if error else rate >= 2 * NANOGPT_TOKENS_PER_S}
+
+
+TARGETS = {'train_bf16': target_train_bf16, 'train_f32': target_train_f32,
+           'first_step': target_first_step, 'decode': target_decode,
+           'decode_cli': target_decode_cli, 'shakespeare': target_shakespeare}
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument('--only', default=','.join(TARGETS), help='comma-separated targets')
+  parser.add_argument('--attention_impl', default='cudnn', help='for the bf16 train step')
+  parser.add_argument('--flax_wmt_dir', default=None, help='google/flax examples/wmt checkout')
+  parser.add_argument('--decode_workdir', default=None, help='a trained multi30k workdir')
+  parser.add_argument('--steps', type=int, default=20, help='timed train steps')
+  parser.add_argument('--timeout', type=int, default=1200, help='seconds per measurement')
+  a = parser.parse_args()
+  report = {'bench': 'gpu_targets', 'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}
+  for name in a.only.split(','):
+    try:
+      report[name] = TARGETS[name](a)
+    except subprocess.TimeoutExpired:
+      report[name] = {'met': None, 'error': f'timed out after {a.timeout} s'}
+    print(json.dumps({name: report[name]}), file=sys.stderr, flush=True)  # progress
+  report['all_met'] = all(r.get('met') is True for k, r in report.items()
+                          if isinstance(r, dict) and r.get('target') != 'reported')
+  print(json.dumps(report))
+
+
+if __name__ == '__main__':
+  main()
