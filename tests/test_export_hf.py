@@ -190,6 +190,11 @@ def _export(*args):
                         env=_env(), capture_output=True, text=True, timeout=600)
 
 
+def _until_eos(ids):
+  """Generated ids up to and including EOS (1): transformers pads the shorter rows."""
+  return ids[:ids.index(1) + 1] if 1 in ids else ids
+
+
 def _sentences(n):
   with gzip.open(os.path.join(DATA, 'test_2016_flickr.en.gz'), 'rt', encoding='utf-8') as f:
     return [next(f).rstrip('\n') for _ in range(n)]
@@ -204,10 +209,12 @@ def test_trained_export_translates_as_decode_py(trained, tmp_path):
   assert 'MarianMTModel' in proc.stderr
   assert {'config.json', 'model.safetensors', 'source.spm', 'vocab.json'} <= set(os.listdir(out))
   restored = decode.Restored(trained, None, 2)
-  lines = _sentences(6)
   tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+  lines = _sentences(8)
+  assert [tokenizer(line)['input_ids'] for line in lines] == list(map(restored.tokenizer.encode,
+                                                                       lines))
+  lines = [line for line in lines if len(restored.tokenizer.encode(line)) <= 48][:6]
   sources = decode.encode_sources(restored.tokenizer, lines, restored.module.config.max_len)
-  assert [tokenizer(line)['input_ids'] for line in lines] == sources
   model = _load(out, transformers.AutoModelForSeq2SeqLM)
 
   # Logits on a padded batch of real sentences.
@@ -225,15 +232,20 @@ def test_trained_export_translates_as_decode_py(trained, tmp_path):
   batch = tokenizer(lines, return_tensors='pt', padding=True)
   generated = model.generate(**batch, num_beams=4, length_penalty=0.0, max_new_tokens=32,
                              output_scores=True, return_dict_in_generate=True)
-  theirs = [decode._until_eos(row[1:], 1) for row in generated.sequences.tolist()]
+  theirs = [_until_eos(row[1:]) for row in generated.sequences.tolist()]
   assert theirs == outputs
   assert sum(o[-1] == 1 for o in outputs) >= 4  # most of them end with EOS before max_len
   texts = tokenizer.batch_decode(generated.sequences, skip_special_tokens=True)
   assert texts == [restored.tokenizer.decode(o) for o in outputs]
-  _, scores = decoding.beam_search_decode(restored.module, restored.params, inputs.astype(np.int32),
-                                          beam_size=4, alpha=0.0, max_len=32)
-  np.testing.assert_allclose(generated.sequences_scores.numpy(), np.asarray(scores)[:, 0],
-                             atol=1e-3, rtol=0)
+  # Their beam scores (length_penalty=0: the sum of log-probabilities, EOS included) against
+  # our model's log-probability of the same translations.
+  hyps = np.zeros((len(outputs), max(map(len, outputs))), np.int32)
+  for row, ids in enumerate(outputs):
+    hyps[row, :len(ids)] = ids
+  logits = restored.module.apply({'params': restored.params}, inputs, hyps)
+  log_probs = np.take_along_axis(np.asarray(jax.nn.log_softmax(logits)), hyps[..., None], -1)
+  ours = np.where(hyps > 0, log_probs[..., 0], 0.0).sum(axis=1)
+  np.testing.assert_allclose(generated.sequences_scores.numpy(), ours, atol=1e-3, rtol=0)
 
   # The README's three lines, as printed, on this export.
   readme = open(os.path.join(ROOT, 'README.md'), encoding='utf-8').read()
