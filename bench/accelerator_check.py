@@ -143,7 +143,7 @@ def plan(args, info: dict, out_dir: str) -> list[tuple[str, list[str], float]]:
   return [
       ('tests', tests, 300),
       ('train bf16', train + ['--dtype=bfloat16'], 150),
-      ('decode', [py, 'bench/decode.py', '--configs=small', '--reps=10'], 90),
+      ('decode', [py, 'bench/decode.py', '--platform=auto', '--configs=small', '--reps=10'], 90),
       ('default run', [py, 'train.py', f'--workdir={run_dir}', *args.default_run_args.split()],
        200),
       ('default run decode', [py, 'decode.py', f'--workdir={run_dir}',
