@@ -15,11 +15,17 @@ from model.config import ModelConfig
 
 def base_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
-
   # Model: every field, its default and its choices are `model.config.ModelConfig`'s.
   config.model = ml_collections.ConfigDict(dataclasses.asdict(ModelConfig()))
+  config.data = _data()
+  config.optimizer = _optimizer()
+  config.train = _train()
+  config.decode = _decode()
+  return config
 
-  config.data = d = ml_collections.ConfigDict()
+
+def _data() -> ml_collections.ConfigDict:
+  d = ml_collections.ConfigDict()
   d.dataset = 'multi30k'
   d.data_dir = config_dict.placeholder(str)  # default: $TFDS_DATA_DIR or ~/tensorflow_datasets
   d.source_lang = 'en'
@@ -37,8 +43,11 @@ def base_config() -> ml_collections.ConfigDict:
   d.packing_window = 1024  # examples packed together (first-fit decreasing), per process
   d.tokenizer_model_type = 'bpe'  # sentencepiece model: 'bpe' (the paper) | 'unigram'
   d.tokenizer_max_sentences = 1_000_000  # train examples sampled to train sentencepiece (0 = all)
+  return d
 
-  config.optimizer = o = ml_collections.ConfigDict()
+
+def _optimizer() -> ml_collections.ConfigDict:
+  o = ml_collections.ConfigDict()
   o.name = 'adam'  # 'adam' | 'adamw'
   o.learning_rate = 1.0  # multiplies the schedule ('rsqrt' is the paper's)
   o.schedule = 'rsqrt'  # 'rsqrt' | 'cosine' | 'constant'
@@ -49,8 +58,11 @@ def base_config() -> ml_collections.ConfigDict:
   o.weight_decay = 0.0
   o.grad_clip_norm = 0.0  # 0 = no clipping
   o.min_learning_rate_ratio = 0.1  # cosine floor, as a fraction of the peak
+  return o
 
-  config.train = t = ml_collections.ConfigDict()
+
+def _train() -> ml_collections.ConfigDict:
+  t = ml_collections.ConfigDict()
   t.num_steps = 100_000
   t.batch_size = 256  # global, in sequences (packed rows when packing)
   t.grad_accum_steps = 1
@@ -69,8 +81,11 @@ def base_config() -> ml_collections.ConfigDict:
   t.matmul_precision = 'default'
   t.deterministic = False  # GPU: deterministic XLA ops, so a resume is bitwise exact (slower)
   t.profile_steps = ''  # 'START,END': a JAX profiler trace of those steps in DIR/profile
+  return t
 
-  config.decode = dec = ml_collections.ConfigDict()
+
+def _decode() -> ml_collections.ConfigDict:
+  dec = ml_collections.ConfigDict()
   dec.beam_size = 4
   dec.alpha = 0.6
   dec.max_len = 128  # generated tokens; also the max source length when translating
@@ -78,4 +93,4 @@ def base_config() -> ml_collections.ConfigDict:
   dec.batch_size = 64
   dec.temperature = 1.0
   dec.top_k = 0  # 0 = no top-k
-  return config
+  return dec

@@ -154,8 +154,14 @@ def validate_config(config, *, num_devices: int = 1, process_count: int = 1) -> 
   model_config = ModelConfig.from_config(config.model)
   _require(model_config.kind in TRAINABLE_KINDS,
            f'config.model.kind={model_config.kind!r}: train.py trains {list(TRAINABLE_KINDS)}')
+  _check_optimizer(config.optimizer)
+  _check_train(config.train, num_devices, process_count)
+  _check_data(config.data, model_config)
+  _check_decode(config.decode)
+  return model_config
 
-  o = config.optimizer
+
+def _check_optimizer(o) -> None:
   _require(o.name in OPTIMIZERS, f'config.optimizer.name={o.name!r} is not one of {list(OPTIMIZERS)}')
   _require(o.schedule in SCHEDULES,
            f'config.optimizer.schedule={o.schedule!r} is not one of {list(SCHEDULES)}')
@@ -179,7 +185,8 @@ def validate_config(config, *, num_devices: int = 1, process_count: int = 1) -> 
            f'config.optimizer.min_learning_rate_ratio={o.min_learning_rate_ratio!r} '
            'must be in [0, 1]')
 
-  t = config.train
+
+def _check_train(t, num_devices: int, process_count: int) -> None:
   for field in ('num_steps', 'batch_size', 'grad_accum_steps', 'eval_every_steps',
                 'checkpoint_every_steps', 'max_checkpoints', 'log_every_steps'):
     _require(_is_int(t[field]) and t[field] > 0,
@@ -207,7 +214,8 @@ def validate_config(config, *, num_devices: int = 1, process_count: int = 1) -> 
            f'config.train.batch_size={t.batch_size} must be divisible by the number of '
            f'processes ({process_count})')
 
-  d = config.data
+
+def _check_data(d, model_config: ModelConfig) -> None:
   _require(_is_int(d.max_length) and d.max_length >= MIN_MAX_LENGTH,
            f'config.data.max_length={d.max_length!r} must be an integer >= {MIN_MAX_LENGTH}')
   target_len = kind_of(model_config).target_length(d.max_length)
@@ -218,7 +226,8 @@ def validate_config(config, *, num_devices: int = 1, process_count: int = 1) -> 
            f'config.data.vocab_size={d.vocab_size!r} must be in [1, config.model.vocab_size='
            f'{model_config.vocab_size}]')
 
-  dec = config.decode
+
+def _check_decode(dec) -> None:
   for field in ('beam_size', 'max_len', 'batch_size'):
     _require(_is_int(dec[field]) and dec[field] > 0,
              f'config.decode.{field}={dec[field]!r} must be a positive integer')
@@ -226,4 +235,3 @@ def validate_config(config, *, num_devices: int = 1, process_count: int = 1) -> 
            f'config.decode.num_eval_sentences={dec.num_eval_sentences!r} must be an integer >= 0')
   _require(_is_number(dec.alpha) and dec.alpha >= 0,
            f'config.decode.alpha={dec.alpha!r} must be a number >= 0')
-  return model_config
