@@ -204,16 +204,17 @@ def seq2seq_state_dict(params, cfg) -> dict[str, np.ndarray]:
 
 def seq2seq_config(cfg, *, eos_id: int | None) -> dict:
   """MarianConfig / PegasusConfig fields for `cfg` (pad = decoder start = 0, as ours)."""
-  fields = dict(
-      vocab_size=cfg.vocab_size, d_model=cfg.d_model, max_position_embeddings=cfg.max_len,
-      encoder_layers=cfg.num_encoder_layers, decoder_layers=cfg.num_decoder_layers,
-      encoder_attention_heads=cfg.num_heads, decoder_attention_heads=cfg.num_heads,
-      encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff,
-      activation_function=GELU if cfg.activation == 'gelu' else 'relu',
-      dropout=cfg.dropout_rate, attention_dropout=cfg.attention_dropout_rate,
-      activation_dropout=0.0, scale_embedding=True, pad_token_id=0,
-      decoder_start_token_id=0, eos_token_id=eos_id, forced_eos_token_id=None,
-      bos_token_id=None, tie_word_embeddings=cfg.logits_via_embedding)
+  fields = {
+      'vocab_size': cfg.vocab_size, 'd_model': cfg.d_model,
+      'max_position_embeddings': cfg.max_len,
+      'encoder_layers': cfg.num_encoder_layers, 'decoder_layers': cfg.num_decoder_layers,
+      'encoder_attention_heads': cfg.num_heads, 'decoder_attention_heads': cfg.num_heads,
+      'encoder_ffn_dim': cfg.d_ff, 'decoder_ffn_dim': cfg.d_ff,
+      'activation_function': GELU if cfg.activation == 'gelu' else 'relu',
+      'dropout': cfg.dropout_rate, 'attention_dropout': cfg.attention_dropout_rate,
+      'activation_dropout': 0.0, 'scale_embedding': True, 'pad_token_id': 0,
+      'decoder_start_token_id': 0, 'eos_token_id': eos_id, 'forced_eos_token_id': None,
+      'bos_token_id': None, 'tie_word_embeddings': cfg.logits_via_embedding}
   if cfg.norm_position == 'post':
     fields.update(decoder_vocab_size=cfg.vocab_size,
                   share_encoder_decoder_embeddings=cfg.share_embeddings)
@@ -254,12 +255,12 @@ def gpt2_state_dict(params, cfg) -> dict[str, np.ndarray]:
 
 def gpt2_config(cfg, *, eos_id: int | None) -> dict:
   """GPT2Config fields for `cfg`. The start token 0 (our pad) is GPT-2's BOS."""
-  return dict(
-      vocab_size=cfg.vocab_size, n_positions=cfg.max_len, n_embd=cfg.d_model,
-      n_layer=cfg.num_decoder_layers, n_head=cfg.num_heads, n_inner=cfg.d_ff,
-      activation_function=GELU if cfg.activation == 'gelu' else 'relu',
-      resid_pdrop=cfg.dropout_rate, embd_pdrop=cfg.dropout_rate,
-      attn_pdrop=cfg.attention_dropout_rate, layer_norm_epsilon=LAYER_NORM_EPS,
-      scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False,
-      reorder_and_upcast_attn=False, bos_token_id=0, pad_token_id=0, eos_token_id=eos_id,
-      tie_word_embeddings=True)
+  return {
+      'vocab_size': cfg.vocab_size, 'n_positions': cfg.max_len, 'n_embd': cfg.d_model,
+      'n_layer': cfg.num_decoder_layers, 'n_head': cfg.num_heads, 'n_inner': cfg.d_ff,
+      'activation_function': GELU if cfg.activation == 'gelu' else 'relu',
+      'resid_pdrop': cfg.dropout_rate, 'embd_pdrop': cfg.dropout_rate,
+      'attn_pdrop': cfg.attention_dropout_rate, 'layer_norm_epsilon': LAYER_NORM_EPS,
+      'scale_attn_weights': True, 'scale_attn_by_inverse_layer_idx': False,
+      'reorder_and_upcast_attn': False, 'bos_token_id': 0, 'pad_token_id': 0,
+      'eos_token_id': eos_id, 'tie_word_embeddings': True}

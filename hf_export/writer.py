@@ -75,8 +75,8 @@ def hf_configs(model_config, tokenizer, decode_config):
   if model_config.kind == 'decoder_only':
     config = transformers.GPT2Config(**convert.gpt2_config(model_config, eos_id=eos))
     temperature = decode_config.get('temperature', 1.0)
-    sampling = dict(do_sample=True, temperature=temperature,
-                    top_k=decode_config.get('top_k', 0) or 0) if temperature > 0 else {}
+    sampling = ({'do_sample': True, 'temperature': temperature,
+                 'top_k': decode_config.get('top_k', 0) or 0} if temperature > 0 else {})
     # GPT-2 has max_len positions: the start token and the text together.
     generation = transformers.GenerationConfig(
         bos_token_id=0, pad_token_id=0, eos_token_id=eos, suppress_tokens=[0],
