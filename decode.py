@@ -40,7 +40,11 @@ def _define_flags() -> None:
   flags.DEFINE_string('output_file', None, 'Where to write the outputs; default: stdout.')
   flags.DEFINE_string('reference', None, 'Reference translations, one per line: prints '
                       'sacreBLEU BLEU and chrF with their signatures.')
-  flags.DEFINE_integer('beam_size', None, 'Beam size (1 = greedy); default config.decode.beam_size.')
+  flags.DEFINE_bool('lowercase_bleu', False, 'With --reference, also print BLEU on lowercased, '
+                    'tokenized text (sacreBLEU lowercase=True, tok 13a), as Multi30k papers '
+                    'score it, beside the cased detokenized BLEU.')
+  flags.DEFINE_integer('beam_size', None, 'Beam size (1 = greedy); default '
+                       'config.decode.beam_size.')
   flags.DEFINE_float('alpha', None, 'GNMT length penalty exponent; default config.decode.alpha.')
   flags.DEFINE_integer('max_len', None, 'Maximum generated tokens per sentence; default '
                        'config.decode.max_len (at most the model\'s max_len).')
@@ -86,7 +90,7 @@ def _info(message: str) -> None:
   print(message, file=sys.stderr, flush=True)
 
 
-# ----------------------------------------------------------------------------- input
+# ----------------------------------------------------------------------------- input, restore
 
 def read_lines(path: str | None, what: str = 'input') -> list[str]:
   """UTF-8 lines of `path` (stdin when None; `.gz` files are decompressed) without their
@@ -102,7 +106,8 @@ def read_lines(path: str | None, what: str = 'input') -> list[str]:
     if path is not None and path.endswith('.gz'):
       data = gzip.decompress(data)
   except (OSError, EOFError) as e:
-    raise DecodeError(f'cannot read {what} file {name}: {getattr(e, "strerror", None) or e}') from None
+    reason = getattr(e, 'strerror', None) or e
+    raise DecodeError(f'cannot read {what} file {name}: {reason}') from None
   raw = data.split(b'\n')
   if raw and raw[-1] == b'':
     raw.pop()
@@ -118,65 +123,23 @@ def read_lines(path: str | None, what: str = 'input') -> list[str]:
   return lines
 
 
-# ----------------------------------------------------------------------------- restore
-
-def _check_params(params, module, workdir) -> None:
-  """The restored tree must be the model of config.json (a clear error, not a JAX one)."""
+def restore(workdir: str, step: int | None, average_last: int):
+  """`training.restore.Restored` of a workdir that holds a model with a decoder."""
   from model.kinds import kind_of  # pylint: disable=import-outside-toplevel
-  from training import checkpoint  # pylint: disable=import-outside-toplevel
-  problems = checkpoint.shape_mismatches(kind_of(module).param_shapes(module), params)
-  if problems:
-    more = f' (+{len(problems) - 3} more)' if len(problems) > 3 else ''
-    raise DecodeError(f'the checkpoint in {workdir} does not fit the model in its config.json '
-                      f'(kind={module.config.kind}): {"; ".join(problems[:3])}{more}')
-
-
-class Restored:
-  """Config, model, tokenizer and parameters of a workdir."""
-
-  def __init__(self, workdir: str, step: int | None, average_last: int):
-    from input_pipeline import tokenizers  # pylint: disable=import-outside-toplevel
-    from model import ConfigError, build_model, transformer  # pylint: disable=import-outside-toplevel
-    from training import checkpoint, config_io  # pylint: disable=import-outside-toplevel
-
-    if not workdir:
-      raise DecodeError('--workdir is required (a directory written by train.py)')
-    if not os.path.isdir(workdir):
-      raise DecodeError(f'--workdir {workdir} does not exist')
-    try:
-      self.config = config_io.load_config(workdir)
-      self.module = build_model(self.config.model)
-    except ConfigError as e:
-      raise DecodeError(str(e)) from None
-    self.kind = self.module.config.kind
-    if self.kind not in ('encoder_decoder', 'decoder_only'):
-      raise DecodeError(f'{workdir} holds a {self.kind} model: there is nothing to decode')
-    try:
-      self.tokenizer = tokenizers.load_tokenizer(workdir)
-    except Exception as e:  # noqa: BLE001  # DataError/DataFileError: one line already
-      raise DecodeError(str(e)) from None
-    if not checkpoint.list_steps(workdir):
-      raise DecodeError(f'no checkpoint in {checkpoint.checkpoint_dir(workdir)}: train first '
-                        f'(python train.py --workdir={workdir})')
-    started = time.time()
-    try:
-      self.params, self.step = checkpoint.restore_params(workdir, step=step,
-                                                         average_last=average_last)
-    except checkpoint.CheckpointError as e:
-      raise DecodeError(str(e)) from None
-    _check_params(self.params, self.module, workdir)
-    # Decoding keeps one KV cache per layer: a `scan_layers` model is unstacked here, once.
-    self.module, self.params = transformer.unrolled(self.module, self.params)
-    averaged = f' (average of the last {average_last})' if average_last > 1 else ''
-    _info(f'restored {self.kind} step {self.step}{averaged} from {workdir} '
-          f'in {time.time() - started:.1f}s')
+  from training import restore as restore_lib  # pylint: disable=import-outside-toplevel
+  try:
+    restored = restore_lib.Restored(workdir, step, average_last)
+  except restore_lib.RestoreError as e:
+    raise DecodeError(str(e)) from None
+  if not kind_of(restored.module).has_decoder:
+    raise DecodeError(f'{workdir} holds a {restored.kind} model: there is nothing to decode')
+  averaged = f' (average of the last {average_last})' if average_last > 1 else ''
+  _info(f'restored {restored.kind} step {restored.step}{averaged} from {workdir} '
+        f'in {restored.seconds:.1f}s')
+  return restored
 
 
 # ----------------------------------------------------------------------------- translate
-
-def _round_up(n: int, multiple: int) -> int:
-  return -(-n // multiple) * multiple
-
 
 def encode_sources(tokenizer, lines, max_source_len: int):
   """Token ids per line (EOS-terminated); empty lines -> None; long ones truncated (with a
@@ -211,51 +174,24 @@ def translate(restored, sources, *, beam_size, alpha, max_len, batch_size, progr
     return translator(sources, progress=bar.update)
 
 
-def score(hypotheses, references):
-  """sacreBLEU corpus BLEU and chrF -> printable lines with their signatures."""
+def score(hypotheses, references, lowercase_bleu=False):
+  """sacreBLEU corpus BLEU and chrF -> printable lines with their signatures.
+
+  `lowercase_bleu` adds BLEU on lowercased text split by sacreBLEU's 13a tokenizer (the
+  `case:lc` signature): Multi30k papers report multi-bleu.perl on lowercased, tokenized text,
+  which reads higher than the cased detokenized score, so both are printed to compare.
+  """
   import sacrebleu  # pylint: disable=import-outside-toplevel
   bleu = sacrebleu.metrics.BLEU()
   chrf = sacrebleu.metrics.CHRF()
   b = bleu.corpus_score(hypotheses, [references])
   c = chrf.corpus_score(hypotheses, [references])
-  return [f'BLEU = {b.score:.2f}  {bleu.get_signature()}  ({b})',
-          f'chrF2 = {c.score:.2f}  {chrf.get_signature()}']
-
-
-def plot_translations(restored, sources, outputs, out_dir, limit, heads):
-  """Attention heatmaps of the first `limit` non-empty sentences (teacher-forced on the output)."""
-  import numpy as np  # pylint: disable=import-outside-toplevel
-
-  from model import plotting  # pylint: disable=import-outside-toplevel
-
-  tok = restored.tokenizer
-  chosen = [i for i, s in enumerate(sources) if s is not None and outputs[i]]
-  if limit > 0:
-    chosen = chosen[:limit]
-  if not chosen:
-    return 0
-  os.makedirs(out_dir, exist_ok=True)
-  piece = lambda i: tok.id_to_piece(int(i))
-  written = 0
-  for start in range(0, len(chosen), 8):
-    batch = chosen[start:start + 8]
-    src_len = _round_up(max(len(sources[i]) for i in batch), 16)
-    tgt_len = _round_up(max(len(outputs[i]) for i in batch), 16)
-    inputs = np.zeros((len(batch), src_len), np.int32)
-    targets = np.zeros((len(batch), tgt_len), np.int32)
-    for row, i in enumerate(batch):
-      inputs[row, :len(sources[i])] = sources[i]
-      targets[row, :len(outputs[i])] = outputs[i]
-    if restored.kind == 'encoder_decoder':
-      maps = plotting.collect_attention(restored.module, restored.params, inputs, targets)
-    else:
-      maps = plotting.collect_attention(restored.module, restored.params, None, targets)
-    for row, i in enumerate(batch):
-      src = [piece(t) for t in sources[i]] if restored.kind == 'encoder_decoder' else None
-      written += len(plotting.save_sentence_plots(
-          maps, row, out_dir, source_pieces=src, target_pieces=[piece(t) for t in outputs[i]],
-          heads=heads, folder=f'line_{i + 1:05d}', title=f'line {i + 1}'))
-  return written
+  lines = [f'BLEU = {b.score:.2f}  {bleu.get_signature()}  ({b})']
+  if lowercase_bleu:
+    lower = sacrebleu.metrics.BLEU(lowercase=True, tokenize='13a')
+    lb = lower.corpus_score(hypotheses, [references])
+    lines.append(f'BLEU (lowercased, tokenized) = {lb.score:.2f}  {lower.get_signature()}  ({lb})')
+  return lines + [f'chrF2 = {c.score:.2f}  {chrf.get_signature()}']
 
 
 def run_translation(restored, lines, references) -> None:
@@ -289,11 +225,10 @@ def run_translation(restored, lines, references) -> None:
         f'{n / max(elapsed, 1e-9):.1f} sentences/s, {gen / max(elapsed, 1e-9):.0f} tokens/s '
         f'(compilation included)')
   if references is not None:
-    for line in score(texts, references):
+    for line in score(texts, references, FLAGS.lowercase_bleu):
       _info(line)
   if FLAGS.attention_plot:
-    written = plot_translations(restored, sources, outputs, FLAGS.attention_plot,
-                                FLAGS.attention_plot_max, FLAGS.attention_plot_heads)
+    written = _plot(restored, sources, outputs)
     more = ''
     if FLAGS.attention_plot_max and n > FLAGS.attention_plot_max:
       more = (f' (the first {FLAGS.attention_plot_max} sentences; --attention_plot_max=0 '
@@ -301,15 +236,26 @@ def run_translation(restored, lines, references) -> None:
     _info(f'wrote {written} attention heatmaps to {FLAGS.attention_plot}{more}')
 
 
+def _plot(restored, sources, outputs) -> int:
+  from model import plotting  # pylint: disable=import-outside-toplevel
+  return plotting.plot_sequences(
+      restored.module, restored.params, lambda i: restored.tokenizer.id_to_piece(int(i)),
+      sources, outputs, FLAGS.attention_plot, limit=FLAGS.attention_plot_max,
+      heads=FLAGS.attention_plot_heads)
+
+
 def _write_lines(texts, path) -> None:
-  body = ''.join(t.replace('\n', ' ') + '\n' for t in texts)
+  _write_text(''.join(t.replace('\n', ' ') + '\n' for t in texts), path)
+
+
+def _write_text(body, path) -> None:
+  """`body` to `path` (stdout when None)."""
   if path is None:
     sys.stdout.write(body)
     sys.stdout.flush()
     return
   try:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, 'w', encoding='utf-8') as f:
       f.write(body)
   except OSError as e:
@@ -318,56 +264,17 @@ def _write_lines(texts, path) -> None:
 
 # ----------------------------------------------------------------------------- language model
 
-def generate(restored, prompt_ids, *, num_tokens, temperature, top_k, top_p, seed):
-  """Continues `prompt_ids` -> generated ids.
-
-  The model sees at most `max_len` positions (the start token, the context and the new
-  tokens); longer generations continue in windows whose context is the last half of the
-  model's span.
-  """
-  import jax  # pylint: disable=import-outside-toplevel
-  import numpy as np  # pylint: disable=import-outside-toplevel
-
-  from model import decoding, inference  # pylint: disable=import-outside-toplevel
-
-  module, params = restored.module, restored.params
-  span = module.config.max_len
-  half = max(1, span // 2)
-  eos = restored.tokenizer.eos_id
-  rng = jax.random.PRNGKey(seed)
-  context = list(prompt_ids)
-  if len(context) >= span:
-    _warn(f'the prompt has {len(context)} tokens, more than the model\'s context '
-          f'{span - 1}; it continues from the last {half}')
-    context = context[-half:]
-  generated = []
-  while True:
-    n = span - len(context)  # always fill the span: the same shapes for every window
-    prompt = np.array(context, np.int32).reshape(1, len(context))
-    rng, key = jax.random.split(rng)
-    out = decoding.sample(module, params, prompt, rng=key, max_len=n, temperature=temperature,
-                          top_k=top_k or None, top_p=top_p, eos_id=eos)
-    new = inference.until_eos(np.asarray(out)[0].tolist(), eos)
-    generated += new
-    if len(generated) >= num_tokens or len(new) < n or (eos is not None and new[-1] == eos):
-      return generated[:num_tokens]
-    context = (list(prompt_ids) + generated)[-half:]
-
-
 def run_language_model(restored, lines) -> None:
+  from model import inference  # pylint: disable=import-outside-toplevel
   dec = restored.config.decode
   num_tokens = FLAGS.num_tokens if FLAGS.num_tokens is not None else dec.max_len
   temperature = FLAGS.temperature if FLAGS.temperature is not None else dec.get('temperature', 1.0)
   top_k = FLAGS.top_k if FLAGS.top_k is not None else dec.get('top_k', 0)
   top_p = FLAGS.top_p
-  if num_tokens < 1:
-    raise DecodeError(f'--num_tokens={num_tokens} must be >= 1')
-  if temperature < 0:
+  if temperature < 0:  # the flags are checked up front; these may come from config.json
     raise DecodeError(f'--temperature={temperature} must be >= 0')
   if top_k < 0:
     raise DecodeError(f'--top_k={top_k} must be >= 0')
-  if top_p is not None and not 0 < top_p <= 1:
-    raise DecodeError(f'--top_p={top_p} must be in (0, 1]')
   prompts = [FLAGS.prompt.replace('\\n', '\n')] if FLAGS.prompt is not None else lines
   tok = restored.tokenizer
   texts, plotted = [], []
@@ -380,19 +287,15 @@ def run_language_model(restored, lines) -> None:
       raise DecodeError(f'prompt {number}: {e}') from None
     if tok.eos_id is not None and ids and ids[-1] == tok.eos_id:
       ids = ids[:-1]  # continue the text, do not start after its end
-    generated = generate(restored, ids, num_tokens=num_tokens, temperature=temperature,
-                         top_k=top_k, top_p=top_p, seed=FLAGS.seed + number - 1)
+    generated = inference.generate(
+        restored.module, restored.params, ids, num_tokens=num_tokens, temperature=temperature,
+        top_k=top_k, top_p=top_p, seed=FLAGS.seed + number - 1, eos_id=tok.eos_id, warn=_warn)
     total += len(generated)
     texts.append(tok.decode(generated))
     plotted.append(ids + generated)
   elapsed = time.time() - started
   if FLAGS.prompt is not None:
-    body = FLAGS.prompt.replace('\\n', '\n') + texts[0] + '\n'
-    if FLAGS.output_file:
-      _write_text(body, FLAGS.output_file)
-    else:
-      sys.stdout.write(body)
-      sys.stdout.flush()
+    _write_text(FLAGS.prompt.replace('\\n', '\n') + texts[0] + '\n', FLAGS.output_file)
   else:
     _write_lines(texts, FLAGS.output_file)
   _info(f'generated {total} tokens for {len(prompts)} prompt(s) in {elapsed:.1f}s '
@@ -400,19 +303,8 @@ def run_language_model(restored, lines) -> None:
   if FLAGS.attention_plot:
     context = restored.module.config.max_len - 1
     sequences = [s[:context] for s in plotted]
-    written = plot_translations(restored, [[] for _ in sequences], sequences,
-                                FLAGS.attention_plot, FLAGS.attention_plot_max,
-                                FLAGS.attention_plot_heads)
+    written = _plot(restored, [[] for _ in sequences], sequences)
     _info(f'wrote {written} attention heatmaps to {FLAGS.attention_plot}')
-
-
-def _write_text(body, path) -> None:
-  try:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, 'w', encoding='utf-8') as f:
-      f.write(body)
-  except OSError as e:
-    raise DecodeError(f'cannot write --output_file {path}: {e.strerror or e}') from None
 
 
 # ----------------------------------------------------------------------------- main
@@ -478,7 +370,7 @@ def main(argv) -> None:
     if references is not None and not lm_flags and len(references) != len(lines):
       raise DecodeError(f'--reference {FLAGS.reference} has {len(references)} lines but the '
                         f'input {FLAGS.input_file or "<stdin>"} has {len(lines)}')
-    restored = Restored(FLAGS.workdir, FLAGS.step, FLAGS.average_last)
+    restored = restore(FLAGS.workdir, FLAGS.step, FLAGS.average_last)
     with _matmul_precision(restored.config):
       _decode(restored, lines, references, lm_flags)
   except DecodeError as e:
@@ -498,18 +390,20 @@ def _matmul_precision(config):
 
 
 def _decode(restored, lines, references, lm_flags) -> None:
-  if restored.kind == 'encoder_decoder':
-    if lm_flags:
-      raise DecodeError(f'--prompt is for a language model, but {FLAGS.workdir} holds an '
-                        'encoder_decoder (translation) model: give sentences on stdin or '
-                        '--input_file')
-    _enable_compilation_cache()
+  """Translation (a model with a source) or generation (a language model)."""
+  from model.kinds import kind_of  # pylint: disable=import-outside-toplevel
+  translates = kind_of(restored.module).has_source
+  if translates and lm_flags:
+    raise DecodeError(f'--prompt is for a language model, but {FLAGS.workdir} holds an '
+                      f'{restored.kind} (translation) model: give sentences on stdin or '
+                      '--input_file')
+  if not translates and FLAGS.reference is not None:
+    raise DecodeError(f'--reference is for translation, but {FLAGS.workdir} holds a '
+                      f'{restored.kind} (language) model')
+  _enable_compilation_cache()
+  if translates:
     run_translation(restored, lines, references)
   else:
-    if FLAGS.reference is not None:
-      raise DecodeError(f'--reference is for translation, but {FLAGS.workdir} holds a '
-                        'decoder_only (language) model')
-    _enable_compilation_cache()
     run_language_model(restored, lines)
 
 

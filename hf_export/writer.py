@@ -140,7 +140,7 @@ def export_workdir(workdir: str, output_dir: str, *, step: int | None = None,
                    average_last: int = 1, overwrite: bool = False) -> str:
   """Writes `output_dir` (config.json, generation_config.json, model.safetensors, tokenizer
   files) from the checkpoint of `workdir`; returns a one-line summary."""
-  import decode  # pylint: disable=import-outside-toplevel  # its restore: config, checks, unroll
+  from training import restore  # pylint: disable=import-outside-toplevel  # as decode.py does
 
   if average_last < 1:
     raise ExportError(f'--average_last={average_last} must be >= 1')
@@ -148,8 +148,8 @@ def export_workdir(workdir: str, output_dir: str, *, step: int | None = None,
   model_config, tokenizer, config = check_workdir(workdir)
   hf_configs(model_config, tokenizer, config.decode)  # fails now, not after the restore
   try:
-    restored = decode.Restored(workdir, step, average_last)
-  except decode.DecodeError as e:
+    restored = restore.Restored(workdir, step, average_last)
+  except restore.RestoreError as e:
     raise ExportError(str(e)) from None
   metadata = {'source_workdir': os.path.abspath(workdir), 'step': str(restored.step),
               'average_last': str(average_last)}

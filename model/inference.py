@@ -81,3 +81,36 @@ class Translator:
       if progress is not None:
         progress(len(chunk))
     return outputs
+
+
+def generate(module, params, prompt_ids: Sequence[int], *, num_tokens: int, temperature: float,
+             top_k: int | None, top_p: float | None, seed: int, eos_id: int | None,
+             warn: Callable[[str], None] | None = None) -> list[int]:
+  """Continues `prompt_ids` with a language model -> up to `num_tokens` generated ids.
+
+  The model sees at most `max_len` positions (the start token, the context and the new
+  tokens); longer generations continue in windows whose context is the last half of the
+  model's span. `warn` hears about a prompt longer than the span (it is cut to its end).
+  """
+  import jax  # pylint: disable=import-outside-toplevel
+  span = module.config.max_len
+  half = max(1, span // 2)
+  rng = jax.random.PRNGKey(seed)
+  context = list(prompt_ids)
+  if len(context) >= span:
+    if warn is not None:
+      warn(f'the prompt has {len(context)} tokens, more than the model\'s context '
+           f'{span - 1}; it continues from the last {half}')
+    context = context[-half:]
+  generated: list[int] = []
+  while True:
+    n = span - len(context)  # always fill the span: the same shapes for every window
+    prompt = np.array(context, np.int32).reshape(1, len(context))
+    rng, key = jax.random.split(rng)
+    out = decoding.sample(module, params, prompt, rng=key, max_len=n, temperature=temperature,
+                          top_k=top_k or None, top_p=top_p, eos_id=eos_id)
+    new = until_eos(np.asarray(out)[0].tolist(), eos_id)
+    generated += new
+    if len(generated) >= num_tokens or len(new) < n or (eos_id is not None and new[-1] == eos_id):
+      return generated[:num_tokens]
+    context = (list(prompt_ids) + generated)[-half:]

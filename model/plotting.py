@@ -211,3 +211,31 @@ def save_sentence_plots(maps: dict[str, np.ndarray], index: int, out_dir: str, *
     finally:
       figure.close()
   return written
+
+
+def plot_sequences(module, params, piece, sources, outputs, out_dir: str, *, limit: int,
+                   heads: str) -> int:
+  """Attention heatmaps of the first `limit` (0 = all) non-empty outputs, teacher-forced on the
+  output ids (`sources[i]`: the source ids of a translation; ignored by a decoder-only model;
+  None = an empty line, skipped). `piece(id)` labels the axes. Returns the number of PNGs;
+  sentence i goes to `out_dir/line_<i+1>/`."""
+  has_source = kind_of(module).has_source
+  chosen = [i for i, s in enumerate(sources) if s is not None and outputs[i]]
+  chosen = chosen[:limit] if limit > 0 else chosen
+  os.makedirs(out_dir, exist_ok=True)
+  bucket = lambda n: -(-n // 16) * 16  # noqa: E731  (few padded shapes: few compilations)
+  written = 0
+  for start in range(0, len(chosen), 8):
+    batch = chosen[start:start + 8]
+    inputs = np.zeros((len(batch), bucket(max(len(sources[i]) for i in batch))), np.int32)
+    targets = np.zeros((len(batch), bucket(max(len(outputs[i]) for i in batch))), np.int32)
+    for row, i in enumerate(batch):
+      inputs[row, :len(sources[i])] = sources[i]
+      targets[row, :len(outputs[i])] = outputs[i]
+    maps = collect_attention(module, params, inputs if has_source else None, targets)
+    for row, i in enumerate(batch):
+      written += len(save_sentence_plots(
+          maps, row, out_dir, source_pieces=[piece(t) for t in sources[i]] if has_source else None,
+          target_pieces=[piece(t) for t in outputs[i]], heads=heads, folder=f'line_{i + 1:05d}',
+          title=f'line {i + 1}'))
+  return written

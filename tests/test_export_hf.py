@@ -209,7 +209,7 @@ def test_trained_export_translates_as_decode_py(trained, tmp_path):
   assert proc.returncode == 0, proc.stderr
   assert 'MarianMTModel' in proc.stderr
   assert {'config.json', 'model.safetensors', 'source.spm', 'vocab.json'} <= set(os.listdir(out))
-  restored = decode.Restored(trained, None, 2)
+  restored = decode.restore(trained, None, 2)
   tokenizer = transformers.AutoTokenizer.from_pretrained(out)
   lines = _sentences(8)
   assert [tokenizer(line)['input_ids'] for line in lines] == list(map(restored.tokenizer.encode,
