@@ -2,8 +2,8 @@
 
 N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1, label smoothing 0.1, shared 37000-token
 vocabulary, Adam(0.9, 0.98, 1e-9), warmup 4000 with the rsqrt schedule, 100k steps of
-about 25000 source + 25000 target tokens (here: 768 packed rows of 64 tokens... set
-`train.batch_size` and `data.max_length` for your hardware).
+about 25000 source + 25000 target tokens (here: 104 packed rows of 256 tokens; set
+`train.batch_size`, `train.grad_accum_steps` and `data.max_length` for your hardware).
 """
 
 from configs.base import base_config
@@ -31,7 +31,9 @@ def get_config(preset=None):
   o.b1, o.b2, o.eps = 0.9, 0.98, 1e-9
   t = config.train
   t.num_steps = 100_000
-  t.batch_size = 192  # packed rows of 256 tokens ~ 25k target tokens per step (paper: 25k)
+  # 104 rows x 256 = 26.6k token slots, ~25k real tokens per side at the ~96% packing
+  # efficiency measured on Multi30k (the paper: ~25k); divisible by 8 devices.
+  t.batch_size = 104
   t.label_smoothing = 0.1
   t.eval_every_steps = 5000
   t.checkpoint_every_steps = 5000
