@@ -188,7 +188,7 @@ def summarize(times, flops, tokens, peak):
           'gflops': flops / median / 1e6, 'fraction_of_matmul': flops / median / 1e6 / peak}
 
 
-def main():
+def parse_args():
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument('--config', choices=sorted(CONFIGS), default='small')
@@ -212,6 +212,50 @@ def main():
   parser.add_argument('--only', choices=['ours', 'flax_wmt'], default=None,
                       help='time one contender alone, so that the peak RSS is its own')
   args = parser.parse_args()
+  if args.only == 'flax_wmt' and not args.flax_wmt_dir:
+    parser.error('--only=flax_wmt needs --flax_wmt_dir')
+  return args
+
+
+def time_steps(contenders, steps: int):
+  """Runs the contenders' steps interleaved (so load changes hit them alike) -> (first-step
+  seconds, timed-step seconds) per contender, after 3 warm-up steps."""
+  times = {name: [] for name in contenders}
+  first = {}
+  for i in range(3 + steps):
+    for name, (run, _) in contenders.items():
+      start = time.perf_counter()
+      run().block_until_ready()
+      elapsed = time.perf_counter() - start
+      if i == 0:
+        first[name] = elapsed
+      elif i >= 3:
+        times[name].append(elapsed)
+  return first, times
+
+
+def environment(args, c, flops):
+  """What was run, where, and the in-process matmul reference."""
+  matmul_n = args.matmul_n or (2048 if jax.default_backend() == 'cpu' else 8192)
+  peak = matmul_gflops(matmul_n, dtype=args.dtype)
+  return {'bench': 'train_step', 'config': args.config, **c, 'dropout': args.dropout,
+          'attention_dropout': attention_dropout(args),
+          'dtype': args.dtype, 'attention_impl': args.attention_impl,
+          'scan_layers': args.scan_layers, 'remat': args.remat,
+          'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
+          'machine': f'{platform.processor() or platform.machine()}, {os.cpu_count()} cores',
+          'jax': jax.__version__, 'backend': jax.default_backend(),
+          'device': jax.devices()[0].device_kind, 'train_flops_per_step': flops,
+          'matmul': {'n': matmul_n, 'dtype': args.dtype, 'gflops': peak},
+          'matmul_2048_gflops': (peak if (matmul_n, args.dtype) == (2048, 'float32')
+                                 else matmul_gflops(2048)),
+          'peak_device_memory_mib': peak_device_memory_mib(),
+          # ru_maxrss is KiB on Linux; the process's peak, so per contender only with --only.
+          'peak_rss_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def main():
+  args = parse_args()
   c = dict(CONFIGS[args.config])
   if args.batch_size:
     c['batch'] = args.batch_size
@@ -220,47 +264,18 @@ def main():
   rng = np.random.default_rng(0)
   batch = {'inputs': jnp.asarray(rng.integers(3, c['vocab'], (c['batch'], c['src_len'])), jnp.int32),
            'targets': jnp.asarray(rng.integers(3, c['vocab'], (c['batch'], c['tgt_len'])), jnp.int32)}
-  tokens = c['batch'] * c['tgt_len']
   flops = train_flops(c)
-
   contenders = {}
   if args.only in (None, 'ours'):
     contenders['ours'] = ours(c, batch, args)
   if args.only == 'flax_wmt' or (args.only is None and args.flax_wmt_dir):
-    if not args.flax_wmt_dir:
-      parser.error('--only=flax_wmt needs --flax_wmt_dir')
     contenders['flax_wmt'] = flax_wmt(c, batch, args)
-  times = {name: [] for name in contenders}
-  first = {}
-  for i in range(3 + args.steps):  # interleaved, so load changes hit both alike
-    for name, (run, _) in contenders.items():
-      start = time.perf_counter()
-      loss = run()
-      loss.block_until_ready()
-      elapsed = time.perf_counter() - start
-      if i == 0:
-        first[name] = elapsed
-      elif i >= 3:
-        times[name].append(elapsed)
-  matmul_n = args.matmul_n or (2048 if jax.default_backend() == 'cpu' else 8192)
-  peak = matmul_gflops(matmul_n, dtype=args.dtype)
-  result = {'bench': 'train_step', 'config': args.config, **c, 'dropout': args.dropout,
-            'attention_dropout': attention_dropout(args),
-            'dtype': args.dtype, 'attention_impl': args.attention_impl,
-            'scan_layers': args.scan_layers, 'remat': args.remat,
-            'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
-            'machine': f'{platform.processor() or platform.machine()}, {os.cpu_count()} cores',
-            'jax': jax.__version__, 'backend': jax.default_backend(),
-            'device': jax.devices()[0].device_kind, 'train_flops_per_step': flops,
-            'matmul': {'n': matmul_n, 'dtype': args.dtype, 'gflops': peak},
-            'matmul_2048_gflops': (peak if (matmul_n, args.dtype) == (2048, 'float32')
-                                   else matmul_gflops(2048)),
-            'peak_device_memory_mib': peak_device_memory_mib(),
-            # ru_maxrss is KiB on Linux; the process's peak, so per contender only with --only.
-            'peak_rss_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+  first, times = time_steps(contenders, args.steps)
+  result = environment(args, c, flops)
   for name, (_, num_params) in contenders.items():
     result[name] = {'params': num_params, 'first_step_s': first[name],
-                    **summarize(times[name], flops, tokens, peak)}
+                    **summarize(times[name], flops, c['batch'] * c['tgt_len'],
+                                result['matmul']['gflops'])}
   if 'flax_wmt' in result and 'ours' in result:
     result['speedup_vs_flax_wmt'] = (result['flax_wmt']['ms_per_step_median'] /
                                      result['ours']['ms_per_step_median'])
