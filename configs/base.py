@@ -56,6 +56,7 @@ def _optimizer() -> ml_collections.ConfigDict:
   o.b2 = 0.98
   o.eps = 1e-9
   o.weight_decay = 0.0
+  o.weight_decay_mask = 'ndim'  # AdamW decays: 'ndim' (>= 2-D) | 'matrices' (training/optim.py)
   o.grad_clip_norm = 0.0  # 0 = no clipping
   o.min_learning_rate_ratio = 0.1  # cosine floor, as a fraction of the peak
   return o

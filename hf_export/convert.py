@@ -15,7 +15,8 @@ Exactness:
   do not care about the order of the dimension, so the permuted model computes the same
   function, and its position table is exactly Marian's.
 - GPT-2 does not scale its embeddings by sqrt(d_model): `wte` holds ours times sqrt(d_model),
-  and the final LayerNorm's scale and offset are divided by it, so the tied logits are ours.
+  and the final LayerNorm's scale and offset are divided by it, so the tied logits are ours
+  (with `scale_embeddings=False` both are ours as they are).
 - LayerNorm epsilon: ours is 1e-6. GPT-2's is a config field (set to 1e-6); Marian and
   Pegasus hard-code torch's 1e-5. That is the one difference this conversion cannot remove:
   each LayerNorm output changes by a factor sqrt((var + 1e-6) / (var + 1e-5)), about
@@ -212,7 +213,7 @@ def seq2seq_config(cfg, *, eos_id: int | None) -> dict:
       'encoder_ffn_dim': cfg.d_ff, 'decoder_ffn_dim': cfg.d_ff,
       'activation_function': GELU if cfg.activation == 'gelu' else 'relu',
       'dropout': cfg.dropout_rate, 'attention_dropout': cfg.attention_dropout_rate,
-      'activation_dropout': 0.0, 'scale_embedding': True, 'pad_token_id': 0,
+      'activation_dropout': 0.0, 'scale_embedding': cfg.scale_embeddings, 'pad_token_id': 0,
       'decoder_start_token_id': 0, 'eos_token_id': eos_id, 'forced_eos_token_id': None,
       'bos_token_id': None, 'tie_word_embeddings': cfg.logits_via_embedding}
   if cfg.norm_position == 'post':
@@ -231,7 +232,7 @@ def gpt2_state_dict(params, cfg) -> dict[str, np.ndarray]:
   """
   d = cfg.d_model
   order = np.arange(d)  # GPT-2's positions are a table we fill in: no reordering needed
-  root = np.sqrt(float(d))
+  root = np.sqrt(float(d)) if cfg.scale_embeddings else 1.0  # GPT-2 never scales
   sd = {'transformer.wte.weight': np.asarray(params['embed']['embedding']) * root}
   if cfg.positional_encoding == 'learned':
     sd['transformer.wpe.weight'] = np.asarray(params['decoder']['positions']['pos_embedding'])

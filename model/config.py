@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import jax.numpy as jnp
 
@@ -12,12 +12,23 @@ from model.attention import DROPOUT_RNGS
 POSITIONAL_ENCODINGS = ('sinusoidal', 'learned', 'rope')
 NORM_POSITIONS = ('post', 'pre')
 ACTIVATIONS = ('relu', 'gelu')
+# Parameter initialisation (ModelConfig.init_stds): 'paper' = T2T / the Flax WMT example
+# (Glorot uniform kernels, embeddings normal(d_model^-0.5)); 'gpt2' = GPT-2 / nanoGPT.
+INIT_SCHEMES = ('paper', 'gpt2')
+GPT2_INIT_STD = 0.02
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 # 'reference': attention.dot_product_attention; 'xla': jax.nn.dot_product_attention(
 # implementation='xla'); 'cudnn': cuDNN's fused flash attention (GPU, bfloat16, causal +
 # padding masks only); 'chunked': attention.chunked_dot_product_attention (O(len x block) memory).
 ATTENTION_IMPLS = ('reference', 'xla', 'cudnn', 'chunked')
 CUDNN_MAX_HEAD_DIM = 128  # cuDNN flash attention: head_dim <= 128 (256 on Hopper), multiple of 8
+
+
+class InitStds(NamedTuple):
+  """Normal init stds; None = Glorot uniform (see ModelConfig.init_stds)."""
+  kernel: float | None  # every dense kernel but the residual projections
+  residual: float | None  # attention output and FFN output kernels
+  embedding: float  # token embeddings
 
 
 class ConfigError(ValueError):
@@ -48,6 +59,8 @@ class ModelConfig:
   remat: bool = False  # rematerialise each layer in the backward pass
   scan_layers: bool = False  # nn.scan over layers: one compiled layer, params [layers, ...]
   dropout_rng: str = 'hash'  # dropout bits: 'hash' (fused integer hash) | 'threefry'
+  init: str = 'paper'  # parameter initialisation, one of INIT_SCHEMES (see init_stds)
+  scale_embeddings: bool = True  # token embeddings times sqrt(d_model) (§3.4); GPT-2: False
 
   @property
   def compute_dtype(self):
@@ -56,6 +69,20 @@ class ModelConfig:
   @property
   def head_dim(self) -> int:
     return self.d_model // self.num_heads
+
+  def init_stds(self, num_layers: int) -> InitStds:
+    """Initial standard deviations of `init` for a stack of `num_layers` layers.
+
+    'paper': kernels Glorot uniform (None), token embeddings normal(d_model^-0.5), which
+      `scale_embeddings` brings to unit size at the input.
+    'gpt2' (GPT-2, nanoGPT's model.py): normal(0.02) for every kernel and the embeddings;
+      the projections that write into the residual stream (attention output, the FFN's
+      second layer) get 0.02 / sqrt(2 x num_layers), two per layer, so the stream's
+      variance at init does not grow with depth. Biases are zero in both.
+    """
+    if self.init == 'gpt2':
+      return InitStds(GPT2_INIT_STD, GPT2_INIT_STD / (2 * num_layers) ** 0.5, GPT2_INIT_STD)
+    return InitStds(None, None, self.d_model ** -0.5)
 
   @classmethod
   def from_config(cls, model_config: Mapping[str, Any]) -> 'ModelConfig':
@@ -83,6 +110,10 @@ class ModelConfig:
     choice('dtype', DTYPES)
     choice('attention_impl', ATTENTION_IMPLS)
     choice('dropout_rng', DROPOUT_RNGS)
+    choice('init', INIT_SCHEMES)
+    if not isinstance(self.scale_embeddings, bool):
+      raise ConfigError(f'config.model.scale_embeddings={self.scale_embeddings!r} must be '
+                        f'True or False')
     for field in ('vocab_size', 'd_model', 'num_heads', 'd_ff', 'max_len'):
       value = getattr(self, field)
       if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

@@ -23,10 +23,10 @@ Dtype = Any
 dense_init = nn.initializers.xavier_uniform()
 
 
-def _dense(features, name, dtype, axis=-1):
+def _dense(features, name, dtype, axis=-1, init_std=None):
   features = (features,) if isinstance(features, int) else tuple(features)
   num_inputs = 1 if isinstance(axis, int) else len(axis)
-  return Dense(features, num_inputs, dtype, name=name)
+  return Dense(features, num_inputs, dtype, init_std, name=name)
 
 
 class Dense(nn.Module):
@@ -41,14 +41,16 @@ class Dense(nn.Module):
   features: tuple[int, ...]
   num_inputs: int = 1
   dtype: Dtype = jnp.float32
+  init_std: float | None = None  # kernel ~ normal(init_std); None: Glorot uniform
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
     """x `[batch..., *inputs]` -> `[batch..., *features]` in `dtype`."""
     inputs = x.shape[x.ndim - self.num_inputs:]
     fan_in, fan_out = int(np.prod(inputs)), int(np.prod(self.features))
+    init = dense_init if self.init_std is None else nn.initializers.normal(self.init_std)
     kernel = self.param(
-        'kernel', lambda rng, shape: dense_init(rng, (fan_in, fan_out)).reshape(shape),
+        'kernel', lambda rng, shape: init(rng, (fan_in, fan_out)).reshape(shape),
         (*inputs, *self.features))
     bias = self.param('bias', nn.initializers.zeros_init(), self.features)
     batch = x.shape[:x.ndim - self.num_inputs]
@@ -83,6 +85,8 @@ class MultiHeadAttention(nn.Module):
   impl: str = 'reference'  # config.ATTENTION_IMPLS
   use_rope: bool = False
   dropout_rng_impl: str = 'hash'  # attention.DROPOUT_RNGS
+  init_std: float | None = None  # Q/K/V kernels (ModelConfig.init_stds; None: Glorot)
+  out_init_std: float | None = None  # the output projection W^O
 
   @nn.compact
   def __call__(self, x: Array, kv: Array | None = None, *, mask: Array | None = None,
@@ -100,21 +104,21 @@ class MultiHeadAttention(nn.Module):
     heads = (self.num_heads, head_dim)
 
     if kv is None:
-      qkv = _dense((3, *heads), 'qkv', self.dtype)(x)  # [batch, len, 3, heads, head_dim]
+      qkv = _dense((3, *heads), 'qkv', self.dtype, init_std=self.init_std)(x)  # [batch, len, 3, heads, head_dim]
       query, key, value = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
       if self.use_rope:
         query, key = self._rotate(query, key, positions)
       if decode:
         key, value, mask = self._update_self_cache(key, value, mask)
     else:
-      query = _dense(heads, 'query', self.dtype)(x)
+      query = _dense(heads, 'query', self.dtype, init_std=self.init_std)(x)
       if decode:
         key, value = self._cross_cache(kv, heads)
       else:
         key, value = self._project_kv(kv, heads)
 
     out = self._attend(query, key, value, mask, deterministic, decode)
-    return _dense(d_model, 'out', self.dtype, axis=(-2, -1))(out)
+    return _dense(d_model, 'out', self.dtype, axis=(-2, -1), init_std=self.out_init_std)(out)
 
   def _attend(self, query, key, value, mask, deterministic, decode):
     """Attention(Q, K, V) `[batch, q_len, heads, head_dim]` by `impl` (see `ATTENTION_IMPLS`).
@@ -151,7 +155,7 @@ class MultiHeadAttention(nn.Module):
     return out
 
   def _project_kv(self, kv, heads):
-    kv = _dense((2, *heads), 'kv', self.dtype)(kv)
+    kv = _dense((2, *heads), 'kv', self.dtype, init_std=self.init_std)(kv)
     return kv[:, :, 0], kv[:, :, 1]
 
   def _rotate(self, query, key, positions):
@@ -244,12 +248,14 @@ class FeedForward(nn.Module):
   d_ff: int
   activation: str = 'relu'
   dtype: Dtype = jnp.float32
+  init_std: float | None = None  # W_1 (ModelConfig.init_stds; None: Glorot)
+  out_init_std: float | None = None  # W_2, which writes into the residual stream
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
     act: Callable = {'relu': nn.relu, 'gelu': nn.gelu}[self.activation]
-    h = act(_dense(self.d_ff, 'wi', self.dtype)(x))
-    return _dense(x.shape[-1], 'wo', self.dtype)(h)
+    h = act(_dense(self.d_ff, 'wi', self.dtype, init_std=self.init_std)(x))
+    return _dense(x.shape[-1], 'wo', self.dtype, init_std=self.out_init_std)(h)
 
 
 class LayerNorm(nn.Module):
@@ -262,18 +268,24 @@ class LayerNorm(nn.Module):
 
 
 class Embed(nn.Module):
-  """Token embedding scaled by sqrt(d_model); `attend` gives logits through its transpose."""
+  """Token embedding, scaled by sqrt(d_model) (the paper, §3.4) when `scale`; `attend` gives
+  logits through its transpose."""
   vocab_size: int
   d_model: int
   dtype: Dtype = jnp.float32
+  init_std: float | None = None  # None: d_model^-0.5 (ModelConfig.init_stds 'paper')
+  scale: bool = True
 
   def setup(self):
-    self.embedding = self.param('embedding', nn.initializers.normal(stddev=self.d_model ** -0.5),
+    std = self.d_model ** -0.5 if self.init_std is None else self.init_std
+    self.embedding = self.param('embedding', nn.initializers.normal(stddev=std),
                                 (self.vocab_size, self.d_model), jnp.float32)
 
   def __call__(self, tokens: Array) -> Array:
     """`[batch, len]` int -> `[batch, len, d_model]`."""
-    x = jnp.take(self.embedding, tokens, axis=0) * jnp.sqrt(float(self.d_model))
+    x = jnp.take(self.embedding, tokens, axis=0)
+    if self.scale:
+      x = x * jnp.sqrt(float(self.d_model))
     return x.astype(self.dtype)
 
   def attend(self, x: Array) -> Array:

@@ -58,11 +58,13 @@ class EncoderLayer(nn.Module):
   @nn.compact
   def __call__(self, x: Array, mask: attn.FactoredMask, positions: Array | None) -> Array:
     cfg = self.config
+    stds = cfg.init_stds(cfg.num_encoder_layers)
     self_attention = MultiHeadAttention(
         cfg.num_heads, cfg.compute_dtype, cfg.attention_dropout_rate, cfg.attention_impl,
         use_rope=cfg.positional_encoding == 'rope', dropout_rng_impl=cfg.dropout_rng,
-        name='self_attention')
-    ffn = FeedForward(cfg.d_ff, cfg.activation, cfg.compute_dtype, name='ffn')
+        init_std=stds.kernel, out_init_std=stds.residual, name='self_attention')
+    ffn = FeedForward(cfg.d_ff, cfg.activation, cfg.compute_dtype, stds.kernel, stds.residual,
+                      name='ffn')
     x = Sublayer(cfg, self.deterministic, name='attention_block')(
         x, lambda h: self_attention(h, mask=mask, positions=positions,
                                     deterministic=self.deterministic))
@@ -79,12 +81,14 @@ class DecoderLayer(nn.Module):
   def __call__(self, x: Array, encoded: Array | None, self_mask: attn.FactoredMask | Array | None,
                cross_mask: attn.FactoredMask | None, positions: Array | None) -> Array:
     cfg = self.config
+    stds = cfg.init_stds(cfg.num_decoder_layers)
 
     def attention(name):
       return MultiHeadAttention(cfg.num_heads, cfg.compute_dtype, cfg.attention_dropout_rate,
                                 cfg.attention_impl, use_rope=(name == 'self_attention' and
                                                               cfg.positional_encoding == 'rope'),
-                                dropout_rng_impl=cfg.dropout_rng, name=name)
+                                dropout_rng_impl=cfg.dropout_rng, init_std=stds.kernel,
+                                out_init_std=stds.residual, name=name)
 
     self_attention = attention('self_attention')
     x = Sublayer(cfg, self.deterministic, name='self_attention_block')(
@@ -95,8 +99,15 @@ class DecoderLayer(nn.Module):
       x = Sublayer(cfg, self.deterministic, name='cross_attention_block')(
           x, lambda h: cross_attention(h, encoded, mask=cross_mask,
                                        deterministic=self.deterministic, decode=self.decode))
-    ffn = FeedForward(cfg.d_ff, cfg.activation, cfg.compute_dtype, name='ffn')
+    ffn = FeedForward(cfg.d_ff, cfg.activation, cfg.compute_dtype, stds.kernel, stds.residual,
+                      name='ffn')
     return Sublayer(cfg, self.deterministic, name='ffn_block')(x, ffn)
+
+
+def _embed(config: ModelConfig, name: str) -> Embed:
+  """The token embedding module of `config` (init and sqrt(d_model) scaling included)."""
+  return Embed(config.vocab_size, config.d_model, config.compute_dtype,
+               config.init_stds(1).embedding, config.scale_embeddings, name=name)
 
 
 def _layer_class(cls, config: ModelConfig):
@@ -246,8 +257,10 @@ class Decoder(nn.Module):
       x = LayerNorm(cfg.compute_dtype, name='final_norm')(x)
     if cfg.logits_via_embedding:
       return self.embed.attend(x)
+    std = cfg.init_stds(cfg.num_decoder_layers).kernel
+    init = nn.initializers.xavier_uniform() if std is None else nn.initializers.normal(std)
     return nn.Dense(cfg.vocab_size, dtype=jnp.float32, param_dtype=jnp.float32,
-                    kernel_init=nn.initializers.xavier_uniform(), name='logits')(x)
+                    kernel_init=init, name='logits')(x)
 
   def _decode_positions(self, num_new: int) -> Array:
     """Absolute positions of this call's tokens: the count decoded so far, kept in the cache."""
@@ -265,9 +278,9 @@ class EncoderDecoder(nn.Module):
 
   def setup(self):
     cfg = self.config
-    self.source_embed = Embed(cfg.vocab_size, cfg.d_model, cfg.compute_dtype, name='embed')
+    self.source_embed = _embed(cfg, 'embed')
     self.target_embed = (self.source_embed if cfg.share_embeddings else
-                         Embed(cfg.vocab_size, cfg.d_model, cfg.compute_dtype, name='target_embed'))
+                         _embed(cfg, 'target_embed'))
     self.encoder = Encoder(cfg, self.source_embed, name='encoder')
     self.decoder = Decoder(cfg, self.target_embed, name='decoder')
 
@@ -304,7 +317,7 @@ class DecoderOnly(nn.Module):
 
   def setup(self):
     cfg = self.config
-    self.embed = Embed(cfg.vocab_size, cfg.d_model, cfg.compute_dtype, name='embed')
+    self.embed = _embed(cfg, 'embed')
     self.decoder = Decoder(cfg, self.embed, name='decoder')
 
   def __call__(self, tokens: Array, *, segmentation: Array | None = None,
@@ -321,7 +334,7 @@ class EncoderOnly(nn.Module):
 
   def setup(self):
     cfg = self.config
-    self.embed = Embed(cfg.vocab_size, cfg.d_model, cfg.compute_dtype, name='embed')
+    self.embed = _embed(cfg, 'embed')
     self.encoder = Encoder(cfg, self.embed, name='encoder')
 
   def __call__(self, tokens: Array, *, segmentation: Array | None = None,

@@ -94,7 +94,8 @@ def test_translate_file_with_bleu_plots_and_averaging(workdirs, tmp_path):
   result = _decode(f'--workdir={workdirs["mt"]}', f'--input_file={tmp_path / "src.txt"}',
                    f'--output_file={tmp_path / "out" / "hyp.txt"}', f'--reference={tmp_path / "ref.txt.gz"}',
                    '--beam_size=2', '--max_len=12', '--average_last=2', '--batch_size=2',
-                   f'--attention_plot={tmp_path / "plots"}', '--attention_plot_max=1')
+                   f'--attention_plot={tmp_path / "plots"}', '--attention_plot_max=1',
+                   '--lowercase_bleu')
   err = result.stderr.decode()
   assert result.returncode == 0, err
   assert 'Traceback' not in err
@@ -105,6 +106,7 @@ def test_translate_file_with_bleu_plots_and_averaging(workdirs, tmp_path):
   assert 'average of the last 2' in err
   assert 'BLEU = ' in err and 'nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:' in err
   assert 'chrF2 = ' in err and 'nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:' in err
+  assert 'BLEU (lowercased, tokenized) = ' in err and 'nrefs:1|case:lc|eff:no|tok:13a|' in err
   pngs = sorted(p.name for p in (tmp_path / 'plots' / 'line_00001').iterdir())
   for kind in ('encoder_layer_1_self_attention', 'decoder_layer_0_self_attention',
                'decoder_layer_1_cross_attention'):

@@ -22,18 +22,19 @@ from model.config import ConfigError, ModelConfig
 from model.kinds import KINDS, kind_of
 from training.atomic_file import atomic_write
 from training.accelerator import MATMUL_PRECISIONS
+from training.optim import WEIGHT_DECAY_MASKS
 from training.telemetry import parse_profile_steps
 
 CONFIG_FILE = 'config.json'
 
-# Fields that fix the parameter shapes (or the meaning of the token ids): a run in a workdir
-# may be resumed with other values of every other field (steps, learning rate, dropout, ...).
+# Fields that fix the parameter shapes (or what the parameters and token ids mean): a run in a
+# workdir may be resumed with other values of every other field (steps, learning rate, dropout, ...).
 SHAPE_FIELDS = (
     'model.kind', 'model.vocab_size', 'model.num_encoder_layers', 'model.num_decoder_layers',
     'model.d_model', 'model.num_heads', 'model.d_ff', 'model.max_len',
     'model.share_embeddings', 'model.logits_via_embedding', 'model.positional_encoding',
-    'model.norm_position', 'model.scan_layers', 'data.dataset', 'data.tokenizer', 'data.vocab_size',
-    'data.source_lang', 'data.target_lang',
+    'model.norm_position', 'model.scan_layers', 'model.scale_embeddings', 'data.dataset',
+    'data.tokenizer', 'data.vocab_size', 'data.source_lang', 'data.target_lang',
 )
 
 OPTIMIZERS = ('adam', 'adamw')
@@ -179,6 +180,9 @@ def _check_optimizer(o) -> None:
   for field in ('weight_decay', 'grad_clip_norm'):
     _require(_is_number(o[field]) and o[field] >= 0,
              f'config.optimizer.{field}={o[field]!r} must be a number >= 0')
+  _require(o.get('weight_decay_mask', 'ndim') in WEIGHT_DECAY_MASKS,
+           f'config.optimizer.weight_decay_mask={o.get("weight_decay_mask")!r} is not one of '
+           f'{list(WEIGHT_DECAY_MASKS)}')
   _require(o.name == 'adamw' or not o.weight_decay,
            f'config.optimizer.weight_decay={o.weight_decay!r} needs config.optimizer.name=adamw')
   _require(_is_number(o.min_learning_rate_ratio) and 0 <= o.min_learning_rate_ratio <= 1,

@@ -59,8 +59,20 @@ def make_schedule(config) -> optax.Schedule:
   raise ValueError(f'config.optimizer.schedule={o.schedule!r} is not one of rsqrt, cosine, constant')
 
 
-def _decay_mask(params):
-  # Weight decay on matrices (kernels, embeddings) only, not on biases or LayerNorm scales.
+# config.optimizer.weight_decay_mask: which parameters AdamW decays.
+#   'ndim'      every parameter with >= 2 dimensions (the default, kept for existing runs). It
+#               also decays the fused Q/K/V and K/V biases ([3|2, heads, head_dim]) and, with
+#               scan_layers, every stacked bias and LayerNorm scale ([layers, ...]).
+#   'matrices'  kernels and embeddings only, by name: never a bias or a LayerNorm scale,
+#               whatever its shape (nanoGPT's rule: its biases and norms are the 1-D tensors).
+WEIGHT_DECAY_MASKS = ('ndim', 'matrices')
+_NOT_MATRICES = ('bias', 'scale')  # parameter names of biases and LayerNorm scales
+
+
+def _decay_mask(params, kind='ndim'):
+  if kind == 'matrices':
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: getattr(path[-1], 'key', None) not in _NOT_MATRICES, params)
   return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
@@ -71,8 +83,12 @@ def make_optimizer(config, schedule: optax.Schedule | None = None) -> optax.Grad
   if o.name == 'adam':
     opt = optax.adam(schedule, b1=o.b1, b2=o.b2, eps=o.eps)
   elif o.name == 'adamw':
+    kind = o.get('weight_decay_mask', 'ndim')  # configs saved before the field: 'ndim'
+    if kind not in WEIGHT_DECAY_MASKS:
+      raise ValueError(f'config.optimizer.weight_decay_mask={kind!r} is not one of '
+                       f'{list(WEIGHT_DECAY_MASKS)}')
     opt = optax.adamw(schedule, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay,
-                      mask=_decay_mask)
+                      mask=lambda params: _decay_mask(params, kind))
   else:
     raise ValueError(f'config.optimizer.name={o.name!r} is not one of adam, adamw')
   if o.grad_clip_norm:
