@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -251,8 +252,8 @@ def test_trained_export_translates_as_decode_py(trained, tmp_path):
   # The README's three lines, as printed, on this export.
   with open(os.path.join(ROOT, 'README.md'), encoding='utf-8') as f:
     readme = f.read()
-  section = readme[readme.index('## Hugging Face export'):]
-  code = re.search(r'```python\n(.*?)```', section, re.DOTALL).group(1)
+  blocks = re.findall(r'^( *)```python\n(.*?)^\1```', readme, re.DOTALL | re.MULTILINE)
+  code = [textwrap.dedent(c) for _, c in blocks if 'AutoModelForSeq2SeqLM' in c][0]
   assert len(code.strip().splitlines()) == 3
   printed = []
   exec(code.replace('runs/default_hf', out), {'print': printed.append})  # noqa: S102
