@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 from model import build_model, inference
+from model.kinds import kind_of
 from training import accelerator, checkpoint as ckpt_lib
 from training import config_io, evaluation, metrics as metrics_lib, optim, steps, telemetry
 from training import mesh as mesh_lib
@@ -151,7 +152,7 @@ class _Run:
       self.best['loss'] = (results['loss'], step)
     line = (f'eval step {step} | loss {results["loss"]:.4f} | accuracy {results["accuracy"]:.4f} '
             f'| perplexity {results["perplexity"]:.2f}')
-    if self.model_config.kind == 'encoder_decoder' and cfg.decode.num_eval_sentences > 0:
+    if kind_of(self.model_config).has_source and cfg.decode.num_eval_sentences > 0:
       score, signature = self.bleu(state)
       if score is not None:
         results['bleu'] = score
