@@ -174,24 +174,10 @@ def translate(restored, sources, *, beam_size, alpha, max_len, batch_size, progr
     return translator(sources, progress=bar.update)
 
 
-def score(hypotheses, references, lowercase_bleu=False):
-  """sacreBLEU corpus BLEU and chrF -> printable lines with their signatures.
-
-  `lowercase_bleu` adds BLEU on lowercased text split by sacreBLEU's 13a tokenizer (the
-  `case:lc` signature): Multi30k papers report multi-bleu.perl on lowercased, tokenized text,
-  which reads higher than the cased detokenized score, so both are printed to compare.
-  """
-  import sacrebleu  # pylint: disable=import-outside-toplevel
-  bleu = sacrebleu.metrics.BLEU()
-  chrf = sacrebleu.metrics.CHRF()
-  b = bleu.corpus_score(hypotheses, [references])
-  c = chrf.corpus_score(hypotheses, [references])
-  lines = [f'BLEU = {b.score:.2f}  {bleu.get_signature()}  ({b})']
-  if lowercase_bleu:
-    lower = sacrebleu.metrics.BLEU(lowercase=True, tokenize='13a')
-    lb = lower.corpus_score(hypotheses, [references])
-    lines.append(f'BLEU (lowercased, tokenized) = {lb.score:.2f}  {lower.get_signature()}  ({lb})')
-  return lines + [f'chrF2 = {c.score:.2f}  {chrf.get_signature()}']
+def score(hypotheses, references, lowercase_bleu=False) -> list[str]:
+  """sacreBLEU BLEU (and lowercased BLEU) and chrF lines with their signatures."""
+  from training import evaluation  # pylint: disable=import-outside-toplevel
+  return evaluation.score_report(hypotheses, references, lowercase_bleu=lowercase_bleu)
 
 
 def run_translation(restored, lines, references) -> None:
@@ -201,13 +187,7 @@ def run_translation(restored, lines, references) -> None:
   max_len = FLAGS.max_len if FLAGS.max_len is not None else dec.max_len
   batch_size = FLAGS.batch_size if FLAGS.batch_size is not None else dec.get('batch_size', 64)
   model_max = restored.module.config.max_len
-  if beam_size < 1:
-    raise DecodeError(f'--beam_size={beam_size} must be >= 1')
-  if batch_size < 1:
-    raise DecodeError(f'--batch_size={batch_size} must be >= 1')
-  if max_len < 1:
-    raise DecodeError(f'--max_len={max_len} must be >= 1')
-  if max_len > model_max:
+  if max_len > model_max:  # (the flags were checked up front, config.json by train.py)
     _warn(f'--max_len={max_len} is more than the model\'s max_len {model_max}; using {model_max}')
     max_len = model_max
 

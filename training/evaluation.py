@@ -77,3 +77,25 @@ def bleu(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, s
   metric = sacrebleu.metrics.BLEU()
   score = metric.corpus_score(list(hypotheses), [list(references)])
   return float(score.score), str(metric.get_signature())
+
+
+def score_report(hypotheses: Sequence[str], references: Sequence[str], *,
+                 lowercase_bleu: bool = False) -> list[str]:
+  """sacreBLEU corpus BLEU and chrF -> printable lines with their signatures.
+
+  `lowercase_bleu` adds BLEU on lowercased text split by sacreBLEU's 13a tokenizer (the
+  `case:lc` signature): Multi30k papers report multi-bleu.perl on lowercased, tokenized text,
+  which reads higher than the cased detokenized score, so both are printed to compare.
+  """
+  import sacrebleu  # pylint: disable=import-outside-toplevel
+  bleu = sacrebleu.metrics.BLEU()
+  chrf = sacrebleu.metrics.CHRF()
+  hypotheses, references = list(hypotheses), [list(references)]
+  b = bleu.corpus_score(hypotheses, references)
+  c = chrf.corpus_score(hypotheses, references)
+  lines = [f'BLEU = {b.score:.2f}  {bleu.get_signature()}  ({b})']
+  if lowercase_bleu:
+    lower = sacrebleu.metrics.BLEU(lowercase=True, tokenize='13a')
+    lb = lower.corpus_score(hypotheses, references)
+    lines.append(f'BLEU (lowercased, tokenized) = {lb.score:.2f}  {lower.get_signature()}  ({lb})')
+  return lines + [f'chrF2 = {c.score:.2f}  {chrf.get_signature()}']
