@@ -57,36 +57,46 @@ def get_config(preset=None):
   dec.top_k = 0
 
   if preset == 'large':
-    m.num_decoder_layers, m.num_heads, m.d_model, m.d_ff = 6, 6, 384, 1536
-    m.dropout_rate = 0.2
-    # nanoGPT's model.py choices, where ours (the paper's) learned slower (issue 16; the CPU
-    # proxy in bench/RESULTS.md). 'gpt2' init: normal(0.02) kernels and embeddings, residual
-    # projections 0.02/sqrt(2 x layers); no sqrt(d_model) on the token embeddings: with it
-    # the tokens enter at unit size while the learned positions start at 0.02, so the model
-    # is nearly position-blind for its first hundreds of steps; dropout on the attention
-    # weights too; AdamW decays kernels and embeddings only (not the fused Q/K/V bias).
-    m.init = 'gpt2'
-    m.scale_embeddings = False
-    m.attention_dropout_rate = 0.2
-    o.weight_decay_mask = 'matrices'
-    m.max_len = 257
-    d.max_length = 256
-    t.batch_size = 64
-    t.num_steps = 5000
-    t.eval_every_steps = 250
-    t.num_eval_batches = 200
+    _large(config)
   elif preset == 'tiny':
-    m.num_decoder_layers, m.num_heads, m.d_model, m.d_ff = 2, 2, 32, 64
-    m.max_len = 33
-    d.max_length = 32
-    t.num_steps = 20
-    t.batch_size = 8
-    t.eval_every_steps = 10
-    t.num_eval_batches = 2
-    t.checkpoint_every_steps = 10
-    t.log_every_steps = 5
-    o.warmup_steps = 5
-    dec.max_len = 16
+    _tiny(config)
   elif preset is not None:
     raise ValueError(f'configs/shakespeare_char.py: unknown preset {preset!r}; known: large, tiny')
   return config
+
+
+def _large(config) -> None:
+  m, d, o, t = config.model, config.data, config.optimizer, config.train
+  m.num_decoder_layers, m.num_heads, m.d_model, m.d_ff = 6, 6, 384, 1536
+  m.dropout_rate = 0.2
+  # nanoGPT's model.py choices, where ours (the paper's) learned slower (issue 16; the CPU
+  # proxy in bench/RESULTS.md). 'gpt2' init: normal(0.02) kernels and embeddings, residual
+  # projections 0.02/sqrt(2 x layers); no sqrt(d_model) on the token embeddings: with it
+  # the tokens enter at unit size while the learned positions start at 0.02, so the model
+  # is nearly position-blind for its first hundreds of steps; dropout on the attention
+  # weights too; AdamW decays kernels and embeddings only (not the fused Q/K/V bias).
+  m.init = 'gpt2'
+  m.scale_embeddings = False
+  m.attention_dropout_rate = 0.2
+  o.weight_decay_mask = 'matrices'
+  m.max_len = 257
+  d.max_length = 256
+  t.batch_size = 64
+  t.num_steps = 5000
+  t.eval_every_steps = 250
+  t.num_eval_batches = 200
+
+
+def _tiny(config) -> None:
+  m, d, o, t, dec = config.model, config.data, config.optimizer, config.train, config.decode
+  m.num_decoder_layers, m.num_heads, m.d_model, m.d_ff = 2, 2, 32, 64
+  m.max_len = 33
+  d.max_length = 32
+  t.num_steps = 20
+  t.batch_size = 8
+  t.eval_every_steps = 10
+  t.num_eval_batches = 2
+  t.checkpoint_every_steps = 10
+  t.log_every_steps = 5
+  o.warmup_steps = 5
+  dec.max_len = 16
