@@ -194,6 +194,12 @@ def test_damage_without_checksums_is_still_short_and_quiet(trained, tmp_path, ca
   err = capfd.readouterr().err.strip().splitlines()
   assert len(err) == 6 and all(line.startswith('WARNING: checkpoint ') and
                                len(line.replace(workdir, 'DIR')) < 300 for line in err), err
+  # The command line too: the abandoned reads' coroutines, finalised by the garbage collector,
+  # print nothing (thousands of lines of "Exception ignored in <coroutine ...>" otherwise).
+  proc = _run_cli('decode.py', f'--workdir={workdir}', '--compilation_cache=', timeout=120)
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and len(lines) == 4, proc.stderr[-3000:]
+  assert lines[-1].startswith('decode.py: error: no readable checkpoint in'), lines
 
 
 def syn_abstract_state(**overrides):

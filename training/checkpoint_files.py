@@ -154,8 +154,13 @@ class _Hide(logging.Filter):
 
 
 def _is_closed_loop_wakeup(unraisable) -> bool:
-  return (isinstance(unraisable.exc_value, RuntimeError)
-          and str(unraisable.exc_value) == 'Event loop is closed')
+  """A late wake-up of a closed event loop, or an abandoned Orbax read/write coroutine
+  finalised by the garbage collector (its error is the damage already reported)."""
+  if (isinstance(unraisable.exc_value, RuntimeError)
+      and str(unraisable.exc_value) == 'Event loop is closed'):
+    return True
+  code = getattr(unraisable.object, 'cr_code', None)  # a coroutine's code object
+  return code is not None and f'{os.sep}orbax{os.sep}' in code.co_filename
 
 
 def _drop_closed_loop_wakeups() -> None:
