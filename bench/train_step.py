@@ -42,8 +42,8 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 from model import build_model  # noqa: E402
-from model.config import ATTENTION_IMPLS  # noqa: E402
-from training import mesh as mesh_lib, steps  # noqa: E402
+from model.config import ATTENTION_IMPLS, ModelConfig  # noqa: E402
+from training import mesh as mesh_lib, steps, telemetry  # noqa: E402
 from training.state import TrainState  # noqa: E402
 
 # The peers' configs (../shared/bench/peers/RESULTS.md, section 3).
@@ -54,13 +54,11 @@ CONFIGS = {
 
 
 def train_flops(c) -> int:
-  """Analytic FLOPs of one train step (matmuls only; 3 x forward)."""
-  b, s, t, d, f, n, v = c['batch'], c['src_len'], c['tgt_len'], c['d'], c['f'], c['layers'], c['vocab']
-  enc = b * s * n * (2 * (4 * d * d + 2 * d * f) + 4 * s * d)
-  dec = b * t * n * (2 * (6 * d * d + 2 * d * f) + 4 * t * d + 4 * s * d)
-  cross = b * s * n * 2 * (2 * d * d)
-  out = b * t * 2 * d * v
-  return 3 * (enc + dec + cross + out)
+  """Analytic FLOPs of one train step (matmuls only; 3 x forward): the trainer's MFU count
+  (`training.telemetry.train_step_flops`), the same formula as the peers' flops.py."""
+  config = ModelConfig.from_config(model_config(c, 0.0))
+  return telemetry.train_step_flops(config, {'inputs': (c['batch'], c['src_len']),
+                                             'targets': (c['batch'], c['tgt_len'])})
 
 
 def matmul_gflops(n=2048, reps=20, dtype='float32') -> float:
