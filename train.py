@@ -105,7 +105,7 @@ def parse_flags(argv: list[str]) -> list[str]:
     _fail(_config_error_message(e, argv))
   if FLAGS.config is None:
     _fail('--config did not give a config')
-  if not FLAGS.workdir:
+  if not FLAGS.workdir and not FLAGS.config.train.get('dry_run', False):
     _fail('--workdir is required')
   return remaining
 
@@ -140,11 +140,23 @@ def main(argv: list[str]) -> None:
   from training import checkpoint, trainer  # pylint: disable=import-outside-toplevel
   user_errors = (ConfigError, checkpoint.CheckpointError, *_data_errors())
   try:
+    if FLAGS.config.train.get('dry_run', False):
+      _dry_run(FLAGS.config)
+      return
     trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   except (trainer.NonFiniteLossError, checkpoint.CheckpointWriteError) as e:  # ran, then failed
     _fail(e, code=1)
   except user_errors as e:  # bad config/workdir/checkpoint/data: one line, no traceback
     _fail(e)
+
+
+def _dry_run(config) -> None:
+  """Prints the parameter count and the compiled train step's per-device memory."""
+  from training import memory  # pylint: disable=import-outside-toplevel
+  report = memory.dry_run(config)
+  print(f'{report["parameters"]:,} parameters; train step compiled in {report["compile_s"]:.1f}s',
+        flush=True)
+  print(memory.format_table(report['memory'], report['mesh']), flush=True)
 
 
 def _data_errors() -> tuple[type[BaseException], ...]:

@@ -11,6 +11,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from model.config import ModelConfig
+from training import mesh as mesh_lib
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -21,6 +22,7 @@ def base_config() -> ml_collections.ConfigDict:
   config.optimizer = _optimizer()
   config.train = _train()
   config.decode = _decode()
+  config.mesh = _mesh()
   return config
 
 
@@ -82,6 +84,7 @@ def _train() -> ml_collections.ConfigDict:
   t.matmul_precision = 'default'
   t.deterministic = False  # GPU: deterministic XLA ops, so a resume is bitwise exact (slower)
   t.profile_steps = ''  # 'START,END': a JAX profiler trace of those steps in DIR/profile
+  t.dry_run = False  # True: print the per-device memory of the train step and exit (no data)
   return t
 
 
@@ -95,3 +98,15 @@ def _decode() -> ml_collections.ConfigDict:
   dec.temperature = 1.0
   dec.top_k = 0  # 0 = no top-k
   return dec
+
+
+def _mesh() -> ml_collections.ConfigDict:
+  """Devices as (data, fsdp, tensor): see training/mesh.py and the README's Scaling section."""
+  m = ml_collections.ConfigDict()
+  m.data = -1  # -1: every device not used by the other axes
+  m.fsdp = 1  # parameters, gradients and optimizer state split along 'embed'
+  m.tensor = 1  # heads, feed-forward units and vocabulary split (Megatron style)
+  # Logical axis name -> mesh axes ('' none, 'data,fsdp' both), e.g. --config.mesh.rules.vocab=''
+  m.rules = ml_collections.ConfigDict(dict(mesh_lib.DEFAULT_RULES))
+  return m
+

@@ -21,6 +21,11 @@ DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 # implementation='xla'); 'cudnn': cuDNN's fused flash attention (GPU, bfloat16, causal +
 # padding masks only); 'chunked': attention.chunked_dot_product_attention (O(len x block) memory).
 ATTENTION_IMPLS = ('reference', 'xla', 'cudnn', 'chunked')
+# How a projection with several input/output axes (the fused [d_model, 3, heads, head_dim]
+# QKV kernel) is multiplied: 'flat' = one 2-D matmul on the flattened kernel (XLA:CPU: see
+# layers.Dense), 'general' = dot_general over the axes as they are (a heads axis split over
+# 'tensor' stays split), 'auto' = 'flat' on CPU, 'general' on GPU/TPU. Same values.
+PROJECTION_MATMULS = ('auto', 'flat', 'general')
 CUDNN_MAX_HEAD_DIM = 128  # cuDNN flash attention: head_dim <= 128 (256 on Hopper), multiple of 8
 
 
@@ -61,6 +66,7 @@ class ModelConfig:
   dropout_rng: str = 'hash'  # dropout bits: 'hash' (fused integer hash) | 'threefry'
   init: str = 'paper'  # parameter initialisation, one of INIT_SCHEMES (see init_stds)
   scale_embeddings: bool = True  # token embeddings times sqrt(d_model) (§3.4); GPT-2: False
+  projection_matmul: str = 'auto'  # one of PROJECTION_MATMULS (above)
 
   @property
   def compute_dtype(self):
@@ -111,6 +117,7 @@ class ModelConfig:
     choice('attention_impl', ATTENTION_IMPLS)
     choice('dropout_rng', DROPOUT_RNGS)
     choice('init', INIT_SCHEMES)
+    choice('projection_matmul', PROJECTION_MATMULS)
     if not isinstance(self.scale_embeddings, bool):
       raise ConfigError(f'config.model.scale_embeddings={self.scale_embeddings!r} must be '
                         f'True or False')

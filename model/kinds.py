@@ -45,6 +45,15 @@ class ModelKind:
     """Positions the decoder needs for examples of `config.data.max_length` tokens."""
     return max_length
 
+  def train_batch_shapes(self, batch_size: int, max_length: int, packed: bool
+                         ) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """What the input pipeline gives a train step: name -> (shape, dtype)."""
+    shape = (batch_size, self.target_length(max_length))
+    out = {'targets': (shape, jnp.int32)}
+    if packed:
+      out.update(targets_segmentation=(shape, jnp.int32), targets_position=(shape, jnp.int32))
+    return out
+
   def apply_batch(self, module, variables, batch: Mapping[str, Array], *, deterministic: bool,
                   rngs=None, **kwargs):
     """A training/eval batch -> the model's output (logits `[batch, len, vocab]`)."""
@@ -116,6 +125,11 @@ class EncoderDecoderKind(ModelKind):
         targets_position=batch.get('targets_position'),
         deterministic=deterministic, rngs=rngs or {}, **kwargs)
 
+  def train_batch_shapes(self, batch_size, max_length, packed):
+    out = super().train_batch_shapes(batch_size, max_length, packed)
+    out.update({k.replace('targets', 'inputs'): v for k, v in out.items()})
+    return out
+
   def encode(self, module, params, inputs):
     return module.apply({'params': params}, inputs, method=module.encode)
 
@@ -142,6 +156,11 @@ class DecoderOnlyKind(ModelKind):
 
   def target_length(self, max_length: int) -> int:
     return max_length + 1  # the decoder reads the start token before the text
+
+  def train_batch_shapes(self, batch_size, max_length, packed):
+    out = super().train_batch_shapes(batch_size, max_length, packed=False)
+    out['targets_weights'] = (out['targets'][0], jnp.float32)  # blocks of a stream: no packing
+    return out
 
 
 class EncoderOnlyKind(ModelKind):

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from model import attention as attn
+from model.partitioning import constrain, with_axes
 from model.config import ConfigError
 
 Array = jax.Array
@@ -23,25 +24,35 @@ Dtype = Any
 dense_init = nn.initializers.xavier_uniform()
 
 
-def _dense(features, name, dtype, axis=-1, init_std=None):
+def _dense(features, name, dtype, axes, axis=-1, init_std=None, matmul='auto'):
   features = (features,) if isinstance(features, int) else tuple(features)
   num_inputs = 1 if isinstance(axis, int) else len(axis)
-  return Dense(features, num_inputs, dtype, init_std, name=name)
+  return Dense(features, num_inputs, dtype, init_std, matmul, axes, name=name)
+
+
+def flat_matmul(matmul: str) -> bool:
+  """Resolves ModelConfig.projection_matmul: 'auto' is 'flat' on CPU only."""
+  return matmul == 'flat' or (matmul == 'auto' and jax.default_backend() == 'cpu')
 
 
 class Dense(nn.Module):
   """y = x W + b contracting the last `num_inputs` axes of x with W `[*inputs, *features]`.
 
   The parameters (names, shapes, Glorot init over the flattened fan-in/out) are those of
-  `nn.DenseGeneral`; the difference is that the product is one 2-D matmul. With several
-  output axes (the fused `[d_model, 3, heads, head_dim]` QKV kernel), XLA:CPU lays the
-  kernel's gradient out transposed, and every optimizer pass then reads it with a stride:
-  the Adam update of those kernels cost more than their matmuls in the base model's step.
+  `nn.DenseGeneral`; `axes` are the kernel's logical axis names (model.partitioning), the
+  bias takes the features' names. `matmul` (ModelConfig.projection_matmul): 'flat' makes
+  the product one 2-D matmul. With several output axes (the fused `[d_model, 3, heads,
+  head_dim]` QKV kernel), XLA:CPU lays the kernel's gradient out transposed, and every
+  optimizer pass then reads it with a stride: the Adam update of those kernels cost more
+  than their matmuls in the base model's step. 'general' contracts the axes as they are,
+  so a kernel whose heads axis is split over devices is never gathered to be flattened.
   """
   features: tuple[int, ...]
   num_inputs: int = 1
   dtype: Dtype = jnp.float32
   init_std: float | None = None  # kernel ~ normal(init_std); None: Glorot uniform
+  matmul: str = 'auto'  # config.PROJECTION_MATMULS
+  axes: tuple[str | None, ...] = ()  # the kernel's logical axis names; () = none
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
@@ -49,15 +60,20 @@ class Dense(nn.Module):
     inputs = x.shape[x.ndim - self.num_inputs:]
     fan_in, fan_out = int(np.prod(inputs)), int(np.prod(self.features))
     init = dense_init if self.init_std is None else nn.initializers.normal(self.init_std)
-    kernel = self.param(
-        'kernel', lambda rng, shape: init(rng, (fan_in, fan_out)).reshape(shape),
-        (*inputs, *self.features))
-    bias = self.param('bias', nn.initializers.zeros_init(), self.features)
+    kernel_init = lambda rng, shape: init(rng, (fan_in, fan_out)).reshape(shape)
+    bias_init = nn.initializers.zeros_init()
+    if self.axes:
+      kernel_init = with_axes(kernel_init, self.axes)
+      bias_init = with_axes(bias_init, self.axes[self.num_inputs:])
+    kernel = self.param('kernel', kernel_init, (*inputs, *self.features))
+    bias = self.param('bias', bias_init, self.features)
     batch = x.shape[:x.ndim - self.num_inputs]
-    y = jnp.dot(x.reshape(*batch, fan_in).astype(self.dtype),
-                kernel.reshape(fan_in, fan_out).astype(self.dtype))
-    y = y + bias.reshape(fan_out).astype(self.dtype)
-    return y.reshape(*batch, *self.features)
+    x, kernel, bias = x.astype(self.dtype), kernel.astype(self.dtype), bias.astype(self.dtype)
+    if flat_matmul(self.matmul):
+      y = jnp.dot(x.reshape(*batch, fan_in), kernel.reshape(fan_in, fan_out))
+      return (y + bias.reshape(fan_out)).reshape(*batch, *self.features)
+    contract = tuple(range(len(batch), x.ndim)), tuple(range(self.num_inputs))
+    return jax.lax.dot_general(x, kernel, (contract, ((), ()))) + bias
 
 
 class MultiHeadAttention(nn.Module):
@@ -87,6 +103,7 @@ class MultiHeadAttention(nn.Module):
   dropout_rng_impl: str = 'hash'  # attention.DROPOUT_RNGS
   init_std: float | None = None  # Q/K/V kernels (ModelConfig.init_stds; None: Glorot)
   out_init_std: float | None = None  # the output projection W^O
+  matmul: str = 'auto'  # ModelConfig.projection_matmul
 
   @nn.compact
   def __call__(self, x: Array, kv: Array | None = None, *, mask: Array | None = None,
@@ -104,21 +121,30 @@ class MultiHeadAttention(nn.Module):
     heads = (self.num_heads, head_dim)
 
     if kv is None:
-      qkv = _dense((3, *heads), 'qkv', self.dtype, init_std=self.init_std)(x)  # [batch, len, 3, heads, head_dim]
+      qkv = self._dense((3, *heads), 'qkv', (None, 'heads', 'kv'))(x)  # [batch, len, 3, heads, head_dim]
+      qkv = constrain(qkv, ('batch', None, None, 'heads', 'kv'))
       query, key, value = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
       if self.use_rope:
         query, key = self._rotate(query, key, positions)
       if decode:
         key, value, mask = self._update_self_cache(key, value, mask)
     else:
-      query = _dense(heads, 'query', self.dtype, init_std=self.init_std)(x)
+      query = constrain(self._dense(heads, 'query', ('heads', 'kv'))(x),
+                        ('batch', None, 'heads', 'kv'))
       if decode:
         key, value = self._cross_cache(kv, heads)
       else:
         key, value = self._project_kv(kv, heads)
 
     out = self._attend(query, key, value, mask, deterministic, decode)
-    return _dense(d_model, 'out', self.dtype, axis=(-2, -1), init_std=self.out_init_std)(out)
+    out = constrain(out, ('batch', None, 'heads', 'kv'))
+    return _dense(d_model, 'out', self.dtype, ('heads', 'kv', 'embed'), axis=(-2, -1),
+                  init_std=self.out_init_std, matmul=self.matmul)(out)
+
+  def _dense(self, features, name, feature_axes):
+    """A projection of the model's width `d_model` ('embed') into head axes."""
+    return _dense(features, name, self.dtype, ('embed', *feature_axes), init_std=self.init_std,
+                  matmul=self.matmul)
 
   def _attend(self, query, key, value, mask, deterministic, decode):
     """Attention(Q, K, V) `[batch, q_len, heads, head_dim]` by `impl` (see `ATTENTION_IMPLS`).
@@ -155,7 +181,8 @@ class MultiHeadAttention(nn.Module):
     return out
 
   def _project_kv(self, kv, heads):
-    kv = _dense((2, *heads), 'kv', self.dtype, init_std=self.init_std)(kv)
+    kv = self._dense((2, *heads), 'kv', (None, 'heads', 'kv'))(kv)
+    kv = constrain(kv, ('batch', None, None, 'heads', 'kv'))
     return kv[:, :, 0], kv[:, :, 1]
 
   def _rotate(self, query, key, positions):
@@ -250,12 +277,16 @@ class FeedForward(nn.Module):
   dtype: Dtype = jnp.float32
   init_std: float | None = None  # W_1 (ModelConfig.init_stds; None: Glorot)
   out_init_std: float | None = None  # W_2, which writes into the residual stream
+  matmul: str = 'auto'  # ModelConfig.projection_matmul
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
     act: Callable = {'relu': nn.relu, 'gelu': nn.gelu}[self.activation]
-    h = act(_dense(self.d_ff, 'wi', self.dtype, init_std=self.init_std)(x))
-    return _dense(x.shape[-1], 'wo', self.dtype, init_std=self.out_init_std)(h)
+    h = _dense(self.d_ff, 'wi', self.dtype, ('embed', 'mlp'), init_std=self.init_std,
+               matmul=self.matmul)(x)
+    h = constrain(act(h), ('batch', None, 'mlp'))
+    return _dense(x.shape[-1], 'wo', self.dtype, ('mlp', 'embed'), init_std=self.out_init_std,
+                  matmul=self.matmul)(h)
 
 
 class LayerNorm(nn.Module):
@@ -278,12 +309,15 @@ class Embed(nn.Module):
 
   def setup(self):
     std = self.d_model ** -0.5 if self.init_std is None else self.init_std
-    self.embedding = self.param('embedding', nn.initializers.normal(stddev=std),
+    self.embedding = self.param('embedding', with_axes(nn.initializers.normal(stddev=std),
+                                                       ('vocab', 'embed')),
                                 (self.vocab_size, self.d_model), jnp.float32)
 
   def __call__(self, tokens: Array) -> Array:
     """`[batch, len]` int -> `[batch, len, d_model]`."""
-    x = jnp.take(self.embedding, tokens, axis=0)
+    # FSDP: gather the table's 'embed' axis first; a lookup from a table split along the axis
+    # that also splits the batch is one XLA:SPMD can only do by replicating its output.
+    x = jnp.take(constrain(self.embedding, ('vocab', None)), tokens, axis=0)
     if self.scale:
       x = x * jnp.sqrt(float(self.d_model))
     return x.astype(self.dtype)
@@ -337,7 +371,8 @@ class AddPositions(nn.Module):
     if self.kind == 'sinusoidal':
       table = attn.sinusoidal_positions(self.max_len, d_model)
     else:
-      table = self.param('pos_embedding', nn.initializers.normal(stddev=0.02),
+      table = self.param('pos_embedding', with_axes(nn.initializers.normal(stddev=0.02),
+                                                    (None, 'embed')),
                          (self.max_len, d_model), jnp.float32)
     if positions is None:
       pe = table[None, : x.shape[1]]

@@ -22,8 +22,10 @@ import jax.numpy as jnp
 from model import attention as attn
 from model.config import ModelConfig
 from model.layers import AddPositions, Dropout, Embed, FeedForward, LayerNorm, MultiHeadAttention
+from model.partitioning import constrain, with_axes
 
 Array = jax.Array
+RESIDUAL_AXES = ('batch', None, None)  # the residual stream [batch, len, d_model] between layers
 
 
 def shift_right(tokens: Array, segmentation: Array | None = None) -> Array:
@@ -58,17 +60,13 @@ class EncoderLayer(nn.Module):
   @nn.compact
   def __call__(self, x: Array, mask: attn.FactoredMask, positions: Array | None) -> Array:
     cfg = self.config
-    stds = cfg.init_stds(cfg.num_encoder_layers)
-    self_attention = MultiHeadAttention(
-        cfg.num_heads, cfg.compute_dtype, cfg.attention_dropout_rate, cfg.attention_impl,
-        use_rope=cfg.positional_encoding == 'rope', dropout_rng_impl=cfg.dropout_rng,
-        init_std=stds.kernel, out_init_std=stds.residual, name='self_attention')
-    ffn = FeedForward(cfg.d_ff, cfg.activation, cfg.compute_dtype, stds.kernel, stds.residual,
-                      name='ffn')
+    self_attention = _attention(cfg, cfg.num_encoder_layers, 'self_attention',
+                                rope=cfg.positional_encoding == 'rope')
     x = Sublayer(cfg, self.deterministic, name='attention_block')(
         x, lambda h: self_attention(h, mask=mask, positions=positions,
                                     deterministic=self.deterministic))
-    return Sublayer(cfg, self.deterministic, name='ffn_block')(x, ffn)
+    x = Sublayer(cfg, self.deterministic, name='ffn_block')(x, _ffn(cfg, cfg.num_encoder_layers))
+    return constrain(x, RESIDUAL_AXES)
 
 
 class DecoderLayer(nn.Module):
@@ -81,27 +79,34 @@ class DecoderLayer(nn.Module):
   def __call__(self, x: Array, encoded: Array | None, self_mask: attn.FactoredMask | Array | None,
                cross_mask: attn.FactoredMask | None, positions: Array | None) -> Array:
     cfg = self.config
-    stds = cfg.init_stds(cfg.num_decoder_layers)
-
-    def attention(name):
-      return MultiHeadAttention(cfg.num_heads, cfg.compute_dtype, cfg.attention_dropout_rate,
-                                cfg.attention_impl, use_rope=(name == 'self_attention' and
-                                                              cfg.positional_encoding == 'rope'),
-                                dropout_rng_impl=cfg.dropout_rng, init_std=stds.kernel,
-                                out_init_std=stds.residual, name=name)
-
-    self_attention = attention('self_attention')
+    n = cfg.num_decoder_layers
+    self_attention = _attention(cfg, n, 'self_attention', rope=cfg.positional_encoding == 'rope')
     x = Sublayer(cfg, self.deterministic, name='self_attention_block')(
         x, lambda h: self_attention(h, mask=self_mask, positions=positions,
                                     deterministic=self.deterministic, decode=self.decode))
     if encoded is not None:
-      cross_attention = attention('cross_attention')
+      cross_attention = _attention(cfg, n, 'cross_attention', rope=False)
       x = Sublayer(cfg, self.deterministic, name='cross_attention_block')(
           x, lambda h: cross_attention(h, encoded, mask=cross_mask,
                                        deterministic=self.deterministic, decode=self.decode))
-    ffn = FeedForward(cfg.d_ff, cfg.activation, cfg.compute_dtype, stds.kernel, stds.residual,
-                      name='ffn')
-    return Sublayer(cfg, self.deterministic, name='ffn_block')(x, ffn)
+    x = Sublayer(cfg, self.deterministic, name='ffn_block')(x, _ffn(cfg, n))
+    return constrain(x, RESIDUAL_AXES)
+
+
+def _attention(config: ModelConfig, num_layers: int, name: str, rope: bool) -> MultiHeadAttention:
+  """One attention sub-layer of a stack of `num_layers` (for the init scheme's stds)."""
+  stds = config.init_stds(num_layers)
+  return MultiHeadAttention(config.num_heads, config.compute_dtype,
+                            config.attention_dropout_rate, config.attention_impl,
+                            use_rope=rope, dropout_rng_impl=config.dropout_rng,
+                            init_std=stds.kernel, out_init_std=stds.residual,
+                            matmul=config.projection_matmul, name=name)
+
+
+def _ffn(config: ModelConfig, num_layers: int) -> FeedForward:
+  stds = config.init_stds(num_layers)
+  return FeedForward(config.d_ff, config.activation, config.compute_dtype, stds.kernel,
+                     stds.residual, config.projection_matmul, name='ffn')
 
 
 def _embed(config: ModelConfig, name: str) -> Embed:
@@ -130,6 +135,7 @@ def _run_layers(config: ModelConfig, make_layer, num_layers: int, x: Array, *arg
   scan = nn.scan(lambda layer, carry, *a: (layer(carry, *a), None),
                  variable_axes={'params': 0, 'cache': 0, 'intermediates': 0},
                  split_rngs={'params': True, 'dropout': True},
+                 metadata_params={nn.PARTITION_NAME: 'layers'},
                  in_axes=(nn.broadcast,) * len(args), length=num_layers)
   return scan(make_layer('layers'), x, *args)[0]
 
@@ -260,7 +266,9 @@ class Decoder(nn.Module):
     std = cfg.init_stds(cfg.num_decoder_layers).kernel
     init = nn.initializers.xavier_uniform() if std is None else nn.initializers.normal(std)
     return nn.Dense(cfg.vocab_size, dtype=jnp.float32, param_dtype=jnp.float32,
-                    kernel_init=init, name='logits')(x)
+                    kernel_init=with_axes(init, ('embed', 'vocab')),
+                    bias_init=with_axes(nn.initializers.zeros_init(), ('vocab',)),
+                    name='logits')(x)
 
   def _decode_positions(self, num_new: int) -> Array:
     """Absolute positions of this call's tokens: the count decoded so far, kept in the cache."""

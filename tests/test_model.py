@@ -293,12 +293,14 @@ def test_logits_via_embedding_gradient_equals_autodiff():
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize('matmul', ['flat', 'general'])
 @pytest.mark.parametrize('features,axis', [((3, 4, 8), -1), ((16,), (-2, -1)), ((7,), -1)])
-def test_dense_equals_flax_dense_general(features, axis):
-  """`layers.Dense` has nn.DenseGeneral's parameters (same init) and output."""
+def test_dense_equals_flax_dense_general(features, axis, matmul):
+  """`layers.Dense` has nn.DenseGeneral's parameters (same init) and output, with its
+  kernel flattened to one 2-D matmul (the XLA:CPU choice) or contracted as it is."""
   x = jax.random.normal(jax.random.PRNGKey(0), (2, 5, 4, 8))
   reference = nn.DenseGeneral(features, axis=axis, kernel_init=layers.dense_init)
-  ours = layers.Dense(features, 1 if isinstance(axis, int) else len(axis))
+  ours = layers.Dense(features, 1 if isinstance(axis, int) else len(axis), matmul=matmul)
   params = reference.init(jax.random.PRNGKey(1), x)
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(ours.init(jax.random.PRNGKey(1), x))):
     np.testing.assert_array_equal(a, b)

@@ -193,7 +193,7 @@ def test_evaluate_keeps_one_eval_program_in_flight():
   for each batch before it dispatches the next."""
   from training import evaluation, mesh as mesh_lib  # pylint: disable=import-outside-toplevel
   mesh = mesh_lib.make_mesh()
-  rows = mesh_lib.local_device_count(mesh)
+  rows = mesh_lib.local_batch_shards(mesh)
 
   @jax.jit
   def slow_eval_step(params, batch):  # ~0.1 s of matmuls: still running when the next is sent

@@ -20,6 +20,7 @@ import ml_collections
 
 from model.config import ConfigError, ModelConfig
 from model.kinds import KINDS, kind_of
+from training import mesh as mesh_lib
 from training.atomic_file import atomic_write
 from training.accelerator import MATMUL_PRECISIONS
 from training.optim import WEIGHT_DECAY_MASKS
@@ -149,14 +150,16 @@ def _check_finite(values: dict[str, Any], prefix: str = 'config') -> None:
 
 def validate_config(config, *, num_devices: int = 1, process_count: int = 1) -> ModelConfig:
   """Checks every field train.py uses; raises `ConfigError` naming the field. Returns the model config."""
-  for section in ('model', 'data', 'optimizer', 'train', 'decode'):
+  for section in ('model', 'data', 'optimizer', 'train', 'decode'):  # 'mesh' may be absent
     _require(section in config, f'config has no {section!r} section (start from configs/base.py)')
   _check_finite(to_dict(config))
   model_config = ModelConfig.from_config(config.model)
   _require(model_config.kind in TRAINABLE_KINDS,
            f'config.model.kind={model_config.kind!r}: train.py trains {list(TRAINABLE_KINDS)}')
   _check_optimizer(config.optimizer)
-  _check_train(config.train, num_devices, process_count)
+  _check_train(config.train, process_count)
+  mesh_lib.check(config.get('mesh'), model_config, config.train.batch_size,
+                 config.train.grad_accum_steps, num_devices)
   _check_data(config.data, model_config)
   _check_decode(config.decode)
   return model_config
@@ -190,7 +193,7 @@ def _check_optimizer(o) -> None:
            'must be in [0, 1]')
 
 
-def _check_train(t, num_devices: int, process_count: int) -> None:
+def _check_train(t, process_count: int) -> None:
   for field in ('num_steps', 'batch_size', 'grad_accum_steps', 'eval_every_steps',
                 'checkpoint_every_steps', 'max_checkpoints', 'log_every_steps'):
     _require(_is_int(t[field]) and t[field] > 0,
@@ -210,10 +213,6 @@ def _check_train(t, num_devices: int, process_count: int) -> None:
     raise ConfigError(f'config.train.profile_steps: {e}') from None
   _require(_is_number(t.label_smoothing) and 0 <= t.label_smoothing < 1,
            f'config.train.label_smoothing={t.label_smoothing!r} must be in [0, 1)')
-  unit = num_devices * t.grad_accum_steps
-  _require(t.batch_size % unit == 0,
-           f'config.train.batch_size={t.batch_size} must be divisible by the number of devices '
-           f'({num_devices}) x config.train.grad_accum_steps ({t.grad_accum_steps})')
   _require(t.batch_size % process_count == 0,
            f'config.train.batch_size={t.batch_size} must be divisible by the number of '
            f'processes ({process_count})')

@@ -46,7 +46,7 @@ def evaluate(eval_step: Callable, params: Any, batches: Iterable[dict[str, np.nd
   if not local and total:
     raise RuntimeError(f'process {jax.process_index()} has no evaluation batches')
   local += [{k: np.zeros_like(v) for k, v in local[0].items()}] * (total - len(local))
-  devices = mesh_lib.local_device_count(mesh)
+  devices = mesh_lib.local_batch_shards(mesh)
   sums = None
   for batch in local:
     out = eval_step(params, mesh_lib.shard_batch(_pad_rows(batch, devices), mesh))

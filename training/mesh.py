@@ -1,25 +1,106 @@
-"""The device mesh and shardings: batch sharded over 'data', parameters replicated.
+"""The device mesh `(data, fsdp, tensor)` from `config.mesh`, its rules table, and batch shardings.
 
-One program for every scale: `jax.jit` over a mesh of all devices (of all processes). Each
-process feeds its own slice of the global batch (`shard_batch`).
+One program for every scale: `jax.jit` over a mesh of all devices (of all processes).
+  data    batch split, parameters replicated (what the default mesh does with every device)
+  fsdp    batch split too, and parameters, gradients and optimizer state split along their
+          'embed' axis (gathered by XLA where a layer uses them)
+  tensor  attention heads, feed-forward units and the vocabulary split (Megatron style)
+`config.mesh.rules` maps the model's logical axis names (model.partitioning) to these axes.
+Each process feeds its own slice of the global batch (`shard_batch`).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from model.config import ConfigError
+from model.partitioning import LOGICAL_AXES, Rules
+
+AXES = ('data', 'fsdp', 'tensor')
 DATA_AXIS = 'data'
+BATCH_AXES = ('data', 'fsdp')  # the batch is split over both
+# logical name -> mesh axes ('' = not split; 'a,b' = over both). configs/base.py copies it.
+DEFAULT_RULES = {'batch': 'data,fsdp', 'vocab': 'tensor', 'embed': 'fsdp', 'heads': 'tensor',
+                 'kv': '', 'mlp': 'tensor', 'layers': ''}
 
 
-def make_mesh(num_devices: int | None = None) -> Mesh:
-  """A 1-D mesh `('data',)` over all devices (or the first `num_devices`), Auto axis types."""
+def mesh_shape(mesh_config=None, num_devices: int | None = None) -> tuple[int, int, int]:
+  """`config.mesh` sizes -> (data, fsdp, tensor) for `num_devices` (one size may be -1: the
+  devices left). No section: every device on 'data'. Raises ConfigError naming the field."""
   n = num_devices or jax.device_count()
-  # Explicit axis types (the make_mesh default) break gathers inside nn.Embed.
-  return jax.make_mesh((n,), (DATA_AXIS,), axis_types=(jax.sharding.AxisType.Auto,))
+  sizes = [(mesh_config or {}).get(a, -1 if a == DATA_AXIS else 1) for a in AXES]
+  for axis, size in zip(AXES, sizes):
+    if not isinstance(size, int) or isinstance(size, bool) or (size < 1 and size != -1):
+      raise ConfigError(f'config.mesh.{axis}={size!r} must be a positive integer or -1')
+  if sizes.count(-1) > 1:
+    raise ConfigError(f'config.mesh: only one of data/fsdp/tensor may be -1, got {sizes}')
+  known = math.prod(s for s in sizes if s != -1)
+  if -1 in sizes:
+    if n % known:
+      raise ConfigError(f'config.mesh (data, fsdp, tensor)={tuple(sizes)}: {n} devices are not '
+                        f'divisible by {known}')
+    sizes[sizes.index(-1)] = n // known
+  if math.prod(sizes) != n:
+    raise ConfigError(f'config.mesh (data, fsdp, tensor)={tuple(sizes)} has {math.prod(sizes)} '
+                      f'devices; this run has {n}')
+  return tuple(sizes)
+
+
+def make_mesh(num_devices: int | None = None, mesh_config=None) -> Mesh:
+  """The `(data, fsdp, tensor)` mesh over all devices (or the first `num_devices`).
+
+  `jax.make_mesh` orders devices for the interconnect ('tensor', the last axis, on the
+  closest devices). Auto axis types: Explicit ones (its default) break gathers in nn.Embed.
+  """
+  shape = mesh_shape(mesh_config, num_devices)
+  devices = jax.devices()[:math.prod(shape)] if num_devices else None
+  return jax.make_mesh(shape, AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(AXES),
+                       devices=devices)
+
+
+def rules(mesh_config=None) -> Rules:
+  """`config.mesh.rules` -> ((logical name, mesh axes), ...); unset names take DEFAULT_RULES."""
+  table = dict(DEFAULT_RULES)
+  given = (mesh_config or {}).get('rules', None) or {}
+  for name, value in dict(given).items():
+    if name not in LOGICAL_AXES:
+      raise ConfigError(f'config.mesh.rules.{name}: unknown logical axis; known: '
+                        f'{list(LOGICAL_AXES)}')
+    if not isinstance(value, str):
+      raise ConfigError(f'config.mesh.rules.{name}={value!r} must be a string of mesh axes '
+                        f"(e.g. 'fsdp', 'data,fsdp' or '' for none)")
+    table[name] = value
+  out = []
+  for name, value in table.items():
+    axes = tuple(a.strip() for a in value.split(',') if a.strip())
+    unknown = [a for a in axes if a not in AXES]
+    if unknown:
+      raise ConfigError(f'config.mesh.rules.{name}={value!r}: {unknown} are not mesh axes '
+                        f'{list(AXES)}')
+    out.append((name, axes or None))
+  return tuple(out)
+
+
+def check(mesh_config, model_config, batch_size: int, grad_accum_steps: int,
+          num_devices: int) -> None:
+  """The mesh fits the devices, the model and the batch (one line naming the field)."""
+  data, fsdp, tensor = mesh_shape(mesh_config, num_devices)
+  rules(mesh_config)
+  for field in ('num_heads', 'd_ff'):
+    value = getattr(model_config, field)
+    if value % tensor:
+      raise ConfigError(f'config.model.{field}={value} is not divisible by config.mesh.tensor='
+                        f'{tensor}')
+  if batch_size % (data * fsdp * grad_accum_steps):
+    raise ConfigError(f'config.train.batch_size={batch_size} must be divisible by config.mesh '
+                      f'data x fsdp ({data} x {fsdp}) x config.train.grad_accum_steps '
+                      f'({grad_accum_steps})')
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -27,29 +108,39 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-  """Leading (batch) dimension split over 'data'."""
-  return NamedSharding(mesh, P(DATA_AXIS))
+  """Leading (batch) dimension split over 'data' x 'fsdp', replicated over 'tensor'."""
+  return NamedSharding(mesh, P(BATCH_AXES))
 
 
 def shard_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
-  """Per-process numpy batch -> global arrays sharded over 'data' (batch = sum over processes)."""
+  """Per-process numpy batch -> global arrays split over the batch axes (batch = sum over
+  processes)."""
   sharding = batch_sharding(mesh)
   return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
           for k, v in batch.items()}
 
 
-def local_device_count(mesh: Mesh) -> int:
-  return sum(d.process_index == jax.process_index() for d in mesh.devices.flat)
+def local_batch_shards(mesh: Mesh) -> int:
+  """How many distinct slices of the batch this process's devices hold (a per-process batch
+  must be a multiple of it)."""
+  batch_devices = mesh.shape['data'] * mesh.shape['fsdp']
+  return max(1, batch_devices * jax.local_device_count() // mesh.devices.size)
 
 
 def describe(mesh: Mesh) -> str:
   kinds = sorted({d.platform for d in mesh.devices.flat})
   shape = ', '.join(f'{name}={size}' for name, size in mesh.shape.items())
+  what = 'parameters replicated'
+  if mesh.shape['fsdp'] > 1 or mesh.shape['tensor'] > 1:
+    what = 'parameters and optimizer state sharded over ' + ' x '.join(
+        a for a in ('fsdp', 'tensor') if mesh.shape[a] > 1)
   return (f'mesh ({shape}) over {mesh.devices.size} {"/".join(kinds)} device(s) in '
-          f'{jax.process_count()} process(es); batch sharded over {DATA_AXIS!r}, '
-          'parameters replicated')
+          f'{jax.process_count()} process(es); batch sharded over data x fsdp, {what}')
 
 
-def to_local(tree: Any) -> Any:
-  """Replicated global arrays -> numpy copies (process-local; no collective)."""
-  return jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), tree)
+def to_host(tree: Any) -> Any:
+  """Global arrays (any sharding) -> full numpy copies on every process. With several
+  processes this is a collective: every process must call it."""
+  if all(x.is_fully_addressable for x in jax.tree.leaves(tree)):
+    return jax.device_get(tree)
+  return multihost_utils.process_allgather(tree, tiled=True)

@@ -10,7 +10,9 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
+from model import partitioning
 from model.kinds import kind_of
+from model.partitioning import Rules
 from training import mesh as mesh_lib
 
 
@@ -40,18 +42,38 @@ def make_init_fn(module, tx: optax.GradientTransformation, seed: int):
   return init
 
 
-def create_train_state(module, tx: optax.GradientTransformation, seed: int,
-                       mesh: Mesh) -> TrainState:
-  """A fresh state, replicated over the mesh (every process computes the same values)."""
-  return jax.jit(make_init_fn(module, tx, seed), out_shardings=mesh_lib.replicated(mesh))()
+def state_shardings(module, tx: optax.GradientTransformation, mesh: Mesh,
+                    rules: Rules | None = None) -> TrainState:
+  """Where every leaf of the train state lives: parameters by their logical axes and `rules`
+  (default: `config.mesh` defaults), each optimizer moment like its parameter, the step, the
+  dropout key and the optimizer's counters replicated."""
+  rules = mesh_lib.rules() if rules is None else rules
+  shapes = jax.eval_shape(make_init_fn(module, tx, 0))
+  logical = partitioning.logical_axes(module, kind_of(module).example_inputs())
+  params = partitioning.shardings(logical, shapes.params, mesh, rules)
+  replicated = mesh_lib.replicated(mesh)
+  opt_state = optax.tree_utils.tree_map_params(
+      tx, lambda _, sharding: sharding, shapes.opt_state, params,
+      transform_non_params=lambda _: replicated)
+  return TrainState(step=replicated, params=params, opt_state=opt_state, rng=replicated)
 
 
-def abstract_train_state(module, tx: optax.GradientTransformation, seed: int,
-                         mesh: Mesh) -> TrainState:
-  """ShapeDtypeStructs with replicated shardings: the restore target for checkpoints."""
+def create_train_state(module, tx: optax.GradientTransformation, seed: int, mesh: Mesh,
+                       rules: Rules | None = None) -> TrainState:
+  """A fresh state laid out by `state_shardings` (every process computes the same values;
+  each device materialises only its shards)."""
+  shardings = state_shardings(module, tx, mesh, rules)
+  return jax.jit(make_init_fn(module, tx, seed), out_shardings=shardings)()
+
+
+def abstract_train_state(module, tx: optax.GradientTransformation, seed: int, mesh: Mesh,
+                         rules: Rules | None = None) -> TrainState:
+  """ShapeDtypeStructs with the `state_shardings`: the restore target for checkpoints (a
+  checkpoint written on any mesh restores onto this one)."""
   shapes = jax.eval_shape(make_init_fn(module, tx, seed))
-  sharding = mesh_lib.replicated(mesh)
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), shapes)
+  shardings = state_shardings(module, tx, mesh, rules)
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      shapes, shardings)
 
 
 def count_params(params: Any) -> int:

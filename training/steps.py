@@ -18,9 +18,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from model import partitioning
 from model.kinds import kind_of
+from model.partitioning import Rules
 from training import mesh as mesh_lib
 from training.losses import cross_entropy_and_accuracy
+from training import state as state_lib
 from training.state import TrainState
 
 Batch = dict[str, jax.Array]
@@ -120,19 +123,34 @@ def make_eval_step(module) -> Callable[[Any, Batch], dict[str, jax.Array]]:
   return eval_step
 
 
+def _with_activation_sharding(fn, mesh, rules):
+  """`fn` traced inside `partitioning.activation_sharding` (the layer-boundary constraints)."""
+  def traced(*args):
+    with partitioning.activation_sharding(mesh, rules):
+      return fn(*args)
+  return traced
+
+
 def jit_train_step(module, tx: optax.GradientTransformation, schedule: optax.Schedule, mesh, *,
-                   label_smoothing: float, grad_accum_steps: int = 1):
-  """`make_train_step` compiled for `mesh`: the state replicated and donated (updated in
-  place), the batch split over 'data', the metrics replicated."""
+                   label_smoothing: float, grad_accum_steps: int = 1,
+                   rules: Rules | None = None):
+  """`make_train_step` compiled for `mesh`: the state laid out by `state.state_shardings`
+  and donated (updated in place), the batch split over data x fsdp, the metrics replicated."""
+  rules = mesh_lib.rules() if rules is None else rules
+  shardings = state_lib.state_shardings(module, tx, mesh, rules)
   replicated, batch_sharding = mesh_lib.replicated(mesh), mesh_lib.batch_sharding(mesh)
   step = make_train_step(module, tx, schedule, label_smoothing=label_smoothing,
                          grad_accum_steps=grad_accum_steps)
-  return jax.jit(step, in_shardings=(replicated, batch_sharding),
-                 out_shardings=(replicated, replicated), donate_argnums=0)
+  return jax.jit(_with_activation_sharding(step, mesh, rules),
+                 in_shardings=(shardings, batch_sharding),
+                 out_shardings=(shardings, replicated), donate_argnums=0)
 
 
-def jit_eval_step(module, mesh):
-  """`make_eval_step` compiled for `mesh` (params replicated, batch split over 'data')."""
-  replicated, batch_sharding = mesh_lib.replicated(mesh), mesh_lib.batch_sharding(mesh)
-  return jax.jit(make_eval_step(module), in_shardings=(replicated, batch_sharding),
-                 out_shardings=replicated)
+def jit_eval_step(module, mesh, rules: Rules | None = None):
+  """`make_eval_step` compiled for `mesh` (params laid out as in training, batch split over
+  data x fsdp)."""
+  rules = mesh_lib.rules() if rules is None else rules
+  shardings = state_lib.state_shardings(module, optax.identity(), mesh, rules)
+  return jax.jit(_with_activation_sharding(make_eval_step(module), mesh, rules),
+                 in_shardings=(shardings.params, mesh_lib.batch_sharding(mesh)),
+                 out_shardings=mesh_lib.replicated(mesh))

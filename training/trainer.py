@@ -22,7 +22,8 @@ import numpy as np
 from model import build_model, inference
 from model.kinds import kind_of
 from training import accelerator, checkpoint as ckpt_lib
-from training import config_io, evaluation, metrics as metrics_lib, optim, steps, telemetry
+from training import config_io, evaluation, memory, metrics as metrics_lib, optim, steps
+from training import telemetry
 from training import mesh as mesh_lib
 from training import state as state_lib
 from training import workdir_lock
@@ -80,9 +81,10 @@ class _Run:
 
   def __init__(self, config, workdir: str, datasets=None):
     self.config, self.workdir = config, workdir
-    self.mesh = mesh_lib.make_mesh()
     self.model_config = config_io.validate_config(
-        config, num_devices=self.mesh.size, process_count=jax.process_count())
+        config, num_devices=jax.device_count(), process_count=jax.process_count())
+    self.mesh = mesh_lib.make_mesh(mesh_config=config.get('mesh'))
+    self.rules = mesh_lib.rules(config.get('mesh'))
     # One writer per workdir for the run's whole life (an OS lock: it goes with the process).
     # Process 0 holds it for every process of a multi-host run.
     self.lock = workdir_lock.acquire(workdir) if metrics_lib.is_main_process() else None
@@ -124,14 +126,15 @@ class _Run:
   # -- state --------------------------------------------------------------------------------
   def restore_or_init(self):
     t = self.config.train
-    abstract = state_lib.abstract_train_state(self.module, self.tx, t.seed, self.mesh)
+    abstract = state_lib.abstract_train_state(self.module, self.tx, t.seed, self.mesh,
+                                              self.rules)
     restored = self.checkpointer.restore(
         abstract, allow_fresh_data=bool(t.get('allow_fresh_data_iterator', False)))
     if restored is None:
       if self.had_config:  # checkpoints deleted, or a run stopped before its first one
         metrics_lib.warn(f'{self.workdir} has a config.json but no checkpoint in '
                          f'{ckpt_lib.checkpoint_dir(self.workdir)}: training starts from step 0')
-      return state_lib.create_train_state(self.module, self.tx, t.seed, self.mesh)
+      return state_lib.create_train_state(self.module, self.tx, t.seed, self.mesh, self.rules)
     state, data_state, step = restored
     if data_state is not None:
       self.datasets.train_iter.set_state(data_state)
@@ -140,6 +143,12 @@ class _Run:
 
   def save(self, state, step: int) -> None:
     self.checkpointer.save(step, state, self.datasets.train_iter.get_state())
+
+  def compile(self, train_step, state, batch):
+    """The train step compiled for these shapes; logs its per-device memory."""
+    compiled = train_step.lower(state, batch).compile()
+    log(memory.format_table(memory.step_memory(compiled, state), self.mesh))
+    return compiled
 
   # -- evaluation ---------------------------------------------------------------------------
   def evaluate(self, eval_step, state, step: int) -> dict[str, float]:
@@ -165,7 +174,9 @@ class _Run:
     return results
 
   def bleu(self, state) -> tuple[float | None, str]:
-    """BLEU of the first `num_eval_sentences` validation sentences, computed on process 0."""
+    """BLEU of the first `num_eval_sentences` validation sentences, computed on process 0
+    (with the parameters as they are laid out on one process, else gathered to it)."""
+    params = state.params if jax.process_count() == 1 else mesh_lib.to_host(state.params)
     if not metrics_lib.is_main_process():
       return None, ''
     dec = self.config.decode
@@ -173,7 +184,7 @@ class _Run:
     if not examples:
       return None, ''
     translator = inference.Translator(  # a scan_layers model is unrolled here, once
-        self.module, mesh_lib.to_local(state.params), beam_size=dec.beam_size,
+        self.module, params, beam_size=dec.beam_size,
         alpha=dec.alpha, max_len=min(dec.max_len, self.model_config.max_len),
         batch_size=min(dec.batch_size, len(examples)), eos_id=self.datasets.tokenizer.eos_id)
     hypotheses = evaluation.translate(translator, self.datasets.tokenizer,
@@ -192,8 +203,8 @@ class _Run:
     log(mesh_lib.describe(self.mesh))
     train_step = steps.jit_train_step(self.module, self.tx, self.schedule, self.mesh,
                                       label_smoothing=t.label_smoothing,
-                                      grad_accum_steps=t.grad_accum_steps)
-    eval_step = steps.jit_eval_step(self.module, self.mesh)
+                                      grad_accum_steps=t.grad_accum_steps, rules=self.rules)
+    eval_step = steps.jit_eval_step(self.module, self.mesh, self.rules)
     progress = _Progress(self, start_step)
     profiler = telemetry.StepProfiler(t.get('profile_steps', ''), self.workdir)
     last_saved = start_step if start_step > 0 else None
@@ -204,6 +215,8 @@ class _Run:
       step = start_step
       while step < t.num_steps:
         batch = mesh_lib.shard_batch(next(self.datasets.train_iter), self.mesh)
+        if step == start_step:  # compiled ahead of time, to report its memory first
+          train_step = self.compile(train_step, state, batch)
         profiler.before_step(step + 1)
         state, device_metrics = train_step(state, batch)
         step += 1

@@ -1,0 +1,108 @@
+"""Logical axis names: how every parameter and layer-boundary activation may be split.
+
+A parameter is created with one name per dimension (`with_axes`), e.g. the fused QKV kernel
+`[d_model, 3, heads, head_dim]` is `('embed', None, 'heads', 'kv')`. A rules table
+`((logical name, mesh axes), ...)` maps names to mesh axes (`training/mesh.py` builds it from
+`config.mesh.rules`), as in MaxText and the Flax lm1b example:
+
+  vocab   the vocabulary dimension of the embedding / output projection
+  embed   d_model, the residual stream's width (of parameters: FSDP shards it)
+  heads   attention heads (tensor parallelism: Q/K/V column-split, W^O row-split)
+  kv      the size of one head (d_k = d_v)
+  mlp     the feed-forward's hidden units d_ff (W_1 column-split, W_2 row-split)
+  layers  the stacked layer dimension of `scan_layers` parameters
+  batch   the batch dimension of activations
+
+Plain `module.init` returns plain arrays (the names cost nothing and change no API);
+`logical_axes(module)` traces the initialisation with the names attached and returns them.
+Activations get constraints (`constrain`) only inside `activation_sharding(mesh, rules)`,
+which the jitted train and eval steps enter while tracing; anywhere else it is a no-op.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Any, Callable, Sequence
+
+import flax.linen as nn
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+LOGICAL_AXES = ('vocab', 'embed', 'heads', 'kv', 'mlp', 'layers', 'batch')
+Rules = Sequence[tuple[str, Any]]  # (logical name, mesh axis | tuple of mesh axes | None)
+
+_annotating = contextvars.ContextVar('annotating', default=False)
+_activation_rules: contextvars.ContextVar[tuple[Mesh, Rules] | None] = contextvars.ContextVar(
+    'activation_rules', default=None)
+
+
+def with_axes(init: Callable, names: tuple[str | None, ...]) -> Callable:
+  """`init` for a parameter whose dimensions have these logical `names`."""
+  if _annotating.get():
+    return nn.with_logical_partitioning(init, names)
+  return init
+
+
+def logical_axes(module, example_inputs: tuple) -> Any:
+  """The params tree of `module` with a `PartitionSpec` of logical names per leaf (`P()` for
+  a parameter made without names: LayerNorm scales and biases, replicated). No arrays."""
+  token = _annotating.set(True)
+  try:
+    boxed = jax.eval_shape(lambda: module.init(jax.random.key(0), *example_inputs,
+                                               deterministic=True))['params']
+  finally:
+    _annotating.reset(token)
+  return nn.get_partition_spec(boxed)
+
+
+def mesh_spec(names: Sequence[str | None], rules: Rules, shape: Sequence[int],
+              mesh: Mesh) -> P:
+  """Logical names -> a mesh `PartitionSpec` for an array of `shape`. A mesh axis is used
+  once per array (the first dimension that asks for it), and a dimension its mesh axes do
+  not divide stays whole (e.g. a 65-symbol vocabulary over 4 devices)."""
+  table = dict(rules)
+  used: set[str] = set()
+  spec = []
+  for name, size in zip(names, shape):
+    axes = table.get(name) if name is not None else None
+    axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    axes = tuple(a for a in axes if a not in used and mesh.shape[a] > 1)
+    count = 1
+    for a in axes:
+      count *= mesh.shape[a]
+    if not axes or size % count:
+      spec.append(None)
+      continue
+    used.update(axes)
+    spec.append(axes[0] if len(axes) == 1 else axes)
+  return P(*spec)
+
+
+def shardings(logical: Any, shapes: Any, mesh: Mesh, rules: Rules) -> Any:
+  """`NamedSharding` per leaf of `shapes` (arrays or ShapeDtypeStructs) from its logical spec."""
+  return jax.tree.map(lambda spec, x: NamedSharding(mesh, mesh_spec(tuple(spec), rules,
+                                                                     x.shape, mesh)),
+                      logical, shapes, is_leaf=lambda s: isinstance(s, P))
+
+
+@contextlib.contextmanager
+def activation_sharding(mesh: Mesh, rules: Rules):
+  """Within: `constrain` pins activations to `mesh` by `rules` (enter it while tracing)."""
+  token = _activation_rules.set((mesh, tuple(rules)))
+  try:
+    yield
+  finally:
+    _activation_rules.reset(token)
+
+
+def constrain(x: jax.Array, names: tuple[str | None, ...]) -> jax.Array:
+  """`x` with a sharding constraint from its logical dimension `names` (no-op outside
+  `activation_sharding`): at layer boundaries, so XLA keeps the batch split over the data
+  axes and the heads / hidden units over 'tensor' instead of choosing a layout itself."""
+  active = _activation_rules.get()
+  if active is None:
+    return x
+  mesh, rules = active
+  return jax.lax.with_sharding_constraint(
+      x, NamedSharding(mesh, mesh_spec(names, rules, x.shape, mesh)))
