@@ -47,7 +47,7 @@ def eight_device_run(one_device_run, tmp_path_factory):
   proc, result = syn.run_subprocess(
       workdir, {'overrides': OVERRIDES, 'restore_from': one_device_run[0]}, num_devices=8)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  assert 'mesh (data=8) over 8 cpu device(s)' in proc.stdout
+  assert 'mesh (data=8, fsdp=1, tensor=1) over 8 cpu device(s)' in proc.stdout
   return workdir, result
 
 

@@ -198,8 +198,9 @@ def tiny_config(kind: str = 'encoder_decoder', **overrides):
 
 def _params_npz(params, path: str) -> None:
   import jax  # pylint: disable=import-outside-toplevel
-  flat = jax.tree_util.tree_flatten_with_path(params)[0]
-  arrays = {jax.tree_util.keystr(k): np.asarray(jax.device_get(v)) for k, v in flat}
+  from training import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
+  flat = jax.tree_util.tree_flatten_with_path(mesh_lib.to_host(params))[0]
+  arrays = {jax.tree_util.keystr(k): np.asarray(v) for k, v in flat}
   np.savez(path, **arrays)
 
 
@@ -213,14 +214,17 @@ def run(workdir: str, kind: str = 'encoder_decoder', overrides: dict | None = No
   return trainer.train_and_evaluate(config, workdir, datasets=datasets)
 
 
-def restore_full_state(workdir: str, kind: str = 'encoder_decoder', overrides=None):
-  """The whole TrainState of `workdir`'s newest checkpoint on a mesh of all devices here."""
+def restore_full_state(workdir: str, kind: str = 'encoder_decoder', overrides=None,
+                       mesh_config=None):
+  """The whole TrainState of `workdir`'s newest checkpoint on a mesh of all devices here
+  (`mesh_config`: {'data': .., 'fsdp': .., 'tensor': ..}; default: all on 'data')."""
   from model import build_model  # pylint: disable=import-outside-toplevel
   from training import checkpoint, optim, state as state_lib, mesh as mesh_lib  # pylint: disable=import-outside-toplevel
   config = tiny_config(kind, **(overrides or {}))
   module = build_model(config.model)
   tx = optim.make_optimizer(config)
-  abstract = state_lib.abstract_train_state(module, tx, config.train.seed, mesh_lib.make_mesh())
+  abstract = state_lib.abstract_train_state(module, tx, config.train.seed,
+                                            mesh_lib.make_mesh(mesh_config=mesh_config))
   checkpointer = checkpoint.Checkpointer(workdir, max_to_keep=config.train.max_checkpoints)
   state, _, _ = checkpointer.restore(abstract)
   checkpointer.close()
@@ -241,7 +245,7 @@ def main(argv: list[str]) -> None:
   suffix = f'.{jax.process_index()}' if jax.process_count() > 1 else ''
   if spec.get('restore_from'):  # another workdir's checkpoint, on this many devices
     restored = restore_full_state(spec['restore_from'], spec.get('kind', 'encoder_decoder'),
-                                  spec.get('overrides'))
+                                  spec.get('overrides'), spec.get('restore_mesh'))
     _params_npz(restored.params, os.path.join(workdir, f'restored{suffix}.npz'))
   _params_npz(summary['state'].params, os.path.join(workdir, f'params{suffix}.npz'))
   result = {k: v for k, v in summary.items() if k != 'state'}

@@ -58,6 +58,11 @@ def state_shardings(module, tx: optax.GradientTransformation, mesh: Mesh,
   return TrainState(step=replicated, params=params, opt_state=opt_state, rng=replicated)
 
 
+def param_shardings(module, mesh: Mesh, rules: Rules | None = None) -> Any:
+  """Where each parameter of `module` lives on `mesh` (as in training; for inference)."""
+  return state_shardings(module, optax.identity(), mesh, rules).params
+
+
 def create_train_state(module, tx: optax.GradientTransformation, seed: int, mesh: Mesh,
                        rules: Rules | None = None) -> TrainState:
   """A fresh state laid out by `state_shardings` (every process computes the same values;
