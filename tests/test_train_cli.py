@@ -28,6 +28,11 @@ def _train(*args, timeout=300):
      'config.optimizer.learning_rate=inf must be a finite number'),
     (['--config=configs/default.py:huge'], "unknown preset 'huge'"),
     (['--config=configs/nope.py'], "config file 'configs/nope.py' not found"),
+    (['--config.mesh.tensor=2'], 'config.mesh (data, fsdp, tensor)=(-1, 1, 2): 1 devices are '
+                                 'not divisible by 2'),
+    (['--config.mesh.fsdp=0'], 'config.mesh.fsdp=0 must be a positive integer or -1'),
+    (['--config.mesh.rules.embed=model'],
+     "config.mesh.rules.embed='model': ['model'] are not mesh axes"),
 ])
 def test_bad_config_is_one_line_before_anything_runs(tmp_path, args, message):
   workdir = str(tmp_path / 'w')
@@ -38,6 +43,17 @@ def test_bad_config_is_one_line_before_anything_runs(tmp_path, args, message):
   assert lines[0].startswith('train.py: error: ') and message in lines[0], lines[0]
   assert 'Traceback' not in proc.stdout + proc.stderr
   assert not os.path.exists(workdir)
+
+
+def test_dry_run_prints_the_memory_table_and_writes_nothing(tmp_path):
+  """--config.train.dry_run=True compiles the step for the mesh and exits: no data, no workdir."""
+  proc = _train('--config=configs/default.py:tiny', '--config.train.dry_run=True',
+                '--config.train.batch_size=8')
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  lines = proc.stdout.strip().splitlines()
+  assert 'parameters; train step compiled in' in lines[-2]
+  assert lines[-1].startswith('per-device memory on mesh (data x fsdp x tensor) 1x1x1: params ')
+  assert 'temporaries' in lines[-1] and 'total' in lines[-1]
 
 
 def test_workdir_is_required():
@@ -57,7 +73,8 @@ def test_end_to_end_tiny_run_with_overrides_and_resume(tmp_path):
   proc = _train(*args)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   out = proc.stdout
-  assert 'parameters' in out and 'mesh (data=1)' in out
+  assert 'parameters' in out and 'mesh (data=1, fsdp=1, tensor=1)' in out
+  assert 'per-device memory on mesh (data x fsdp x tensor) 1x1x1: params ' in out
   assert 'step 4/4 | loss ' in out and 'tok/s' in out and 'ETA' in out
   assert 'BLEU' in out and 'nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:' in out
   assert out.strip().splitlines()[-1].startswith('done: step 4/4')
