@@ -85,13 +85,12 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def test_two_processes_agree_on_the_loss(tmp_path, one_device_run):
+def _run_two_processes(workdir: str, overrides: dict) -> list[str]:
   """jax.distributed on 127.0.0.1 with gloo CPU collectives; 2 processes x 2 devices."""
-  workdir = str(tmp_path)
   port = _free_port()
   procs = []
   for i in range(2):
-    spec = {'overrides': OVERRIDES, 'coordinator': f'127.0.0.1:{port}', 'num_processes': 2,
+    spec = {'overrides': overrides, 'coordinator': f'127.0.0.1:{port}', 'num_processes': 2,
             'process_id': i}
     procs.append(subprocess.Popen(
         [sys.executable, syn.__file__, workdir, json.dumps(spec)], env=syn.subprocess_env(2),
@@ -105,6 +104,18 @@ def test_two_processes_agree_on_the_loss(tmp_path, one_device_run):
       proc.kill()
   for proc, out in zip(procs, outputs):
     assert proc.returncode == 0, out[-4000:]
+  return outputs
+
+
+@pytest.fixture(scope='module')
+def two_process_run(tmp_path_factory, one_device_run):
+  """Data parallelism over 2 processes x 2 devices (each process makes its own data)."""
+  workdir = str(tmp_path_factory.mktemp('two'))
+  return workdir, _run_two_processes(workdir, OVERRIDES)
+
+
+def test_two_processes_agree_on_the_loss(two_process_run):
+  workdir, outputs = two_process_run
   results = []
   for i in range(2):
     with open(os.path.join(workdir, f'result.{i}.json')) as f:
@@ -121,3 +132,55 @@ def test_two_processes_agree_on_the_loss(tmp_path, one_device_run):
   # The 2-process checkpoint restores in one process.
   params, _ = checkpoint.restore_params(workdir)
   _assert_same(_flat(params), syn.load_npz(os.path.join(workdir, 'params.0.npz')))
+
+
+# -- FSDP and tensor parallelism: checkpoints across meshes, two processes --------------------
+
+SHARDED = {**OVERRIDES, 'model.num_heads': 4, 'mesh.data': 2, 'mesh.fsdp': 4}
+
+
+def _run_8(workdir: str, overrides: dict, **spec):
+  proc, result = syn.run_subprocess(workdir, {'overrides': overrides, **spec}, num_devices=8)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  return proc, result
+
+
+def test_fsdp_checkpoint_restores_on_any_mesh_and_resumes_bitwise(tmp_path):
+  """A (2,4,1) run's checkpoint restores on 1 device and on (1,2,4); a run stopped at step 3
+  and resumed on (2,4,1) ends bitwise equal to the uninterrupted one (CPU)."""
+  whole, split = str(tmp_path / 'whole'), str(tmp_path / 'split')
+  proc, _ = _run_8(whole, SHARDED)
+  assert 'mesh (data=2, fsdp=4, tensor=1) over 8 cpu device(s)' in proc.stdout
+  assert 'parameters and optimizer state sharded over fsdp' in proc.stdout
+  _run_8(split, {**SHARDED, 'train.num_steps': 3})
+  _run_8(split, SHARDED, restore_from=whole, restore_mesh={'data': 1, 'fsdp': 2, 'tensor': 4})
+  trained = syn.load_npz(os.path.join(whole, 'params.npz'))
+  _assert_same(syn.load_npz(os.path.join(split, 'params.npz')), trained)
+  _assert_same(syn.load_npz(os.path.join(split, 'restored.npz')), trained)
+  state = syn.restore_full_state(whole, overrides=SHARDED)  # 1 device, Adam moments too
+  assert int(state.step) == 6
+  _assert_same(_flat(state.params), trained)
+  params, step = checkpoint.restore_params(workdir=whole)
+  assert step == 6
+  _assert_same(_flat(params), trained)
+
+
+def test_two_processes_train_with_fsdp_across_them(tmp_path, two_process_run):
+  """2 processes x 2 devices, mesh (1, 4, 1): each parameter is split over both processes'
+  devices. Same losses as data parallelism on the same processes (the same global batches);
+  the checkpoint restores in one process."""
+  workdir = str(tmp_path)
+  overrides = {**OVERRIDES, 'mesh.data': 1, 'mesh.fsdp': 4}
+  outputs = _run_two_processes(workdir, overrides)
+  assert 'mesh (data=1, fsdp=4, tensor=1) over 4 cpu device(s) in 2 process(es)' in outputs[0]
+  losses = []
+  for run in (workdir, two_process_run[0]):
+    with open(os.path.join(run, 'result.0.json')) as f:
+      curve = json.load(f)['losses']
+    losses.append([curve[str(s)] for s in range(1, 7)])
+  np.testing.assert_allclose(losses[0], losses[1], rtol=2e-5)
+  assert checkpoint.list_steps(workdir) == [3, 6]
+  params, _ = checkpoint.restore_params(workdir)
+  _assert_same(_flat(params), syn.load_npz(os.path.join(workdir, 'params.0.npz')))
+  _assert_same(syn.load_npz(os.path.join(workdir, 'params.1.npz')),
+               syn.load_npz(os.path.join(workdir, 'params.0.npz')))
