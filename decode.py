@@ -1,7 +1,8 @@
 """Translate or generate with a trained checkpoint: `python decode.py --workdir=DIR [...]`.
 
 Needs only the workdir (config.json, tokenizer/, checkpoints/): no dataset, no training code
-path, and it restores onto whatever devices exist. Nothing in the workdir is modified.
+path, and it restores onto whatever devices exist; `--mesh=1,2,4` shards the parameters as
+training does and decodes tensor-parallel. Nothing in the workdir is modified.
 
 Translation (encoder-decoder), one sentence per line, output in input order:
   python decode.py --workdir=/tmp/run --input_file=test.en --output_file=test.de \\
@@ -35,16 +36,14 @@ def _define_flags() -> None:
   flags.DEFINE_integer('step', None, 'Checkpoint step to restore (default: the newest).')
   flags.DEFINE_integer('average_last', 1, 'Average the parameters of the last N checkpoints '
                        '(up to --step) before decoding.')
-  flags.DEFINE_string('input_file', None, 'Sentences (or LM prompts), one per line; '
-                      'default: stdin.')
+  flags.DEFINE_string('input_file', None, 'Sentences (or LM prompts), one a line; default stdin.')
   flags.DEFINE_string('output_file', None, 'Where to write the outputs; default: stdout.')
-  flags.DEFINE_string('reference', None, 'Reference translations, one per line: prints '
-                      'sacreBLEU BLEU and chrF with their signatures.')
+  flags.DEFINE_string('reference', None, 'Reference translations, one a line: prints sacreBLEU '
+                      'BLEU and chrF with their signatures.')
   flags.DEFINE_bool('lowercase_bleu', False, 'With --reference, also print BLEU on lowercased, '
                     'tokenized text (sacreBLEU lowercase=True, tok 13a), as Multi30k papers '
                     'score it, beside the cased detokenized BLEU.')
-  flags.DEFINE_integer('beam_size', None, 'Beam size (1 = greedy); default '
-                       'config.decode.beam_size.')
+  flags.DEFINE_integer('beam_size', None, 'Beam size (1: greedy); default config.decode.beam_size')
   flags.DEFINE_float('alpha', None, 'GNMT length penalty exponent; default config.decode.alpha.')
   flags.DEFINE_integer('max_len', None, 'Maximum generated tokens per sentence; default '
                        'config.decode.max_len (at most the model\'s max_len).')
@@ -52,8 +51,7 @@ def _define_flags() -> None:
   flags.DEFINE_string('attention_plot', None, 'Directory for attention heatmaps (PNG): one '
                       'folder per sentence, a file per attention module, layer and head + '
                       'the head average.')
-  flags.DEFINE_integer('attention_plot_max', 5, 'Plot at most this many sentences '
-                       '(0 = every sentence).')
+  flags.DEFINE_integer('attention_plot_max', 5, 'Plot at most this many sentences (0 = all).')
   flags.DEFINE_enum('attention_plot_heads', 'all', ['all', 'average'],
                     'Plot every head and the average, or only the average.')
   # Language model.
@@ -65,9 +63,11 @@ def _define_flags() -> None:
                      'default config.decode.temperature.')
   flags.DEFINE_integer('top_k', None, 'Sample from the k most likely tokens (0 = all); '
                        'default config.decode.top_k.')
-  flags.DEFINE_float('top_p', None, 'Nucleus sampling: the smallest set of tokens with this '
-                     'probability mass (1 = off).')
+  flags.DEFINE_float('top_p', None, 'Nucleus sampling: the fewest tokens of this mass (1 = off).')
   flags.DEFINE_integer('seed', 0, 'Random seed for sampling.')
+  flags.DEFINE_string('mesh', None, 'DATA,FSDP,TENSOR device counts (-1 = the remaining '
+                      'devices), e.g. 1,2,4: parameters sharded as in training (config.json\'s '
+                      'mesh.rules), decoding tensor-parallel, same tokens. Default: one device.')
   flags.DEFINE_string('compilation_cache', '~/.cache/transformer_decode_xla',
                       'JAX persistent compilation cache directory (\'\' = none): repeated runs '
                       'with the same shapes start without compiling. Never inside --workdir.')
@@ -123,18 +123,20 @@ def read_lines(path: str | None, what: str = 'input') -> list[str]:
   return lines
 
 
-def restore(workdir: str, step: int | None, average_last: int):
-  """`training.restore.Restored` of a workdir that holds a model with a decoder."""
+def restore(workdir: str, step: int | None, average_last: int, mesh=None):
+  """`training.restore.Restored` of a workdir that holds a model with a decoder, with its
+  parameters sharded over `mesh` (None: on one device)."""
   from model.kinds import kind_of  # pylint: disable=import-outside-toplevel
   from training import restore as restore_lib  # pylint: disable=import-outside-toplevel
   try:
-    restored = restore_lib.Restored(workdir, step, average_last)
+    restored = restore_lib.Restored(workdir, step, average_last, mesh)
   except restore_lib.RestoreError as e:
     raise DecodeError(str(e)) from None
   if not kind_of(restored.module).has_decoder:
     raise DecodeError(f'{workdir} holds a {restored.kind} model: there is nothing to decode')
   averaged = f' (average of the last {average_last})' if average_last > 1 else ''
-  _info(f'restored {restored.kind} step {restored.step}{averaged} from {workdir} '
+  where = '' if mesh is None else f' onto mesh (data, fsdp, tensor)={tuple(mesh.shape.values())}'
+  _info(f'restored {restored.kind} step {restored.step}{averaged} from {workdir}{where} '
         f'in {restored.seconds:.1f}s')
   return restored
 
@@ -303,9 +305,9 @@ def _enable_compilation_cache() -> None:
     _warn(f'no compilation cache ({e})')
 
 
-def _check_flags() -> None:
-  """Every numeric flag and the output path, before anything is read, restored or written
-  (NaN passes `< 0` tests: `--alpha=nan` would decode to empty lines)."""
+def _check_flags():
+  """Every numeric flag, the paths and the mesh, before anything is read, restored or written
+  (NaN passes `< 0` tests: `--alpha=nan` would decode to empty lines) -> the --mesh or None."""
   for name in ('alpha', 'temperature'):
     value = getattr(FLAGS, name)
     if value is not None and not (math.isfinite(value) and value >= 0):
@@ -319,9 +321,19 @@ def _check_flags() -> None:
   if FLAGS.top_k is not None and FLAGS.top_k < 0:
     raise DecodeError(f'--top_k={FLAGS.top_k} must be >= 0')
   for name in ('input_file', 'reference'):
-    if _same_file(FLAGS.output_file, getattr(FLAGS, name)):
+    path = getattr(FLAGS, name)
+    if path is not None and not os.path.isfile(path):
+      raise DecodeError(f'--{name} {path} does not exist')
+    if _same_file(FLAGS.output_file, path):
       raise DecodeError(f'--output_file {FLAGS.output_file} is the same file as --{name} '
-                        f'{getattr(FLAGS, name)}: refusing to overwrite it')
+                        f'{path}: refusing to overwrite it')
+  if FLAGS.mesh is None:
+    return None
+  from training import restore as restore_lib  # pylint: disable=import-outside-toplevel
+  try:
+    return restore_lib.mesh_from_flag(FLAGS.mesh)
+  except restore_lib.RestoreError as e:
+    raise DecodeError(str(e)) from None
 
 
 def _same_file(a: str | None, b: str | None) -> bool:
@@ -339,18 +351,14 @@ def main(argv) -> None:
   logging.set_verbosity(logging.ERROR)  # Orbax/JAX info lines would drown the output
   try:
     lm_flags = FLAGS.prompt is not None
-    _check_flags()
-    if FLAGS.input_file is not None and not os.path.isfile(FLAGS.input_file):
-      raise DecodeError(f'--input_file {FLAGS.input_file} does not exist')
-    if FLAGS.reference is not None and not os.path.isfile(FLAGS.reference):
-      raise DecodeError(f'--reference {FLAGS.reference} does not exist')
+    mesh = _check_flags()
     # Inputs first: a bad file fails before anything is restored or compiled.
     lines = read_lines(FLAGS.input_file) if not lm_flags else None
     references = read_lines(FLAGS.reference, 'reference') if FLAGS.reference else None
     if references is not None and not lm_flags and len(references) != len(lines):
       raise DecodeError(f'--reference {FLAGS.reference} has {len(references)} lines but the '
                         f'input {FLAGS.input_file or "<stdin>"} has {len(lines)}')
-    restored = restore(FLAGS.workdir, FLAGS.step, FLAGS.average_last)
+    restored = restore(FLAGS.workdir, FLAGS.step, FLAGS.average_last, mesh)
     with _matmul_precision(restored.config):
       _decode(restored, lines, references, lm_flags)
   except DecodeError as e:

@@ -330,8 +330,9 @@ def _restore_params_at(manager: ocp.CheckpointManager, workdir: str, step: int, 
   stored = _state_metadata(manager, step)
   if 'params' not in stored:
     raise ValueError(f'checkpoint {step} has no params')
-  target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=sharding),
-                        stored['params'])
+  place = (lambda *_: sharding) if isinstance(sharding, jax.sharding.Sharding) else sharding
+  target = jax.tree_util.tree_map_with_path(lambda path, m: jax.ShapeDtypeStruct(
+      tuple(m.shape), m.dtype, sharding=place(path, tuple(m.shape))), stored['params'])
   restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
       item={'params': target}, restore_args=ocp.checkpoint_utils.construct_restore_args(
           {'params': target}), partial_restore=True)))
@@ -360,13 +361,15 @@ def _load_params(workdir: str, candidates: list[int], count: int, sharding,
 
 
 def restore_params(workdir: str, step: int | None = None, average_last: int = 1,
-                   sharding: jax.sharding.Sharding | None = None) -> tuple[Any, int]:
+                   sharding: Any = None) -> tuple[Any, int]:
   """Parameters only (no optimizer state, no model code needed) -> (params, step).
 
   `step=None` takes the newest readable checkpoint (falling back past a damaged one with a
   warning). `average_last=N` averages the params of the N newest checkpoints up to `step`.
-  Arrays are placed with `sharding` (default: the first local device), whatever device count
-  wrote them. Raises `CheckpointError` (one line) when there is nothing to restore.
+  Arrays are placed with `sharding` (default: the first local device), whatever mesh wrote
+  them; a function `(key path, shape) -> Sharding` places each leaf by itself (its shards are
+  read straight onto their devices: `training.restore` lays parameters out on a mesh so).
+  Raises `CheckpointError` (one line) when there is nothing to restore.
   """
   if average_last < 1:
     raise CheckpointError(f'average_last={average_last} must be >= 1')
