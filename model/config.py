@@ -29,6 +29,11 @@ PROJECTION_MATMULS = ('auto', 'flat', 'general')
 CUDNN_MAX_HEAD_DIM = 128  # cuDNN flash attention: head_dim <= 128 (256 on Hopper), multiple of 8
 
 
+# Renamed fields: old name -> new name (read from old config.json files).
+# `dropout_rng` named the bit generator while every other `dropout_rng` is a PRNG key.
+RENAMED_FIELDS = {'dropout_rng': 'dropout_rng_impl'}
+
+
 class InitStds(NamedTuple):
   """Normal init stds; None = Glorot uniform (see ModelConfig.init_stds)."""
   kernel: float | None  # every dense kernel but the residual projections
@@ -63,7 +68,7 @@ class ModelConfig:
   attention_impl: str = 'reference'  # one of ATTENTION_IMPLS (above)
   remat: bool = False  # rematerialise each layer in the backward pass
   scan_layers: bool = False  # nn.scan over layers: one compiled layer, params [layers, ...]
-  dropout_rng: str = 'hash'  # dropout bits: 'hash' (fused integer hash) | 'threefry'
+  dropout_rng_impl: str = 'hash'  # dropout bits: 'hash' (fused integer hash) | 'threefry'
   init: str = 'paper'  # parameter initialisation, one of INIT_SCHEMES (see init_stds)
   scale_embeddings: bool = True  # token embeddings times sqrt(d_model) (§3.4); GPT-2: False
   projection_matmul: str = 'auto'  # one of PROJECTION_MATMULS (above)
@@ -94,6 +99,9 @@ class ModelConfig:
   def from_config(cls, model_config: Mapping[str, Any]) -> 'ModelConfig':
     """Builds from a ConfigDict/dict (unknown fields are an error) and validates."""
     values = dict(model_config.items())
+    for old, new in RENAMED_FIELDS.items():  # a config.json written before the rename
+      if old in values and new not in values:
+        values[new] = values.pop(old)
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
@@ -115,7 +123,7 @@ class ModelConfig:
     choice('activation', ACTIVATIONS)
     choice('dtype', DTYPES)
     choice('attention_impl', ATTENTION_IMPLS)
-    choice('dropout_rng', DROPOUT_RNGS)
+    choice('dropout_rng_impl', DROPOUT_RNGS)
     choice('init', INIT_SCHEMES)
     choice('projection_matmul', PROJECTION_MATMULS)
     if not isinstance(self.scale_embeddings, bool):
@@ -161,6 +169,6 @@ class ModelConfig:
         raise ConfigError(f'{impl} needs a head size (d_model/num_heads) that is a multiple '
                           f'of 8 and at most {CUDNN_MAX_HEAD_DIM}, got {self.head_dim}')
     if (self.attention_impl == 'chunked' and self.attention_dropout_rate > 0.0
-        and self.dropout_rng != 'hash'):
+        and self.dropout_rng_impl != 'hash'):
       raise ConfigError(f"{impl} draws attention dropout bits block by block, which needs "
-                        f"config.model.dropout_rng='hash', got {self.dropout_rng!r}")
+                        f"config.model.dropout_rng_impl='hash', got {self.dropout_rng_impl!r}")

@@ -261,13 +261,13 @@ def _heads_major_attention(query, key, value, *, mask=None, **kwargs):
 class Dropout(nn.Module):
   """`attention.dropout` with the module's 'dropout' RNG stream; identity when deterministic."""
   rate: float
-  rng_impl: str = 'hash'  # attention.DROPOUT_RNGS
+  dropout_rng_impl: str = 'hash'  # attention.DROPOUT_RNGS
 
   @nn.compact
   def __call__(self, x: Array, deterministic: bool) -> Array:
     if deterministic or self.rate == 0.0:
       return x
-    return attn.dropout(x, self.rate, self.make_rng('dropout'), rng_impl=self.rng_impl)
+    return attn.dropout(x, self.rate, self.make_rng('dropout'), rng_impl=self.dropout_rng_impl)
 
 
 class FeedForward(nn.Module):

@@ -46,7 +46,7 @@ class Sublayer(nn.Module):
   def __call__(self, x: Array, fn) -> Array:
     cfg = self.config
     norm = LayerNorm(cfg.compute_dtype, name='norm')
-    dropout = Dropout(cfg.dropout_rate, cfg.dropout_rng)
+    dropout = Dropout(cfg.dropout_rate, cfg.dropout_rng_impl)
     if cfg.norm_position == 'post':
       return norm(x + dropout(fn(x), self.deterministic))  # LayerNorm(x + Sublayer(x))
     return x + dropout(fn(norm(x)), self.deterministic)
@@ -98,7 +98,7 @@ def _attention(config: ModelConfig, num_layers: int, name: str, rope: bool) -> M
   stds = config.init_stds(num_layers)
   return MultiHeadAttention(config.num_heads, config.compute_dtype,
                             config.attention_dropout_rate, config.attention_impl,
-                            use_rope=rope, dropout_rng_impl=config.dropout_rng,
+                            use_rope=rope, dropout_rng_impl=config.dropout_rng_impl,
                             init_std=stds.kernel, out_init_std=stds.residual,
                             matmul=config.projection_matmul, name=name)
 
@@ -197,7 +197,7 @@ class Encoder(nn.Module):
                              query_segment_ids=segmentation, key_segment_ids=segmentation)
     x = AddPositions(cfg.positional_encoding, cfg.max_len, name='positions')(
         self.embed(tokens), positions)
-    x = Dropout(cfg.dropout_rate, cfg.dropout_rng)(x, deterministic)
+    x = Dropout(cfg.dropout_rate, cfg.dropout_rng_impl)(x, deterministic)
     layer = _layer_class(EncoderLayer, cfg)
     x = _run_layers(cfg, lambda name: layer(cfg, deterministic, name=name),
                     cfg.num_encoder_layers, x, mask, positions)
@@ -255,7 +255,7 @@ class Decoder(nn.Module):
 
     x = AddPositions(cfg.positional_encoding, cfg.max_len, name='positions')(
         self.embed(decoder_inputs), positions)
-    x = Dropout(cfg.dropout_rate, cfg.dropout_rng)(x, deterministic)
+    x = Dropout(cfg.dropout_rate, cfg.dropout_rng_impl)(x, deterministic)
     layer = _layer_class(DecoderLayer, cfg)
     x = _run_layers(cfg, lambda name: layer(cfg, deterministic, decode, name=name),
                     cfg.num_decoder_layers, x, encoded, self_mask, cross_mask, positions)

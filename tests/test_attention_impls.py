@@ -199,9 +199,9 @@ def test_build_time_refusals():
     with pytest.raises(ConfigError, match='config.model.attention_impl') as error:
       build_model({**base, **change})
     assert words in str(error.value)
-  with pytest.raises(ConfigError, match="dropout_rng='hash'"):
-    build_model({**TINY, 'attention_impl': 'chunked', 'dropout_rng': 'threefry'})
-  build_model({**TINY, 'attention_impl': 'chunked', 'dropout_rng': 'threefry',
+  with pytest.raises(ConfigError, match="dropout_rng_impl='hash'"):
+    build_model({**TINY, 'attention_impl': 'chunked', 'dropout_rng_impl': 'threefry'})
+  build_model({**TINY, 'attention_impl': 'chunked', 'dropout_rng_impl': 'threefry',
                'attention_dropout_rate': 0.0})
 
 

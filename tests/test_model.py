@@ -346,15 +346,15 @@ def test_scan_layers_equals_unrolled_layers(kind):
   assert not np.allclose(run(1), run(2))
 
 
-def test_dropout_rng_option():
-  """`dropout_rng='threefry'` (jax.random bits) and the default hashed bits: both drop about
+def test_dropout_rng_impl_option():
+  """`dropout_rng_impl='threefry'` (jax.random bits) and the default hashed bits: both drop about
   `rate` of the activations, reproducibly per key, with different masks; eval is unaffected."""
   src, tgt = tokens(29, (4, 8)), tokens(30, (4, 8))
   cfg = {**TINY, 'dropout_rate': 0.3, 'attention_dropout_rate': 0.3}
   variables = init(build_model(cfg), src, tgt)
   outs = {}
   for rng_impl in ('hash', 'threefry'):
-    module = build_model({**cfg, 'dropout_rng': rng_impl})
+    module = build_model({**cfg, 'dropout_rng_impl': rng_impl})
     run = lambda seed: module.apply(variables, src, tgt, deterministic=False,
                                     rngs={'dropout': jax.random.key(seed)})
     np.testing.assert_array_equal(run(1), run(1))
@@ -362,5 +362,7 @@ def test_dropout_rng_option():
     np.testing.assert_array_equal(module.apply(variables, src, tgt),
                                   build_model(cfg).apply(variables, src, tgt))
   assert not np.allclose(outs['hash'], outs['threefry'])
-  with pytest.raises(ConfigError, match='dropout_rng'):
-    build_model({**TINY, 'dropout_rng': 'philox'})
+  with pytest.raises(ConfigError, match="dropout_rng_impl='philox'"):
+    build_model({**TINY, 'dropout_rng_impl': 'philox'})
+  # The field's old name (a string named like the PRNG keys) is still read from config.json.
+  assert build_model({**cfg, 'dropout_rng': 'threefry'}).config.dropout_rng_impl == 'threefry'
