@@ -97,6 +97,10 @@ def check(mesh_config, model_config, batch_size: int, grad_accum_steps: int,
     if value % tensor:
       raise ConfigError(f'config.model.{field}={value} is not divisible by config.mesh.tensor='
                         f'{tensor}')
+  if jax.process_count() > 1 and jax.local_device_count() % tensor:
+    # Each process feeds its own rows; a 'tensor' group spanning processes would need the same.
+    raise ConfigError(f'config.mesh.tensor={tensor} must divide the devices of one process '
+                      f'({jax.local_device_count()}): tensor groups stay within a host')
   if batch_size % (data * fsdp * grad_accum_steps):
     raise ConfigError(f'config.train.batch_size={batch_size} must be divisible by config.mesh '
                       f'data x fsdp ({data} x {fsdp}) x config.train.grad_accum_steps '
