@@ -139,6 +139,44 @@ def test_encoder_only_forward_is_the_same_on_sharded_parameters(mesh_runs, mesh)
                              mesh_runs['encoder_only (1, 1, 1)'], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize('changes,message', [
+    ({'mesh.fsdp': 3}, 'config.mesh (data, fsdp, tensor)=(-1, 3, 1): 8 devices are not '
+                       'divisible by 3'),
+    ({'mesh.data': 2, 'mesh.fsdp': 2}, 'config.mesh (data, fsdp, tensor)=(2, 2, 1) has 4 '
+                                       'devices; this run has 8'),
+    ({'mesh.fsdp': -1}, 'config.mesh: only one of data/fsdp/tensor may be -1'),
+    ({'mesh.tensor': 8}, 'config.model.num_heads=4 is not divisible by config.mesh.tensor=8'),
+    ({'mesh.tensor': 4, 'model.d_ff': 258},
+     'config.model.d_ff=258 is not divisible by config.mesh.tensor=4'),
+    ({'mesh.fsdp': 4, 'train.batch_size': 6},
+     'config.train.batch_size=6 must be divisible by config.mesh data x fsdp (2 x 4)'),
+    ({'mesh.rules.embed': 'tensor,model'},
+     "config.mesh.rules.embed='tensor,model': ['model'] are not mesh axes"),
+])
+def test_bad_mesh_is_one_line_naming_the_field(changes, message):
+  from model.config import ConfigError  # pylint: disable=import-outside-toplevel
+  from training import config_io  # pylint: disable=import-outside-toplevel
+  config = _config('encoder_decoder')
+  config.train.batch_size = 16
+  for dotted, value in changes.items():
+    *path, last = dotted.split('.')
+    node = config
+    for key in path:
+      node = node[key]
+    node[last] = value
+  with pytest.raises(ConfigError) as info:
+    config_io.validate_config(config, num_devices=8)
+  assert message in str(info.value) and '\n' not in str(info.value)
+
+
+def test_unknown_logical_axis_in_the_rules_is_refused():
+  from model.config import ConfigError  # pylint: disable=import-outside-toplevel
+  from training import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
+  with pytest.raises(ConfigError, match=r"config.mesh.rules.hidden: unknown logical axis; "
+                                        r"known: \['vocab', 'embed'"):
+    mesh_lib.rules({'rules': {'hidden': 'tensor'}})
+
+
 if __name__ == '__main__':
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   main(sys.argv[1])
