@@ -158,12 +158,7 @@ def test_bad_mesh_is_one_line_naming_the_field(changes, message):
   from training import config_io  # pylint: disable=import-outside-toplevel
   config = _config('encoder_decoder')
   config.train.batch_size = 16
-  for dotted, value in changes.items():
-    *path, last = dotted.split('.')
-    node = config
-    for key in path:
-      node = node[key]
-    node[last] = value
+  syn.set_fields(config, changes)
   with pytest.raises(ConfigError) as info:
     config_io.validate_config(config, num_devices=8)
   assert message in str(info.value) and '\n' not in str(info.value)

@@ -187,6 +187,11 @@ def tiny_config(kind: str = 'encoder_decoder', **overrides):
   config.optimizer.warmup_steps = 3
   config.decode.max_len = 8
   config.decode.num_eval_sentences = 0
+  return set_fields(config, overrides)
+
+
+def set_fields(config, overrides: dict):
+  """`config` with dotted fields set: {'train.num_steps': 4, 'mesh.fsdp': 2}."""
   for dotted, value in overrides.items():
     node = config
     *path, last = dotted.split('.')
