@@ -1,4 +1,5 @@
-"""Every target of issue 15 (GPU speed) measured in one call, one process per measurement.
+"""Every target of issue 15 (GPU speed), and issue 14's one-device sharding check, measured in
+one call, one process per measurement.
 
     python bench/gpu_targets.py --flax_wmt_dir=~/peers/flax/examples/wmt \
         --decode_workdir=runs/multi30k > gpu_targets.json
@@ -16,6 +17,11 @@ Runs, one after the other (each bench prints JSON; this collects them):
   shakespeare   train.py --config=configs/shakespeare_char.py:large in bfloat16, wall time
                 and tokens/s over the whole run: >= 2x nanoGPT's 1.09M tok/s (its GPU run,
                 issue 15's table)
+  sharding_1dev bench/sharding_step.py --devices=1 on the base model (batch 256, bf16): the
+                trainer's step on mesh (1,1,1) against the step before sharding (state
+                replicated, no activation constraints, 'flat' projections) in the same
+                process, and mesh (1,1,1) with 'flat' projections: sharding costs nothing on
+                one device, <= 1.03x the old step's time (issue 14)
 `--only=a,b` runs a subset. Prints one JSON object: per target the measurement, the
 target, `met`, and the bench's own JSON under `raw`.
 """
@@ -124,9 +130,27 @@ def target_shakespeare(a) -> dict:
           'met': None if error else rate >= 2 * NANOGPT_TOKENS_PER_S}
 
 
+def target_sharding_1dev(a) -> dict:
+  cmd = [sys.executable, 'bench/sharding_step.py', '--devices=1', '--configs=base',
+         '--contenders=unsharded,1x1x1,1x1x1/flat', '--batch_size=256', '--dtype=bfloat16',
+         f'--attention_impl={a.attention_impl}', f'--steps={a.steps}']
+  lines, _, error = run(cmd, a.timeout)
+  raw = lines[-1] if lines else {}
+  ratio = raw.get('1x1x1', {}).get('time_ratio_vs_unsharded')
+  flat = raw.get('1x1x1/flat', {})
+  # '1x1x1' multiplies 'general' on a GPU (auto), the old step 'flat': '1x1x1/flat' is the
+  # same program as the old step if sharding adds nothing (it does on CPU: bench/RESULTS.md).
+  return {'raw': raw or None, 'error': error, 'time_ratio_vs_unsharded': ratio,
+          'flat_time_ratio_vs_unsharded': flat.get('time_ratio_vs_unsharded'),
+          'flat_same_program_as_unsharded': flat.get('same_program_as_unsharded'),
+          'target': 'mesh (1,1,1) <= 1.03x the step before sharding',
+          'met': None if ratio is None else ratio <= 1.03}
+
+
 TARGETS = {'train_bf16': target_train_bf16, 'train_f32': target_train_f32,
            'first_step': target_first_step, 'decode': target_decode,
-           'decode_cli': target_decode_cli, 'shakespeare': target_shakespeare}
+           'decode_cli': target_decode_cli, 'shakespeare': target_shakespeare,
+           'sharding_1dev': target_sharding_1dev}
 
 
 def main():

@@ -103,6 +103,13 @@ def ours(c, batch, args):
   return run, count_params(params)
 
 
+def random_batch(c, seed: int = 0) -> dict[str, jax.Array]:
+  """Random ids in [3, vocab), no padding (the peers' harness recipe), `[batch, len]`."""
+  rng = np.random.default_rng(seed)
+  return {'inputs': jnp.asarray(rng.integers(3, c['vocab'], (c['batch'], c['src_len'])), jnp.int32),
+          'targets': jnp.asarray(rng.integers(3, c['vocab'], (c['batch'], c['tgt_len'])), jnp.int32)}
+
+
 def attention_dropout(args) -> float:
   """--attention_dropout, else --dropout; 0 for 'cudnn', which cannot drop attention weights."""
   if args.attention_dropout is not None:
@@ -259,9 +266,7 @@ def main():
     c['batch'] = args.batch_size
   if args.length:
     c['src_len'] = c['tgt_len'] = args.length
-  rng = np.random.default_rng(0)
-  batch = {'inputs': jnp.asarray(rng.integers(3, c['vocab'], (c['batch'], c['src_len'])), jnp.int32),
-           'targets': jnp.asarray(rng.integers(3, c['vocab'], (c['batch'], c['tgt_len'])), jnp.int32)}
+  batch = random_batch(c)
   flops = train_flops(c)
   contenders = {}
   if args.only in (None, 'ours'):

@@ -100,12 +100,27 @@ def test_validate_config_names_the_field(field, value, match):
 
 
 def test_validate_config_accepts_presets():
-  from configs import default, multi30k, shakespeare_char, wmt14_base, wmt14_big
+  from configs import default, lm_1b, multi30k, shakespeare_char, wmt14_base, wmt14_big
   for module, presets in [(default, [None, 'tiny']), (multi30k, [None]),
                           (shakespeare_char, [None, 'tiny', 'large']), (wmt14_base, [None]),
-                          (wmt14_big, [None])]:
+                          (wmt14_big, [None]), (lm_1b, [None])]:
     for preset in presets:
       config_io.validate_config(module.get_config(preset) if preset else module.get_config())
+
+
+def test_lm_1b_preset_has_about_1b_parameters_and_fits_8_and_64_devices():
+  """configs/lm_1b.py: its size (no arrays: eval_shape) and the meshes of the README's
+  Scaling table pass validation (heads, d_ff and the batch divide)."""
+  from configs import lm_1b
+  from training import state as state_lib
+  config = lm_1b.get_config()
+  module = build_model(config_io.validate_config(config))
+  shapes = jax.eval_shape(state_lib.make_init_fn(module, optax.identity(), 0))
+  assert 0.95e9 < state_lib.count_params(shapes.params) < 1.05e9
+  for data, fsdp, tensor in [(8, 1, 1), (1, 8, 1), (2, 1, 4), (1, 64, 1), (8, 8, 1), (16, 1, 4),
+                             (2, 8, 4)]:
+    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = data, fsdp, tensor
+    config_io.validate_config(config, num_devices=data * fsdp * tensor)
 
 
 def test_config_roundtrip_and_compatibility(tmp_path):
