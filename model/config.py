@@ -24,7 +24,8 @@ ATTENTION_IMPLS = ('reference', 'xla', 'cudnn', 'chunked')
 # How a projection with several input/output axes (the fused [d_model, 3, heads, head_dim]
 # QKV kernel) is multiplied: 'flat' = one 2-D matmul on the flattened kernel (XLA:CPU: see
 # layers.Dense), 'general' = dot_general over the axes as they are (a heads axis split over
-# 'tensor' stays split), 'auto' = 'flat' on CPU, 'general' on GPU/TPU. Same values.
+# 'tensor' stays split), 'auto' = 'flat' on CPU unless the heads are split, 'general' on
+# GPU/TPU. Same values.
 PROJECTION_MATMULS = ('auto', 'flat', 'general')
 CUDNN_MAX_HEAD_DIM = 128  # cuDNN flash attention: head_dim <= 128 (256 on Hopper), multiple of 8
 

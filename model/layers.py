@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from model import attention as attn
+from model import partitioning
 from model.partitioning import constrain, with_axes
 from model.config import ConfigError
 
@@ -31,8 +32,11 @@ def _dense(features, name, dtype, axes, axis=-1, init_std=None, matmul='auto'):
 
 
 def flat_matmul(matmul: str) -> bool:
-  """Resolves ModelConfig.projection_matmul: 'auto' is 'flat' on CPU only."""
-  return matmul == 'flat' or (matmul == 'auto' and jax.default_backend() == 'cpu')
+  """Resolves ModelConfig.projection_matmul: 'auto' is 'flat' on CPU when the heads are not
+  split over devices (flattening a split heads axis makes XLA gather it first)."""
+  if matmul == 'auto':
+    return jax.default_backend() == 'cpu' and not partitioning.splits('heads')
+  return matmul == 'flat'
 
 
 class Dense(nn.Module):

@@ -96,6 +96,17 @@ def activation_sharding(mesh: Mesh, rules: Rules):
     _activation_rules.reset(token)
 
 
+def splits(name: str) -> bool:
+  """Whether the active `activation_sharding` splits the logical axis `name` over devices."""
+  active = _activation_rules.get()
+  if active is None:
+    return False
+  mesh, rules = active
+  axes = dict(rules).get(name) or ()
+  axes = (axes,) if isinstance(axes, str) else axes
+  return any(mesh.shape[a] > 1 for a in axes)
+
+
 def constrain(x: jax.Array, names: tuple[str | None, ...]) -> jax.Array:
   """`x` with a sharding constraint from its logical dimension `names` (no-op outside
   `activation_sharding`): at layer boundaries, so XLA keeps the batch split over the data
