@@ -14,7 +14,6 @@ training; decoding then runs tensor-parallel (XLA inserts the collectives).
 
 from __future__ import annotations
 
-import math
 import os
 import time
 
@@ -51,11 +50,12 @@ def mesh_from_flag(text: str, flag: str = '--mesh') -> jax.sharding.Mesh:
   if len(sizes) != len(mesh_lib.AXES) or any(s < 1 and s != -1 for s in sizes):
     raise RestoreError(f'{flag}={text} must be three sizes DATA,FSDP,TENSOR (positive integers; '
                        'one may be -1 = the remaining devices), e.g. 1,2,4')
-  n, known = jax.device_count(), math.prod(s for s in sizes if s != -1)
-  if sizes.count(-1) > 1 or (n % known if -1 in sizes else known != n):
+  try:  # the sizes are checked against the devices as config.mesh's are
+    return mesh_lib.make_mesh(mesh_config=dict(zip(mesh_lib.AXES, sizes)))
+  except ConfigError:
+    n = jax.device_count()
     raise RestoreError(f'{flag}={text} does not fit the {n} device(s) here: DATA x FSDP x '
-                       f'TENSOR must be {n} (one size may be -1: the remaining devices)')
-  return mesh_lib.make_mesh(mesh_config=dict(zip(mesh_lib.AXES, sizes)))
+                       f'TENSOR must be {n} (one size may be -1: the remaining devices)') from None
 
 
 def check_mesh(model_config, mesh: jax.sharding.Mesh, workdir: str) -> None:

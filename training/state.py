@@ -47,6 +47,11 @@ def state_shardings(module, tx: optax.GradientTransformation, mesh: Mesh,
   """Where every leaf of the train state lives: parameters by their logical axes and `rules`
   (default: `config.mesh` defaults), each optimizer moment like its parameter, the step, the
   dropout key and the optimizer's counters replicated."""
+  return _layout(module, tx, mesh, rules)[1]
+
+
+def _layout(module, tx, mesh, rules) -> tuple[TrainState, TrainState]:
+  """(ShapeDtypeStructs, shardings) of the train state (shapes do not depend on the seed)."""
   rules = mesh_lib.rules() if rules is None else rules
   shapes = jax.eval_shape(make_init_fn(module, tx, 0))
   logical = partitioning.logical_axes(module, kind_of(module).example_inputs())
@@ -55,7 +60,7 @@ def state_shardings(module, tx: optax.GradientTransformation, mesh: Mesh,
   opt_state = optax.tree_utils.tree_map_params(
       tx, lambda _, sharding: sharding, shapes.opt_state, params,
       transform_non_params=lambda _: replicated)
-  return TrainState(step=replicated, params=params, opt_state=opt_state, rng=replicated)
+  return shapes, TrainState(step=replicated, params=params, opt_state=opt_state, rng=replicated)
 
 
 def param_shardings(module, mesh: Mesh, rules: Rules | None = None) -> Any:
@@ -75,8 +80,8 @@ def abstract_train_state(module, tx: optax.GradientTransformation, seed: int, me
                          rules: Rules | None = None) -> TrainState:
   """ShapeDtypeStructs with the `state_shardings`: the restore target for checkpoints (a
   checkpoint written on any mesh restores onto this one)."""
-  shapes = jax.eval_shape(make_init_fn(module, tx, seed))
-  shardings = state_shardings(module, tx, mesh, rules)
+  del seed  # the shapes do not depend on it
+  shapes, shardings = _layout(module, tx, mesh, rules)
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                       shapes, shardings)
 
