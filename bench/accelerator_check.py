@@ -30,8 +30,9 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TEST2016 = os.path.join(ROOT, 'data', 'multi30k', 'test_2016_flickr')
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.gpu_targets import (ROOT, TEST2016, decode_bench_cmd,  # noqa: E402
+                               decode_test2016_cmd, json_lines, train_step_cmd)
 
 
 def run_part(name: str, cmd: list[str], limit_s: float, log_dir: str, env: dict) -> dict:
@@ -50,18 +51,6 @@ def run_part(name: str, cmd: list[str], limit_s: float, log_dir: str, env: dict)
       rc = 'timeout'
     f.write(out)
   return {'rc': rc, 'wall_s': round(time.time() - start, 1), 'stdout': out, 'log': log}
-
-
-def json_lines(text: str) -> list[dict]:
-  found = []
-  for line in text.splitlines():
-    line = line.strip()
-    if line.startswith('{') and line.endswith('}'):
-      try:
-        found.append(json.loads(line))
-      except ValueError:
-        pass
-  return found
 
 
 def device_info(env: dict) -> dict:
@@ -136,21 +125,16 @@ def plan(args, info: dict, out_dir: str) -> list[tuple[str, list[str], float]]:
   tests = [py, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', '--no-header', '-rfE']
   if workers > 1 and _has_xdist():
     tests += ['-n', str(workers)]
-  train = [py, 'bench/train_step.py', '--config=base', '--batch_size=256', '--steps=20']
-  if args.flax_wmt_dir:
-    train.append(f'--flax_wmt_dir={args.flax_wmt_dir}')
   run_dir = os.path.join(out_dir, 'default_run')
   return [
       ('tests', tests, 300),
-      ('train bf16', train + ['--dtype=bfloat16'], 150),
-      ('decode', [py, 'bench/decode.py', '--platform=auto', '--configs=small', '--reps=10'], 90),
+      ('train bf16', train_step_cmd('bfloat16', 20, flax_wmt_dir=args.flax_wmt_dir), 150),
+      ('decode', decode_bench_cmd('auto', 10), 90),
       ('default run', [py, 'train.py', f'--workdir={run_dir}', *args.default_run_args.split()],
        200),
-      ('default run decode', [py, 'decode.py', f'--workdir={run_dir}',
-                              f'--input_file={TEST2016}.en.gz', f'--reference={TEST2016}.de.gz',
-                              f'--output_file={run_dir}/test2016.de',
-                              '--compilation_cache='], 90),  # cold: no compilation cache
-      ('train f32', train + ['--dtype=float32'], 150),
+      ('default run decode', decode_test2016_cmd(run_dir, f'{run_dir}/test2016.de',
+                                                 [f'--reference={TEST2016}.de.gz']), 90),
+      ('train f32', train_step_cmd('float32', 20, flax_wmt_dir=args.flax_wmt_dir), 150),
   ]
 
 

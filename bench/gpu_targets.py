@@ -38,7 +38,20 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NANOGPT_TOKENS_PER_S = 1.09e6  # nanoGPT shakespeare_char on one H100, bf16 (issue 15)
-TEST2016 = os.path.join(ROOT, 'data', 'multi30k', 'test_2016_flickr.en.gz')
+TEST2016 = os.path.join(ROOT, 'data', 'multi30k', 'test_2016_flickr')  # + .en.gz / .de.gz
+
+
+def json_lines(text: str) -> list[dict]:
+  """The JSON objects a bench printed, one per line (other lines ignored)."""
+  found = []
+  for line in text.splitlines():
+    line = line.strip()
+    if line.startswith('{') and line.endswith('}'):
+      try:
+        found.append(json.loads(line))
+      except ValueError:
+        pass
+  return found
 
 
 def run(args: list[str], timeout: int) -> tuple[list[dict], float, str]:
@@ -47,16 +60,36 @@ def run(args: list[str], timeout: int) -> tuple[list[dict], float, str]:
   proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                         check=False)
   wall = time.perf_counter() - start
-  lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{')]
-  return lines, wall, '' if proc.returncode == 0 else proc.stderr[-2000:]
+  return json_lines(proc.stdout), wall, '' if proc.returncode == 0 else proc.stderr[-2000:]
+
+
+# The commands, shared with bench/accelerator_check.py.
+def train_step_cmd(dtype: str, steps: int, impl: str | None = None, flax_wmt_dir=None,
+                   extra=()) -> list[str]:
+  """bench/train_step.py on the paper's base model at batch 256 x 64."""
+  cmd = [sys.executable, 'bench/train_step.py', '--config=base', '--batch_size=256',
+         f'--dtype={dtype}', f'--steps={steps}', *extra]
+  if impl:
+    cmd.append(f'--attention_impl={impl}')
+  if flax_wmt_dir:
+    cmd.append(f'--flax_wmt_dir={flax_wmt_dir}')
+  return cmd
+
+
+def decode_bench_cmd(platform: str, reps: int, extra=()) -> list[str]:
+  """bench/decode.py on the 'small' model: greedy and beam 4."""
+  return [sys.executable, 'bench/decode.py', f'--platform={platform}', '--configs=small',
+          f'--reps={reps}', *extra]
+
+
+def decode_test2016_cmd(workdir: str, output_file: str, extra=()) -> list[str]:
+  """decode.py on test2016 with no compilation cache (a cold start, as a new user has)."""
+  return [sys.executable, 'decode.py', f'--workdir={workdir}', f'--input_file={TEST2016}.en.gz',
+          f'--output_file={output_file}', '--compilation_cache=', *extra]
 
 
 def train(a, dtype: str, impl: str, extra=()) -> dict:
-  cmd = [sys.executable, 'bench/train_step.py', '--config=base', '--batch_size=256',
-         f'--dtype={dtype}', f'--attention_impl={impl}', f'--steps={a.steps}', *extra]
-  if a.flax_wmt_dir:
-    cmd.append(f'--flax_wmt_dir={a.flax_wmt_dir}')
-  lines, _, error = run(cmd, a.timeout)
+  lines, _, error = run(train_step_cmd(dtype, a.steps, impl, a.flax_wmt_dir, extra), a.timeout)
   return {'raw': lines[-1] if lines else None, 'error': error}
 
 
@@ -89,8 +122,7 @@ def target_first_step(a) -> dict:
 
 
 def target_decode(a) -> dict:
-  cmd = [sys.executable, 'bench/decode.py', '--platform=gpu', '--configs=small',
-         '--batch_size=16', '--reps=20', '--max_foreign=100']
+  cmd = decode_bench_cmd('gpu', 20, ['--batch_size=16', '--max_foreign=100'])
   if a.flax_wmt_dir:
     cmd.append('--peer')
   env_dir = os.path.expanduser(a.flax_wmt_dir) if a.flax_wmt_dir else None
@@ -110,9 +142,8 @@ def target_decode_cli(a) -> dict:
     return {'met': None, 'target': '<= 10 s cold',
             'error': 'not run: pass --decode_workdir (a trained multi30k workdir)'}
   with tempfile.TemporaryDirectory() as tmp:
-    cmd = [sys.executable, 'decode.py', f'--workdir={a.decode_workdir}',
-           f'--input_file={TEST2016}', f'--output_file={tmp}/out.de', '--beam_size=4',
-           '--batch_size=64', '--compilation_cache=']
+    cmd = decode_test2016_cmd(a.decode_workdir, f'{tmp}/out.de',
+                              ['--beam_size=4', '--batch_size=64'])
     _, wall, error = run(cmd, a.timeout)
   return {'wall_s': wall, 'error': error, 'target': '<= 10 s cold (no compilation cache)',
           'met': None if error else wall <= 10}
