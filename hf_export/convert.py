@@ -1,11 +1,10 @@
 """Our parameters -> `transformers` state dicts and configs, as pure NumPy functions.
 
-Targets (chosen by `target_class`):
+Targets (the table is `hf_export.targets.TARGETS`):
   encoder_decoder, norm_position='post'  MarianMTModel    (post-LN, scaled sinusoidal embeddings)
   encoder_decoder, norm_position='pre'   PegasusForConditionalGeneration (the same, pre-LN, with a
                                          final LayerNorm after each stack, as ours)
   decoder_only,    norm_position='pre'   GPT2LMHeadModel  (pre-LN, absolute positions, tied softmax)
-Anything else is refused by `check_exportable` with one line naming the feature.
 
 Exactness:
 - Marian/Pegasus build their sinusoid as `[sin(all frequencies) | cos(all frequencies)]`;
@@ -33,50 +32,6 @@ from model import attention as attn
 
 GELU = 'gelu_new'  # flax's nn.gelu is the tanh approximation; HF's name for that is gelu_new
 LAYER_NORM_EPS = 1e-6  # model/layers.py: LayerNorm
-
-
-class UnsupportedConfig(ValueError):
-  """No `transformers` class computes this model exactly; the message names the feature."""
-
-
-def target_class(model_config) -> str:
-  """The `transformers` architecture for `model_config` (a `ModelConfig`), or raise."""
-  check_exportable(model_config)
-  if model_config.kind == 'decoder_only':
-    return 'GPT2LMHeadModel'
-  if model_config.norm_position == 'post':
-    return 'MarianMTModel'
-  return 'PegasusForConditionalGeneration'
-
-
-def check_exportable(cfg, tokenizer_kind: str | None = None) -> None:
-  """Raises `UnsupportedConfig` (one line) unless a target class expresses `cfg` exactly."""
-  def refuse(feature, why):
-    raise UnsupportedConfig(f'config.model.{feature} cannot be exported: {why}')
-
-  if cfg.kind == 'encoder_only':
-    refuse('kind=encoder_only', 'there is no generation head to export (only encoder_decoder '
-           'and decoder_only models are exported)')
-  if cfg.kind == 'encoder_decoder':
-    if cfg.positional_encoding != 'sinusoidal':
-      refuse(f'positional_encoding={cfg.positional_encoding}', 'MarianMTModel and '
-             'PegasusForConditionalGeneration add fixed sinusoidal positions only')
-    if cfg.norm_position == 'pre' and not cfg.share_embeddings:
-      refuse('share_embeddings=False with norm_position=pre', 'PegasusForConditionalGeneration '
-             '(the pre-LN target) has one embedding shared by encoder and decoder')
-  else:
-    if cfg.norm_position != 'pre':
-      refuse('norm_position=post (decoder_only)', 'GPT2LMHeadModel is pre-LN only')
-    if cfg.positional_encoding == 'rope':
-      refuse('positional_encoding=rope (decoder_only)', 'GPT2LMHeadModel adds absolute '
-             'position embeddings; it has no rotary embeddings')
-    if not cfg.logits_via_embedding:
-      refuse('logits_via_embedding=False (decoder_only)', "GPT2LMHeadModel's output layer has "
-             'no bias, and ours (a Dense layer) has one')
-  if cfg.kind == 'decoder_only' and tokenizer_kind == 'sentencepiece':
-    raise UnsupportedConfig('config.data.tokenizer=sentencepiece with kind=decoder_only cannot '
-                            'be exported: the exporter writes a sentencepiece tokenizer only for '
-                            'translation (MarianTokenizer), and a character one for both kinds')
 
 
 def halves_order(d_model: int) -> np.ndarray:
@@ -144,8 +99,8 @@ def layer_pieces(layer, order) -> dict:
 def _layers(stack) -> list[dict]:
   names = sorted((k for k in stack if k.startswith('layer_')), key=lambda k: int(k[6:]))
   if not names:
-    raise UnsupportedConfig('the parameters have no layer_0, layer_1, ... (unroll a '
-                            'scan_layers tree with model.transformer.unrolled first)')
+    raise ValueError('the parameters have no layer_0, layer_1, ... (unroll a '
+                   'scan_layers tree with model.transformer.unrolled first)')
   return [stack[k] for k in names]
 
 

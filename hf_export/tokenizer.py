@@ -21,15 +21,15 @@ import tempfile
 PAD = '<pad>'
 
 
-def save_tokenizer(tokenizer, kind: str, directory: str, *, max_len: int) -> str:
+def save_tokenizer(tokenizer, directory: str, *, max_len: int, start_token: bool) -> str:
   """Writes the tokenizer files for our `tokenizer` into `directory`; returns the class name.
 
-  `kind` is the model kind ('encoder_decoder' | 'decoder_only'); `max_len` the model's
-  position count (the tokenizer's `model_max_length`).
+  `max_len` is the model's position count (the tokenizer's `model_max_length`); `start_token`:
+  a character tokenizer prepends the start token 0 (a decoder-only model's BOS).
   """
   if tokenizer.kind == 'sentencepiece':
     return _save_marian(tokenizer, directory, max_len)
-  return _save_chars(tokenizer, directory, max_len, start_token=kind == 'decoder_only')
+  return _save_chars(tokenizer, directory, max_len, start_token=start_token)
 
 
 def _save_marian(tokenizer, directory: str, max_len: int) -> str:

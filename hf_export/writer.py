@@ -14,7 +14,7 @@ import os
 import shutil
 import tempfile
 
-from hf_export import convert
+from hf_export import targets
 from hf_export.tokenizer import save_tokenizer
 
 
@@ -54,8 +54,8 @@ def check_workdir(workdir: str):
     config = config_io.load_config(workdir)
     model_config = ModelConfig.from_config(config.model)
     tokenizer = tokenizers.load_tokenizer(workdir)
-    convert.check_exportable(model_config, tokenizer.kind)
-  except (ConfigError, convert.UnsupportedConfig) as e:
+    targets.check_exportable(model_config, tokenizer.kind)
+  except (ConfigError, targets.UnsupportedConfig) as e:
     raise ExportError(str(e)) from None
   except Exception as e:  # noqa: BLE001  # DataError/DataFileError/config errors: one line
     raise ExportError(f'{type(e).__name__}: {e}') from None
@@ -69,30 +69,12 @@ def hf_configs(model_config, tokenizer, decode_config):
   """(model config, generation config) as `transformers` objects for our model."""
   import transformers  # pylint: disable=import-outside-toplevel
 
-  arch = convert.target_class(model_config)
+  target = targets.target(model_config)
   eos = tokenizer.eos_id  # 1 for sentencepiece, None for characters
-  dec_len = min(decode_config.get('max_len', model_config.max_len), model_config.max_len)
-  if model_config.kind == 'decoder_only':
-    config = transformers.GPT2Config(**convert.gpt2_config(model_config, eos_id=eos))
-    temperature = decode_config.get('temperature', 1.0)
-    sampling = ({'do_sample': True, 'temperature': temperature,
-                 'top_k': decode_config.get('top_k', 0) or 0} if temperature > 0 else {})
-    # GPT-2 has max_len positions: the start token and the text together.
-    generation = transformers.GenerationConfig(
-        bos_token_id=0, pad_token_id=0, eos_token_id=eos, suppress_tokens=[0],
-        max_length=model_config.max_len, **sampling)
-  else:
-    cls = transformers.MarianConfig if arch == 'MarianMTModel' else transformers.PegasusConfig
-    config = cls(**convert.seq2seq_config(model_config, eos_id=eos))
-    # Beam search as decode.py's: pad never generated, done once num_beams hypotheses end.
-    # transformers divides by len ** length_penalty where decode.py uses the GNMT penalty
-    # ((5 + len) / 6) ** alpha: the same search when alpha = 0 (see the README).
-    generation = transformers.GenerationConfig(
-        decoder_start_token_id=0, pad_token_id=0, eos_token_id=eos, forced_eos_token_id=None,
-        suppress_tokens=[0], num_beams=decode_config.get('beam_size', 4),
-        length_penalty=decode_config.get('alpha', 0.0), early_stopping=True,
-        max_new_tokens=dec_len)
-  config.architectures = [arch]
+  config = getattr(transformers, target.config_class)(**target.config(model_config, eos_id=eos))
+  generation = transformers.GenerationConfig(
+      **target.generation(model_config, eos, decode_config))
+  config.architectures = [target.architecture]
   config.dtype = 'float32'
   return config, generation
 
@@ -111,8 +93,8 @@ def write_export(directory: str, params, model_config, tokenizer, decode_config,
   generation.save_pretrained(directory)
   save_file(convert_params(params, model_config), os.path.join(directory, 'model.safetensors'),
             metadata={'format': 'pt', **(metadata or {})})
-  tokenizer_class = save_tokenizer(tokenizer, model_config.kind, directory,
-                                   max_len=model_config.max_len)
+  tokenizer_class = save_tokenizer(tokenizer, directory, max_len=model_config.max_len,
+                                   start_token=targets.target(model_config).start_token)
   return config.architectures[0], tokenizer_class
 
 
@@ -172,7 +154,4 @@ def convert_params(params, model_config) -> dict:
   """Our (unrolled) params -> the target class's state dict of float32 NumPy arrays."""
   import jax  # pylint: disable=import-outside-toplevel
 
-  params = jax.device_get(params)
-  if model_config.kind == 'decoder_only':
-    return convert.gpt2_state_dict(params, model_config)
-  return convert.seq2seq_state_dict(params, model_config)
+  return targets.target(model_config).state_dict(jax.device_get(params), model_config)

@@ -87,16 +87,25 @@ def rules(mesh_config=None) -> Rules:
   return tuple(out)
 
 
+def tensor_misfit(model_config, tensor: int) -> tuple[str, int] | None:
+  """(field, value) of the first model size the 'tensor' axis does not divide, else None:
+  heads and feed-forward units are what tensor parallelism splits."""
+  for field in ('num_heads', 'd_ff'):
+    value = getattr(model_config, field)
+    if value % tensor:
+      return field, value
+  return None
+
+
 def check(mesh_config, model_config, batch_size: int, grad_accum_steps: int,
           num_devices: int) -> None:
   """The mesh fits the devices, the model and the batch (one line naming the field)."""
   data, fsdp, tensor = mesh_shape(mesh_config, num_devices)
   rules(mesh_config)
-  for field in ('num_heads', 'd_ff'):
-    value = getattr(model_config, field)
-    if value % tensor:
-      raise ConfigError(f'config.model.{field}={value} is not divisible by config.mesh.tensor='
-                        f'{tensor}')
+  misfit = tensor_misfit(model_config, tensor)
+  if misfit:
+    raise ConfigError(f'config.model.{misfit[0]}={misfit[1]} is not divisible by '
+                      f'config.mesh.tensor={tensor}')
   if jax.process_count() > 1 and jax.local_device_count() % tensor:
     # Each process feeds its own rows; a 'tensor' group spanning processes would need the same.
     raise ConfigError(f'config.mesh.tensor={tensor} must divide the devices of one process '

@@ -61,11 +61,10 @@ def mesh_from_flag(text: str, flag: str = '--mesh') -> jax.sharding.Mesh:
 def check_mesh(model_config, mesh: jax.sharding.Mesh, workdir: str) -> None:
   """Heads and feed-forward units must split evenly over the mesh's 'tensor' axis."""
   tensor = mesh.shape['tensor']
-  for field in ('num_heads', 'd_ff'):
-    value = getattr(model_config, field)
-    if value % tensor:
-      raise RestoreError(f'the model in {config_io.config_path(workdir)} has {field}={value}, '
-                         f'not divisible by the mesh\'s tensor size {tensor}')
+  misfit = mesh_lib.tensor_misfit(model_config, tensor)
+  if misfit:
+    raise RestoreError(f'the model in {config_io.config_path(workdir)} has {misfit[0]}='
+                       f'{misfit[1]}, not divisible by the mesh\'s tensor size {tensor}')
 
 
 def _shardings(module, config, mesh):

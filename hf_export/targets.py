@@ -1,0 +1,113 @@
+"""The `transformers` classes our models export to: one `Target` per class, in one table.
+
+  (kind, norm_position)             target
+  (encoder_decoder, post)           MarianMTModel                   + MarianTokenizer
+  (encoder_decoder, pre)            PegasusForConditionalGeneration + MarianTokenizer
+  (decoder_only,    pre)            GPT2LMHeadModel                 + a character tokenizer
+
+A model no row matches, or one a row's `check` refuses, is refused by `check_exportable` with
+one line naming the feature. Adding a target is one row here plus its conversion in `convert`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from hf_export import convert
+
+
+class UnsupportedConfig(ValueError):
+  """No `transformers` class computes this model exactly; the message names the feature."""
+
+
+def _refuse(feature: str, why: str):
+  raise UnsupportedConfig(f'config.model.{feature} cannot be exported: {why}')
+
+
+def _check_seq2seq(cfg) -> None:
+  if cfg.positional_encoding != 'sinusoidal':
+    _refuse(f'positional_encoding={cfg.positional_encoding}', 'MarianMTModel and '
+            'PegasusForConditionalGeneration add fixed sinusoidal positions only')
+  if cfg.norm_position == 'pre' and not cfg.share_embeddings:
+    _refuse('share_embeddings=False with norm_position=pre', 'PegasusForConditionalGeneration '
+            '(the pre-LN target) has one embedding shared by encoder and decoder')
+
+
+def _check_gpt2(cfg) -> None:
+  if cfg.positional_encoding == 'rope':
+    _refuse('positional_encoding=rope (decoder_only)', 'GPT2LMHeadModel adds absolute '
+            'position embeddings; it has no rotary embeddings')
+  if not cfg.logits_via_embedding:
+    _refuse('logits_via_embedding=False (decoder_only)', "GPT2LMHeadModel's output layer has "
+            'no bias, and ours (a Dense layer) has one')
+
+
+def _beam_generation(cfg, eos: int | None, decode_config) -> dict:
+  """Beam search as decode.py's: pad never generated, done once num_beams hypotheses end.
+  transformers divides by len ** length_penalty where decode.py uses the GNMT penalty
+  ((5 + len) / 6) ** alpha: the same search when alpha = 0 (see the README)."""
+  return dict(decoder_start_token_id=0, pad_token_id=0, eos_token_id=eos,
+              forced_eos_token_id=None, suppress_tokens=[0],
+              num_beams=decode_config.get('beam_size', 4),
+              length_penalty=decode_config.get('alpha', 0.0), early_stopping=True,
+              max_new_tokens=min(decode_config.get('max_len', cfg.max_len), cfg.max_len))
+
+
+def _sampling_generation(cfg, eos: int | None, decode_config) -> dict:
+  """decode.py's sampling (greedy at temperature 0); GPT-2 has max_len positions: the start
+  token and the text together."""
+  temperature = decode_config.get('temperature', 1.0)
+  sampling = ({'do_sample': True, 'temperature': temperature,
+               'top_k': decode_config.get('top_k', 0) or 0} if temperature > 0 else {})
+  return dict(bos_token_id=0, pad_token_id=0, eos_token_id=eos, suppress_tokens=[0],
+              max_length=cfg.max_len, **sampling)
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+  """One `transformers` model class and how our model becomes it."""
+  architecture: str  # the model class (config.architectures[0])
+  config_class: str  # its `transformers` config class
+  check: Callable  # (ModelConfig) -> None, or raise UnsupportedConfig
+  config: Callable  # (ModelConfig, eos_id=) -> the config class's fields
+  state_dict: Callable  # (our unrolled params, ModelConfig) -> {name: float32 array}
+  generation: Callable  # (ModelConfig, eos id, config.decode) -> GenerationConfig fields
+  sentencepiece: bool  # whether a sentencepiece tokenizer can be written for it (Marian's)
+  start_token: bool  # the character tokenizer prepends the start token 0 (GPT-2's BOS)
+
+
+_MARIAN = Target('MarianMTModel', 'MarianConfig', _check_seq2seq, convert.seq2seq_config,
+                 convert.seq2seq_state_dict, _beam_generation, True, False)
+_PEGASUS = dataclasses.replace(_MARIAN, architecture='PegasusForConditionalGeneration',
+                               config_class='PegasusConfig')
+_GPT2 = Target('GPT2LMHeadModel', 'GPT2Config', _check_gpt2, convert.gpt2_config,
+               convert.gpt2_state_dict, _sampling_generation, False, True)
+TARGETS = {('encoder_decoder', 'post'): _MARIAN, ('encoder_decoder', 'pre'): _PEGASUS,
+           ('decoder_only', 'pre'): _GPT2}
+
+
+def target(cfg, tokenizer_kind: str | None = None) -> Target:
+  """The target of `cfg` (a `ModelConfig`), or `UnsupportedConfig` (one line)."""
+  found = TARGETS.get((cfg.kind, cfg.norm_position))
+  if found is None and cfg.kind == 'decoder_only':
+    _refuse('norm_position=post (decoder_only)', 'GPT2LMHeadModel is pre-LN only')
+  if found is None:
+    _refuse(f'kind={cfg.kind}', 'there is no generation head to export (only encoder_decoder '
+            'and decoder_only models are exported)')
+  found.check(cfg)
+  if tokenizer_kind == 'sentencepiece' and not found.sentencepiece:
+    raise UnsupportedConfig(f'config.data.tokenizer=sentencepiece with kind={cfg.kind} cannot '
+                            'be exported: the exporter writes a sentencepiece tokenizer only for '
+                            'translation (MarianTokenizer), and a character one for both kinds')
+  return found
+
+
+def check_exportable(cfg, tokenizer_kind: str | None = None) -> None:
+  """Raises `UnsupportedConfig` (one line) unless a target class expresses `cfg` exactly."""
+  target(cfg, tokenizer_kind)
+
+
+def target_class(cfg) -> str:
+  """The `transformers` architecture for `cfg` (a `ModelConfig`), or raise."""
+  return target(cfg).architecture
