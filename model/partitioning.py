@@ -56,6 +56,12 @@ def logical_axes(module, example_inputs: tuple) -> Any:
   return nn.get_partition_spec(boxed)
 
 
+def _mesh_axes(table: dict, name: str | None) -> tuple[str, ...]:
+  """The mesh axes the rules give logical axis `name` ('' / None: none; a name or a tuple)."""
+  axes = table.get(name) if name is not None else None
+  return (axes,) if isinstance(axes, str) else tuple(axes or ())
+
+
 def mesh_spec(names: Sequence[str | None], rules: Rules, shape: Sequence[int],
               mesh: Mesh) -> P:
   """Logical names -> a mesh `PartitionSpec` for an array of `shape`. A mesh axis is used
@@ -65,9 +71,7 @@ def mesh_spec(names: Sequence[str | None], rules: Rules, shape: Sequence[int],
   used: set[str] = set()
   spec = []
   for name, size in zip(names, shape):
-    axes = table.get(name) if name is not None else None
-    axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
-    axes = tuple(a for a in axes if a not in used and mesh.shape[a] > 1)
+    axes = tuple(a for a in _mesh_axes(table, name) if a not in used and mesh.shape[a] > 1)
     count = 1
     for a in axes:
       count *= mesh.shape[a]
@@ -102,9 +106,7 @@ def splits(name: str) -> bool:
   if active is None:
     return False
   mesh, rules = active
-  axes = dict(rules).get(name) or ()
-  axes = (axes,) if isinstance(axes, str) else axes
-  return any(mesh.shape[a] > 1 for a in axes)
+  return any(mesh.shape[a] > 1 for a in _mesh_axes(dict(rules), name))
 
 
 def constrain(x: jax.Array, names: tuple[str | None, ...]) -> jax.Array:
