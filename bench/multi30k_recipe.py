@@ -1,0 +1,122 @@
+"""A Multi30k recipe measured the way issue 16 asks: train, tune decoding on validation only,
+then decode test2016 once with the settings validation chose.
+
+    python bench/multi30k_recipe.py --config=configs/multi30k.py --workdir=runs/multi30k
+    python bench/multi30k_recipe.py --config=configs/multi30k.py:gpu --workdir=runs/m30_gpu
+    python bench/multi30k_recipe.py --workdir=runs/multi30k --skip_train   # a trained run
+
+1. `train.py --config=CONFIG --workdir=WORKDIR` (its wall time), unless `--skip_train`.
+2. `decode.py` on the validation split (data/multi30k/val.*, 1014 sentences) for every
+   `--average_last` x beam x alpha in the grid (averages capped by the checkpoints kept).
+3. The best cased validation BLEU picks the settings (ties: the cheaper decode); test2016 is
+   decoded once with them: cased detokenized sacreBLEU, the literature's lowercased tokenized
+   BLEU and chrF2, with their signatures.
+
+Prints one JSON object (and each decode's line to stderr as it goes): the grid, the choice,
+the test scores and the exact decode command for the README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_targets import ROOT, TEST2016, run  # pylint: disable=wrong-import-position
+
+VALIDATION = os.path.join(ROOT, 'data', 'multi30k', 'val')  # + .en.gz / .de.gz
+_SCORE = {'bleu': r'^BLEU = ([\d.]+)  (\S+)', 'bleu_lowercased': r'^BLEU \(lowercased, tokenized\) '
+          r'= ([\d.]+)  (\S+)', 'chrf2': r'^chrF2 = ([\d.]+)  (\S+)'}
+
+
+def scores(stdout: str) -> dict:
+  """decode.py's score lines -> {'bleu': x, 'bleu_signature': s, ...}."""
+  found = {}
+  for name, pattern in _SCORE.items():
+    m = re.search(pattern, stdout, re.MULTILINE)
+    if m:
+      found[name], found[f'{name}_signature'] = float(m.group(1)), m.group(2)
+  return found
+
+
+def decode_flags(average_last: int, beam_size: int, alpha: float) -> list[str]:
+  return [f'--average_last={average_last}', f'--beam_size={beam_size}', f'--alpha={alpha}']
+
+
+def decode(workdir: str, corpus: str, output_file: str, flags: list[str], timeout: int) -> dict:
+  """decode.py on CORPUS.en.gz against CORPUS.de.gz: its scores and wall time."""
+  cmd = [sys.executable, 'decode.py', f'--workdir={workdir}', f'--input_file={corpus}.en.gz',
+         f'--reference={corpus}.de.gz', f'--output_file={output_file}', '--lowercase_bleu',
+         *flags]
+  start = time.perf_counter()
+  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                        check=False)
+  found = scores(proc.stdout + proc.stderr)
+  if proc.returncode != 0 or 'bleu' not in found:
+    raise RuntimeError(f'decode.py {" ".join(flags)} failed: {proc.stderr.strip()[-500:]}')
+  return {**found, 'wall_s': round(time.perf_counter() - start, 1)}
+
+
+def checkpoints_kept(workdir: str) -> int:
+  directory = os.path.join(workdir, 'checkpoints')
+  if not os.path.isdir(directory):
+    raise SystemExit(f'{workdir}: no checkpoints/ directory: train it first (drop --skip_train)')
+  return sum(name.isdigit() for name in os.listdir(directory))
+
+
+def tune(a, kept: int) -> list[dict]:
+  """Every grid point on validation, cheapest first."""
+  grid = []
+  averages = sorted({min(int(n), kept) for n in a.averages.split(',')})
+  with tempfile.TemporaryDirectory() as tmp:
+    for beam in sorted(int(b) for b in a.beams.split(',')):
+      for average in averages:
+        for alpha in (float(x) for x in a.alphas.split(',')):
+          point = {'average_last': average, 'beam_size': beam, 'alpha': alpha}
+          point.update(decode(a.workdir, VALIDATION, f'{tmp}/val.de',
+                              decode_flags(average, beam, alpha), a.timeout))
+          print(json.dumps(point), file=sys.stderr, flush=True)
+          grid.append(point)
+  return grid
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument('--config', default='configs/multi30k.py', help='train.py --config')
+  parser.add_argument('--workdir', required=True)
+  parser.add_argument('--skip_train', action='store_true', help='the workdir is trained')
+  parser.add_argument('--averages', default='1,3,5,10', help='--average_last values to try')
+  parser.add_argument('--beams', default='4,6', help='beam sizes to try')
+  parser.add_argument('--alphas', default='0.6,1.0,1.4', help='length penalties to try')
+  parser.add_argument('--timeout', type=int, default=7200, help='seconds per subprocess')
+  a = parser.parse_args()
+  report = {'bench': 'multi30k_recipe', 'config': a.config, 'workdir': a.workdir,
+            'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}
+  if not a.skip_train:
+    _, wall, error = run([sys.executable, 'train.py', f'--config={a.config}',
+                          f'--workdir={a.workdir}'], a.timeout)
+    if error:
+      raise SystemExit(f'train.py failed:\n{error}')
+    report['train_wall_s'] = round(wall, 1)
+  report['validation'] = tune(a, checkpoints_kept(a.workdir))
+  best = max(report['validation'], key=lambda p: p['bleu'])  # first (cheapest) of equals
+  flags = decode_flags(best['average_last'], best['beam_size'], best['alpha'])
+  output = os.path.join(a.workdir, 'test2016.de')
+  report['chosen'] = {k: best[k] for k in ('average_last', 'beam_size', 'alpha', 'bleu')}
+  report['test2016'] = decode(a.workdir, TEST2016, output, flags, a.timeout)
+  report['test2016_command'] = ' '.join(
+      ['python decode.py', f'--workdir={a.workdir}', *flags, '--lowercase_bleu',
+       '--input_file=data/multi30k/test_2016_flickr.en.gz',
+       '--reference=data/multi30k/test_2016_flickr.de.gz', f'--output_file={output}'])
+  print(json.dumps(report))
+
+
+if __name__ == '__main__':
+  main()
