@@ -22,6 +22,9 @@ Runs, one after the other (each bench prints JSON; this collects them):
                 replicated, no activation constraints, 'flat' projections) in the same
                 process, and mesh (1,1,1) with 'flat' projections: sharding costs nothing on
                 one device, <= 1.03x the old step's time (issue 14)
+  multi30k_gpu  bench/multi30k_recipe.py --config=configs/multi30k.py:gpu: train (<= 10 min),
+                decoding tuned on validation, test2016 once: >= 41 lowercased tokenized
+                BLEU (issue 16; ~15-20 min in all, so it is not in the default set)
 `--only=a,b` runs a subset. Prints one JSON object: per target the measurement, the
 target, `met`, and the bench's own JSON under `raw`.
 """
@@ -178,16 +181,33 @@ def target_sharding_1dev(a) -> dict:
           'met': None if ratio is None else ratio <= 1.03}
 
 
+def target_multi30k_gpu(a) -> dict:
+  with tempfile.TemporaryDirectory() as tmp:
+    cmd = [sys.executable, 'bench/multi30k_recipe.py', '--config=configs/multi30k.py:gpu',
+           f'--workdir={tmp}/m30_gpu']
+    lines, _, error = run(cmd, max(a.timeout, 3600))
+  raw = lines[-1] if lines else {}
+  test, wall = raw.get('test2016', {}), raw.get('train_wall_s')
+  return {'raw': raw or None, 'error': error, 'train_wall_s': wall,
+          'test2016_bleu_lowercased': test.get('bleu_lowercased'),
+          'test2016_bleu': test.get('bleu'),
+          'target': '>= 41 lowercased tokenized BLEU on test2016, training <= 600 s',
+          'met': None if not test or wall is None else
+                 test['bleu_lowercased'] >= 41 and wall <= 600}
+
+
 TARGETS = {'train_bf16': target_train_bf16, 'train_f32': target_train_f32,
            'first_step': target_first_step, 'decode': target_decode,
            'decode_cli': target_decode_cli, 'shakespeare': target_shakespeare,
-           'sharding_1dev': target_sharding_1dev}
+           'sharding_1dev': target_sharding_1dev, 'multi30k_gpu': target_multi30k_gpu}
+DEFAULT_TARGETS = [name for name in TARGETS if name != 'multi30k_gpu']
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument('--only', default=','.join(TARGETS), help='comma-separated targets')
+  parser.add_argument('--only', default=','.join(DEFAULT_TARGETS),
+                      help=f'comma-separated targets, of {",".join(TARGETS)}')
   parser.add_argument('--attention_impl', default='cudnn', help='for the bf16 train step')
   parser.add_argument('--flax_wmt_dir', default=None, help='google/flax examples/wmt checkout')
   parser.add_argument('--decode_workdir', default=None, help='a trained multi30k workdir')

@@ -2,7 +2,7 @@
 
 700 steps of 32 packed rows of 64 tokens (~125 sentence pairs, ~2000 target tokens a step,
 about 3 epochs): sized for ~15 minutes on a 2-core CPU with a ~110 GFLOP/s f32 matmul.
-`configs/multi30k.py` trains longer and better.
+`configs/multi30k.py` trains a smaller model longer, and better.
 
 `python train.py --workdir=DIR` uses this file. Presets:
   (none)  the default run

@@ -107,6 +107,13 @@ def test_translate_file_with_bleu_plots_and_averaging(workdirs, tmp_path):
   assert 'BLEU = ' in err and 'nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:' in err
   assert 'chrF2 = ' in err and 'nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:' in err
   assert 'BLEU (lowercased, tokenized) = ' in err and 'nrefs:1|case:lc|eff:no|tok:13a|' in err
+  # bench/multi30k_recipe.py reads these lines: its parser and this output stay in step.
+  from bench import multi30k_recipe  # pylint: disable=import-outside-toplevel
+  found = multi30k_recipe.scores(err)
+  assert set(found) == {'bleu', 'bleu_signature', 'bleu_lowercased', 'bleu_lowercased_signature',
+                        'chrf2', 'chrf2_signature'}, found
+  assert found['bleu_lowercased_signature'].startswith('nrefs:1|case:lc|')
+  assert all(0 <= found[k] <= 100 for k in ('bleu', 'bleu_lowercased', 'chrf2'))
   pngs = sorted(p.name for p in (tmp_path / 'plots' / 'line_00001').iterdir())
   for kind in ('encoder_layer_1_self_attention', 'decoder_layer_0_self_attention',
                'decoder_layer_1_cross_attention'):
