@@ -30,7 +30,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_targets import ROOT, TEST2016, run  # pylint: disable=wrong-import-position
 
-VALIDATION = os.path.join(ROOT, 'data', 'multi30k', 'val')  # + .en.gz / .de.gz
+# Relative to the checkout (decode.py runs there), so the printed command is the README's.
+VALIDATION = os.path.join('data', 'multi30k', 'val')  # + .en.gz / .de.gz
+TEST = os.path.relpath(TEST2016, ROOT)
 _SCORE = {'bleu': r'^BLEU = ([\d.]+)  (\S+)', 'bleu_lowercased': r'^BLEU \(lowercased, tokenized\) '
           r'= ([\d.]+)  (\S+)', 'chrf2': r'^chrF2 = ([\d.]+)  (\S+)'}
 
@@ -49,14 +51,18 @@ def decode_flags(average_last: int, beam_size: int, alpha: float) -> list[str]:
   return [f'--average_last={average_last}', f'--beam_size={beam_size}', f'--alpha={alpha}']
 
 
+def decode_cmd(workdir: str, corpus: str, output_file: str, flags: list[str]) -> list[str]:
+  """decode.py on CORPUS.en.gz against CORPUS.de.gz, every score printed."""
+  return ['decode.py', f'--workdir={workdir}', *flags, '--lowercase_bleu',
+          f'--input_file={corpus}.en.gz', f'--reference={corpus}.de.gz',
+          f'--output_file={output_file}']
+
+
 def decode(workdir: str, corpus: str, output_file: str, flags: list[str], timeout: int) -> dict:
-  """decode.py on CORPUS.en.gz against CORPUS.de.gz: its scores and wall time."""
-  cmd = [sys.executable, 'decode.py', f'--workdir={workdir}', f'--input_file={corpus}.en.gz',
-         f'--reference={corpus}.de.gz', f'--output_file={output_file}', '--lowercase_bleu',
-         *flags]
+  """Runs `decode_cmd`: its scores and wall time."""
   start = time.perf_counter()
-  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                        check=False)
+  proc = subprocess.run([sys.executable, *decode_cmd(workdir, corpus, output_file, flags)],
+                        cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
   found = scores(proc.stdout + proc.stderr)
   if proc.returncode != 0 or 'bleu' not in found:
     raise RuntimeError(f'decode.py {" ".join(flags)} failed: {proc.stderr.strip()[-500:]}')
@@ -110,11 +116,8 @@ def main():
   flags = decode_flags(best['average_last'], best['beam_size'], best['alpha'])
   output = os.path.join(a.workdir, 'test2016.de')
   report['chosen'] = {k: best[k] for k in ('average_last', 'beam_size', 'alpha', 'bleu')}
-  report['test2016'] = decode(a.workdir, TEST2016, output, flags, a.timeout)
-  report['test2016_command'] = ' '.join(
-      ['python decode.py', f'--workdir={a.workdir}', *flags, '--lowercase_bleu',
-       '--input_file=data/multi30k/test_2016_flickr.en.gz',
-       '--reference=data/multi30k/test_2016_flickr.de.gz', f'--output_file={output}'])
+  report['test2016'] = decode(a.workdir, TEST, output, flags, a.timeout)
+  report['test2016_command'] = ' '.join(['python', *decode_cmd(a.workdir, TEST, output, flags)])
   print(json.dumps(report))
 
 
