@@ -79,6 +79,10 @@ def test_end_to_end_tiny_run_with_overrides_and_resume(tmp_path):
   assert 'BLEU' in out and 'nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:' in out
   assert out.strip().splitlines()[-1].startswith('done: step 4/4')
   assert 'best BLEU' in out.strip().splitlines()[-1]
+  # bench/gpu_targets.py reads the best validation loss from this line (issue 16's target).
+  from bench import gpu_targets  # pylint: disable=import-outside-toplevel
+  loss = gpu_targets.best_val_loss(out)
+  assert loss is not None and f'best val loss {loss:.4f} (step 4)' in out
   with open(os.path.join(workdir, 'config.json')) as f:
     config = json.load(f)
   assert config['model']['num_heads'] == 2 and config['train']['num_steps'] == 4
