@@ -27,19 +27,22 @@ Runs, one after the other (each bench prints JSON; this collects them):
                 >= 41 lowercased tokenized BLEU (issue 16); a device call of its own, so
                 not in the default set
 `--only=a,b` runs a subset: a lent machine runs one command for at most 10 minutes, so
-split the targets over calls (bench/RESULTS.md, "GPU session plan"). Prints one JSON object: per target the measurement, the
-target, `met`, and the bench's own JSON under `raw`.
+split the targets over calls (bench/RESULTS.md, "GPU session plan"). Prints one JSON object
+to stdout: per target the measurement, the target, `met`, and the bench's own JSON under
+`raw`; stderr gets each bench's output as it runs and each target's JSON as it ends.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -62,12 +65,36 @@ def json_lines(text: str) -> list[dict]:
 
 
 def run_text(args: list[str], timeout: int) -> tuple[str, float, str]:
-  """Runs a command from the checkout: (its stdout, wall seconds, stderr tail if it failed)."""
+  """Runs a command from the checkout: (its stdout, wall seconds, stderr tail if it failed).
+
+  The command's output is echoed to our stderr line by line as it comes, so a log of a call
+  that a device's time limit stops still shows every measurement finished before it.
+  """
   start = time.perf_counter()
-  proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                        check=False)
+  stdout, stderr = [], collections.deque(maxlen=100)
+  with subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        text=True) as proc:
+    pumps = [threading.Thread(target=_echo, args=(proc.stdout, stdout)),
+             threading.Thread(target=_echo, args=(proc.stderr, stderr))]
+    for pump in pumps:
+      pump.start()
+    try:
+      proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+      proc.kill()
+      raise
+    finally:
+      for pump in pumps:
+        pump.join()
   wall = time.perf_counter() - start
-  return proc.stdout, wall, '' if proc.returncode == 0 else proc.stderr[-2000:]
+  return ''.join(stdout), wall, '' if proc.returncode == 0 else ''.join(stderr)[-2000:]
+
+
+def _echo(stream, kept) -> None:
+  for line in stream:
+    sys.stderr.write(line)
+    sys.stderr.flush()
+    kept.append(line)
 
 
 def run(args: list[str], timeout: int) -> tuple[list[dict], float, str]:

@@ -1,0 +1,39 @@
+"""bench/gpu_targets.py's subprocess runner: what a stopped device call's log still holds."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bench import gpu_targets
+
+_CHILD = ('import sys, time\n'
+          'print("{\\"a\\": 1}", flush=True)\n'
+          'print("progress line", file=sys.stderr, flush=True)\n'
+          'print("not json")\n'
+          'sys.exit(int(sys.argv[1]))\n')
+
+
+def test_run_echoes_output_and_returns_json_lines(capfd):
+  lines, wall, error = gpu_targets.run([sys.executable, '-c', _CHILD, '0'], timeout=60)
+  assert lines == [{'a': 1}] and error == '' and wall > 0
+  echoed = capfd.readouterr().err
+  assert '{"a": 1}' in echoed and 'progress line' in echoed and 'not json' in echoed
+
+
+def test_run_text_returns_the_stderr_tail_of_a_failure():
+  stdout, _, error = gpu_targets.run_text([sys.executable, '-c', _CHILD, '3'], timeout=60)
+  assert stdout.splitlines() == ['{"a": 1}', 'not json']
+  assert error.strip() == 'progress line'
+
+
+def test_run_text_kills_the_command_at_its_timeout(capfd, tmp_path):
+  pid_file = tmp_path / 'pid'
+  child = (f'import os, time; open({str(pid_file)!r}, "w").write(str(os.getpid())); '
+           'print("started", flush=True); time.sleep(600)')
+  with pytest.raises(subprocess.TimeoutExpired):
+    gpu_targets.run_text([sys.executable, '-c', child], timeout=5)
+  with pytest.raises(ProcessLookupError):  # killed and reaped, not left running
+    os.kill(int(pid_file.read_text()), 0)
+  assert 'started' in capfd.readouterr().err  # what it printed before the limit is in the log
