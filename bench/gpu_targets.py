@@ -39,6 +39,7 @@ import collections
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -72,16 +73,18 @@ def run_text(args: list[str], timeout: int) -> tuple[str, float, str]:
   """
   start = time.perf_counter()
   stdout, stderr = [], collections.deque(maxlen=100)
+  # A session of its own: on a timeout (or Ctrl-C) the whole group goes, its own children too
+  # (train.py's Grain workers), which would otherwise hold the pipes open.
   with subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                        text=True) as proc:
+                        text=True, start_new_session=True) as proc:
     pumps = [threading.Thread(target=_echo, args=(proc.stdout, stdout)),
              threading.Thread(target=_echo, args=(proc.stderr, stderr))]
     for pump in pumps:
       pump.start()
     try:
       proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-      proc.kill()
+    except BaseException:
+      os.killpg(proc.pid, signal.SIGKILL)
       raise
     finally:
       for pump in pumps:
