@@ -78,6 +78,10 @@ def _large(config) -> None:
   m.init = 'gpt2'
   m.scale_embeddings = False
   m.attention_dropout_rate = 0.2
+  # nanoGPT trains in bfloat16 under torch.autocast, which rounds the matmuls' inputs but keeps
+  # the residual stream float32; ours in bfloat16 (`--config.model.dtype=bfloat16`, the GPU runs
+  # of issue 16) does the same with this (no effect in float32).
+  m.residual_dtype = 'float32'
   o.weight_decay_mask = 'matrices'
   m.max_len = 257
   d.max_length = 256

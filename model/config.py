@@ -17,6 +17,12 @@ ACTIVATIONS = ('relu', 'gelu')
 INIT_SCHEMES = ('paper', 'gpt2')
 GPT2_INIT_STD = 0.02
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
+# The residual stream's dtype (token + position embeddings and every x + Sublayer(x)):
+# 'compute' = `dtype` (MaxText, t5x: half the bytes in bfloat16); 'float32' = float32 while
+# the matmuls run in `dtype`, as PyTorch autocast (nanoGPT) and Megatron's
+# --fp32-residual-connection keep it: in bfloat16 every sub-layer's update is rounded to the
+# stream's 8-bit significand, so updates much smaller than the stream are partly lost.
+RESIDUAL_DTYPES = ('compute', 'float32')
 # 'reference': attention.dot_product_attention; 'xla': jax.nn.dot_product_attention(
 # implementation='xla'); 'cudnn': cuDNN's fused flash attention (GPU, bfloat16, causal +
 # padding masks only); 'chunked': attention.chunked_dot_product_attention (O(len x block) memory).
@@ -66,6 +72,7 @@ class ModelConfig:
   norm_position: str = 'post'  # 'post' (the paper: LayerNorm(x + Sublayer(x))) | 'pre'
   activation: str = 'relu'  # 'relu' (the paper) | 'gelu'
   dtype: str = 'float32'  # compute dtype; parameters stay float32
+  residual_dtype: str = 'compute'  # one of RESIDUAL_DTYPES (above)
   attention_impl: str = 'reference'  # one of ATTENTION_IMPLS (above)
   remat: bool = False  # rematerialise each layer in the backward pass
   scan_layers: bool = False  # nn.scan over layers: one compiled layer, params [layers, ...]
@@ -77,6 +84,10 @@ class ModelConfig:
   @property
   def compute_dtype(self):
     return DTYPES[self.dtype]
+
+  @property
+  def residual_stream_dtype(self):
+    return jnp.float32 if self.residual_dtype == 'float32' else self.compute_dtype
 
   @property
   def head_dim(self) -> int:
@@ -123,6 +134,7 @@ class ModelConfig:
     choice('norm_position', NORM_POSITIONS)
     choice('activation', ACTIVATIONS)
     choice('dtype', DTYPES)
+    choice('residual_dtype', RESIDUAL_DTYPES)
     choice('attention_impl', ATTENTION_IMPLS)
     choice('dropout_rng_impl', DROPOUT_RNGS)
     choice('init', INIT_SCHEMES)

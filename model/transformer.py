@@ -45,10 +45,11 @@ class Sublayer(nn.Module):
   @nn.compact
   def __call__(self, x: Array, fn) -> Array:
     cfg = self.config
-    norm = LayerNorm(cfg.compute_dtype, name='norm')
     dropout = Dropout(cfg.dropout_rate, cfg.dropout_rng_impl)
-    if cfg.norm_position == 'post':
+    if cfg.norm_position == 'post':  # the norm's output is the stream
+      norm = LayerNorm(cfg.residual_stream_dtype, name='norm')
       return norm(x + dropout(fn(x), self.deterministic))  # LayerNorm(x + Sublayer(x))
+    norm = LayerNorm(cfg.compute_dtype, name='norm')
     return x + dropout(fn(norm(x)), self.deterministic)
 
 
@@ -111,7 +112,7 @@ def _ffn(config: ModelConfig, num_layers: int) -> FeedForward:
 
 def _embed(config: ModelConfig, name: str) -> Embed:
   """The token embedding module of `config` (init and sqrt(d_model) scaling included)."""
-  return Embed(config.vocab_size, config.d_model, config.compute_dtype,
+  return Embed(config.vocab_size, config.d_model, config.residual_stream_dtype,
                config.init_stds(1).embedding, config.scale_embeddings, name=name)
 
 
@@ -203,7 +204,7 @@ class Encoder(nn.Module):
                     cfg.num_encoder_layers, x, mask, positions)
     if cfg.norm_position == 'pre':
       x = LayerNorm(cfg.compute_dtype, name='final_norm')(x)
-    return x
+    return x.astype(cfg.compute_dtype)  # a float32 stream (residual_dtype) leaves in `dtype`
 
 
 class Decoder(nn.Module):
@@ -261,6 +262,7 @@ class Decoder(nn.Module):
                     cfg.num_decoder_layers, x, encoded, self_mask, cross_mask, positions)
     if cfg.norm_position == 'pre':
       x = LayerNorm(cfg.compute_dtype, name='final_norm')(x)
+    x = x.astype(cfg.compute_dtype)  # a float32 stream (residual_dtype) leaves in `dtype`
     if cfg.logits_via_embedding:
       return self.embed.attend(x)
     std = cfg.init_stds(cfg.num_decoder_layers).kernel

@@ -69,3 +69,78 @@ def test_bfloat16_compute_error_scales_with_bfloat16_roundoff():
   sublayers = 2 * 2 + 2 * 3  # encoder: attention + FFN; decoder: + cross-attention
   assert relative <= 2 * U_BF16 * sublayers
   assert relative > U32 * 100  # it really computed in bf16
+
+
+def _stream_config(**changes):
+  config = dict(kind='encoder_decoder', vocab_size=64, num_encoder_layers=2,
+                num_decoder_layers=2, d_model=64, num_heads=4, d_ff=128, max_len=32,
+                dtype='bfloat16', residual_dtype='float32')
+  return {**config, **changes}
+
+
+def _run_with_intermediates(config, variables, src, tgt):
+  """-> (logits, {module path: output dtype} of every module's __call__)."""
+  logits, state = build_model(config).apply(variables, src, tgt, capture_intermediates=True)
+  dtypes = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(state['intermediates'])[0]:
+    keys = [getattr(k, 'key', None) for k in path]  # [..., module, '__call__', index]
+    if keys[-2] == '__call__':
+      dtypes['/'.join(keys[:-2])] = leaf.dtype
+  return logits, dtypes
+
+
+@pytest.mark.parametrize('norm_position', ['pre', 'post'])
+@pytest.mark.parametrize('residual_dtype,stream', [('float32', jnp.float32),
+                                                   ('compute', jnp.bfloat16)])
+def test_residual_dtype_sets_the_stream_and_leaves_the_matmuls_in_bfloat16(
+    norm_position, residual_dtype, stream):
+  config = _stream_config(norm_position=norm_position, residual_dtype=residual_dtype)
+  rng = np.random.RandomState(2)
+  src = jnp.asarray(rng.randint(3, 64, (2, 9)), jnp.int32)
+  tgt = jnp.asarray(rng.randint(3, 64, (2, 7)), jnp.int32)
+  variables = build_model(config).init(jax.random.key(0), src, tgt)
+  logits, dtypes = _run_with_intermediates(config, variables, src, tgt)
+  blocks = {p: d for p, d in dtypes.items() if p.endswith('_block')}
+  assert len(blocks) == 2 * 2 + 2 * 3, sorted(blocks)  # every x + Sublayer(x)
+  assert set(blocks.values()) == {jnp.dtype(stream)}
+  assert dtypes['embed'] == stream  # the token embeddings enter the stream
+  dense = {p: d for p, d in dtypes.items() if p.endswith(('qkv', 'out', 'wi', 'wo'))}
+  assert dense and set(dense.values()) == {jnp.dtype(jnp.bfloat16)}, dense
+  assert dtypes['encoder'] == jnp.bfloat16 and logits.dtype == jnp.float32
+
+
+def test_float32_residual_is_the_plain_path_in_float32():
+  config = _stream_config(dtype='float32', residual_dtype='compute', norm_position='pre')
+  rng = np.random.RandomState(3)
+  src = jnp.asarray(rng.randint(3, 64, (2, 9)), jnp.int32)
+  tgt = jnp.asarray(rng.randint(3, 64, (2, 7)), jnp.int32)
+  variables = build_model(config).init(jax.random.key(0), src, tgt)
+  plain = build_model(config).apply(variables, src, tgt)
+  kept = build_model({**config, 'residual_dtype': 'float32'}).apply(variables, src, tgt)
+  np.testing.assert_array_equal(np.asarray(plain), np.asarray(kept))
+
+
+def test_float32_residual_keeps_small_updates_that_a_bfloat16_stream_rounds_away():
+  """Unit-size token embeddings (the paper's scale) and GPT-2's small residual projections:
+  each sub-layer adds ~1e-2 to a stream of size ~1, where bfloat16's spacing is ~8e-3, so a
+  bfloat16 stream loses much of every update; a float32 one keeps them."""
+  config = dict(kind='decoder_only', vocab_size=64, num_encoder_layers=0,
+                num_decoder_layers=6, d_model=64, num_heads=4, d_ff=256, max_len=32,
+                positional_encoding='learned', norm_position='pre', init='gpt2',
+                logits_via_embedding=False)
+  tokens = jnp.asarray(np.random.RandomState(4).randint(3, 64, (4, 16)), jnp.int32)
+  reference = build_model(config)
+  variables = reference.init(jax.random.key(0), tokens)
+  exact = np.asarray(reference.apply(variables, tokens), np.float64)
+
+  def error(residual_dtype):
+    model = build_model({**config, 'dtype': 'bfloat16', 'residual_dtype': residual_dtype})
+    low = np.asarray(model.apply(variables, tokens), np.float64)
+    return np.linalg.norm(low - exact) / np.linalg.norm(exact)
+
+  assert error('float32') < error('compute') / 2
+
+
+def test_bad_residual_dtype_names_the_field():
+  with pytest.raises(ValueError, match=r'config\.model\.residual_dtype=.float16. is not one of'):
+    build_model(_stream_config(residual_dtype='float16'))
