@@ -118,6 +118,28 @@ def test_cached_prefill_then_steps_equals_full_forward_decoder_only():
     np.testing.assert_allclose(logits[:, 0], full[:, t], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize('kind,scan', [('encoder_decoder', False), ('decoder_only', True)])
+def test_float32_residual_in_bfloat16_caches_like_the_full_forward(kind, scan):
+  """residual_dtype='float32' with bfloat16 matmuls: the KV cache (bfloat16, from the
+  projections) and the float32 stream give the full forward pass's logits, to bf16 rounding."""
+  extra = {} if kind == 'encoder_decoder' else {'positional_encoding': 'learned',
+                                                'norm_position': 'pre'}
+  module, params = _model(kind, dtype='bfloat16', residual_dtype='float32', scan_layers=scan,
+                          **extra)
+  tgt = np.random.RandomState(3).randint(2, 20, size=(3, 6)).astype(np.int32)
+  src = _sources() if kind == 'encoder_decoder' else None
+  args = (tgt,) if src is None else (src, tgt)
+  full = np.asarray(jax.jit(module.apply)({'params': params}, *args))
+  encoded = None if src is None else jax.jit(
+      lambda p, s: module.apply({'params': p}, s, method=module.encode))(params, src)
+  assert encoded is None or encoded.dtype == jnp.bfloat16
+  cache = kind_of(module).init_cache(module, encoded, src, 3, 6)
+  dec_in = np.pad(tgt, ((0, 0), (1, 0)))[:, :-1]
+  for t in range(6):
+    logits, cache = _step(module, params, cache, encoded, src, dec_in[:, t:t + 1])
+    np.testing.assert_allclose(logits[:, 0], full[:, t], atol=0.05 * np.abs(full).max())
+
+
 # ----------------------------------------------------------------------------- greedy
 
 def test_greedy_equals_full_forward_greedy_with_eos():
