@@ -74,13 +74,16 @@ def test_bfloat16_compute_error_scales_with_bfloat16_roundoff():
 def _stream_config(**changes):
   config = dict(kind='encoder_decoder', vocab_size=64, num_encoder_layers=2,
                 num_decoder_layers=2, d_model=64, num_heads=4, d_ff=128, max_len=32,
-                dtype='bfloat16', residual_dtype='float32')
+                dtype='bfloat16', residual_dtype='float32', dropout_rate=0.1,
+                attention_dropout_rate=0.1)
   return {**config, **changes}
 
 
 def _run_with_intermediates(config, variables, src, tgt):
-  """-> (logits, {module path: output dtype} of every module's __call__)."""
-  logits, state = build_model(config).apply(variables, src, tgt, capture_intermediates=True)
+  """-> (training-mode logits, {module path: output dtype} of every module's __call__)."""
+  logits, state = build_model(config).apply(variables, src, tgt, capture_intermediates=True,
+                                            deterministic=False,
+                                            rngs={'dropout': jax.random.key(1)})
   dtypes = {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(state['intermediates'])[0]:
     keys = [getattr(k, 'key', None) for k in path]  # [..., module, '__call__', index]
