@@ -42,7 +42,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 from model import build_model  # noqa: E402
-from model.config import ATTENTION_IMPLS, ModelConfig  # noqa: E402
+from model.config import ATTENTION_IMPLS, RESIDUAL_DTYPES, ModelConfig  # noqa: E402
 from training import mesh as mesh_lib, steps, telemetry  # noqa: E402
 from training.state import TrainState  # noqa: E402
 
@@ -86,6 +86,7 @@ def model_config(c, dropout, attention_dropout=None, **overrides):
 def ours(c, batch, args):
   """A jitted step closure over our real train step."""
   module = build_model(model_config(c, args.dropout, attention_dropout(args), dtype=args.dtype,
+                                    residual_dtype=args.residual_dtype,
                                     attention_impl=args.attention_impl,
                                     scan_layers=args.scan_layers, remat=args.remat))
   tx = optax.adam(5e-4, b1=0.9, b2=0.98, eps=1e-9)
@@ -200,6 +201,9 @@ def parse_args():
   parser.add_argument('--steps', type=int, default=20, help='timed steps (after 3 warm-up)')
   parser.add_argument('--dropout', type=float, default=0.1)
   parser.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16'])
+  parser.add_argument('--residual_dtype', default='compute', choices=list(RESIDUAL_DTYPES),
+                      help="ours only: 'float32' keeps the residual stream float32 (the Flax "
+                           "WMT example's stream is in --dtype)")
   parser.add_argument('--batch_size', type=int, default=None, help="sentences per step "
                       "(default: the config's; the issue's GPU figure: base at 256)")
   parser.add_argument('--length', type=int, default=None,
@@ -245,7 +249,8 @@ def environment(args, c, flops):
   peak = matmul_gflops(matmul_n, dtype=args.dtype)
   return {'bench': 'train_step', 'config': args.config, **c, 'dropout': args.dropout,
           'attention_dropout': attention_dropout(args),
-          'dtype': args.dtype, 'attention_impl': args.attention_impl,
+          'dtype': args.dtype, 'residual_dtype': args.residual_dtype,
+          'attention_impl': args.attention_impl,
           'scan_layers': args.scan_layers, 'remat': args.remat,
           'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
           'machine': f'{platform.processor() or platform.machine()}, {os.cpu_count()} cores',
