@@ -79,6 +79,13 @@ def _stream_config(**changes):
   return {**config, **changes}
 
 
+def _pair(seed):
+  """A random (source, target) batch for the 64-token models below."""
+  rng = np.random.RandomState(seed)
+  return (jnp.asarray(rng.randint(3, 64, (2, 9)), jnp.int32),
+          jnp.asarray(rng.randint(3, 64, (2, 7)), jnp.int32))
+
+
 def _run_with_intermediates(config, variables, src, tgt):
   """-> (training-mode logits, {module path: output dtype} of every module's __call__)."""
   logits, state = build_model(config).apply(variables, src, tgt, capture_intermediates=True,
@@ -98,9 +105,7 @@ def _run_with_intermediates(config, variables, src, tgt):
 def test_residual_dtype_sets_the_stream_and_leaves_the_matmuls_in_bfloat16(
     norm_position, residual_dtype, stream):
   config = _stream_config(norm_position=norm_position, residual_dtype=residual_dtype)
-  rng = np.random.RandomState(2)
-  src = jnp.asarray(rng.randint(3, 64, (2, 9)), jnp.int32)
-  tgt = jnp.asarray(rng.randint(3, 64, (2, 7)), jnp.int32)
+  src, tgt = _pair(2)
   variables = build_model(config).init(jax.random.key(0), src, tgt)
   logits, dtypes = _run_with_intermediates(config, variables, src, tgt)
   blocks = {p: d for p, d in dtypes.items() if p.endswith('_block')}
@@ -114,9 +119,7 @@ def test_residual_dtype_sets_the_stream_and_leaves_the_matmuls_in_bfloat16(
 
 def test_float32_residual_is_the_plain_path_in_float32():
   config = _stream_config(dtype='float32', residual_dtype='compute', norm_position='pre')
-  rng = np.random.RandomState(3)
-  src = jnp.asarray(rng.randint(3, 64, (2, 9)), jnp.int32)
-  tgt = jnp.asarray(rng.randint(3, 64, (2, 7)), jnp.int32)
+  src, tgt = _pair(3)
   variables = build_model(config).init(jax.random.key(0), src, tgt)
   plain = build_model(config).apply(variables, src, tgt)
   kept = build_model({**config, 'residual_dtype': 'float32'}).apply(variables, src, tgt)
