@@ -6,7 +6,7 @@
   is_disk_full(error)              ENOSPC anywhere in an error (or its text)
   quiet_orbax_logs()               context manager: Orbax's own warning/error logs are not
                                    printed (our callers report the failure in one line), and
-                                   TensorStore's late wake-ups of closed loops are dropped
+                                   what abandoned Orbax reads report later is dropped
 
 The checksum file is written into the step's temporary directory just before Orbax renames
 it into place, so a checkpoint and its checksums appear together; a flipped byte in any
@@ -180,11 +180,41 @@ def _drop_closed_loop_wakeups() -> None:
   sys.unraisablehook = hook
 
 
+def _mentions_orbax(record: logging.LogRecord) -> bool:
+  """Whether an asyncio report is about an Orbax task: its text names the coroutine's file
+  ("Task was destroyed but it is pending!") or its traceback runs through Orbax's code."""
+  marker = f'{os.sep}orbax{os.sep}'
+  if marker in record.getMessage():
+    return True
+  tb = record.exc_info[2] if record.exc_info else None
+  while tb is not None:
+    if marker in tb.tb_frame.f_code.co_filename:
+      return True
+    tb = tb.tb_next
+  return False
+
+
+def _drop_abandoned_orbax_tasks() -> None:
+  """The tasks of an Orbax read abandoned at the first error (a damaged checkpoint) may finish
+  or be destroyed much later, after `quiet_orbax_logs` has ended, even at interpreter exit;
+  asyncio then logs each one's traceback ("Task exception was never retrieved"), hundreds of
+  lines about a failure already reported in one. Dropped for good; other asyncio logs stay."""
+  asyncio_logger = logging.getLogger('asyncio')
+  if _not_about_orbax not in asyncio_logger.filters:
+    asyncio_logger.addFilter(_not_about_orbax)
+
+
+def _not_about_orbax(record: logging.LogRecord) -> bool:
+  return not _mentions_orbax(record)
+
+
 @contextlib.contextmanager
 def quiet_orbax_logs():
-  """Within: Orbax/TensorStore/asyncio warnings and errors are not printed, and TensorStore's
-  late wake-ups of closed event loops are dropped (for good: they come after the failure)."""
+  """Within: Orbax/TensorStore/asyncio warnings and errors are not printed. For good:
+  TensorStore's late wake-ups of closed event loops and abandoned Orbax tasks' reports are
+  dropped (they come after the failure was reported)."""
   _drop_closed_loop_wakeups()
+  _drop_abandoned_orbax_tasks()
   hide = _Hide()
   handlers = [h for name in ('', 'absl') for h in logging.getLogger(name).handlers]
   for handler in handlers:
