@@ -26,6 +26,7 @@ import re
 import sys
 
 CHECKSUM_FILE = 'checksums.json'
+_ORBAX_DIR = f'{os.sep}orbax{os.sep}'  # in the file names of Orbax's code
 
 
 def _file_sha256(path: str) -> str:
@@ -160,7 +161,7 @@ def _is_closed_loop_wakeup(unraisable) -> bool:
       and str(unraisable.exc_value) == 'Event loop is closed'):
     return True
   code = getattr(unraisable.object, 'cr_code', None)  # a coroutine's code object
-  return code is not None and f'{os.sep}orbax{os.sep}' in code.co_filename
+  return code is not None and _ORBAX_DIR in code.co_filename
 
 
 def _drop_closed_loop_wakeups() -> None:
@@ -180,18 +181,17 @@ def _drop_closed_loop_wakeups() -> None:
   sys.unraisablehook = hook
 
 
-def _mentions_orbax(record: logging.LogRecord) -> bool:
-  """Whether an asyncio report is about an Orbax task: its text names the coroutine's file
+def _not_about_orbax(record: logging.LogRecord) -> bool:
+  """False for an asyncio report about an Orbax task: its text names the coroutine's file
   ("Task was destroyed but it is pending!") or its traceback runs through Orbax's code."""
-  marker = f'{os.sep}orbax{os.sep}'
-  if marker in record.getMessage():
-    return True
+  if _ORBAX_DIR in record.getMessage():
+    return False
   tb = record.exc_info[2] if record.exc_info else None
   while tb is not None:
-    if marker in tb.tb_frame.f_code.co_filename:
-      return True
+    if _ORBAX_DIR in tb.tb_frame.f_code.co_filename:
+      return False
     tb = tb.tb_next
-  return False
+  return True
 
 
 def _drop_abandoned_orbax_tasks() -> None:
@@ -202,10 +202,6 @@ def _drop_abandoned_orbax_tasks() -> None:
   asyncio_logger = logging.getLogger('asyncio')
   if _not_about_orbax not in asyncio_logger.filters:
     asyncio_logger.addFilter(_not_about_orbax)
-
-
-def _not_about_orbax(record: logging.LogRecord) -> bool:
-  return not _mentions_orbax(record)
 
 
 @contextlib.contextmanager
