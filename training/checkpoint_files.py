@@ -181,27 +181,35 @@ def _drop_closed_loop_wakeups() -> None:
   sys.unraisablehook = hook
 
 
-def _not_about_orbax(record: logging.LogRecord) -> bool:
-  """False for an asyncio report about an Orbax task: its text names the coroutine's file
-  ("Task was destroyed but it is pending!") or its traceback runs through Orbax's code."""
-  if _ORBAX_DIR in record.getMessage():
-    return False
-  tb = record.exc_info[2] if record.exc_info else None
-  while tb is not None:
-    if _ORBAX_DIR in tb.tb_frame.f_code.co_filename:
-      return False
-    tb = tb.tb_next
-  return True
+def _reporting_loop():
+  """The event loop whose `default_exception_handler` is logging the current record, or None
+  (asyncio logs a future's or task's lost error through its own loop's handler)."""
+  frame = sys._getframe(1)  # pylint: disable=protected-access
+  while frame is not None:
+    if (frame.f_code.co_name == 'default_exception_handler'
+        and frame.f_code.co_filename.endswith(os.path.join('asyncio', 'base_events.py'))):
+      return frame.f_locals.get('self')
+    frame = frame.f_back
+  return None
+
+
+def _not_from_a_closed_loop(record: logging.LogRecord) -> bool:
+  """False for asyncio's report of a future or task whose event loop is already closed."""
+  del record  # the loop is on the stack, not in the record
+  loop = _reporting_loop()
+  return loop is None or not loop.is_closed()
 
 
 def _drop_abandoned_orbax_tasks() -> None:
-  """The tasks of an Orbax read abandoned at the first error (a damaged checkpoint) may finish
-  or be destroyed much later, after `quiet_orbax_logs` has ended, even at interpreter exit;
-  asyncio then logs each one's traceback ("Task exception was never retrieved"), hundreds of
-  lines about a failure already reported in one. Dropped for good; other asyncio logs stay."""
+  """Orbax runs each read on a fresh event loop and closes it at the first error (a damaged
+  checkpoint), abandoning the other reads' tasks and TensorStore futures. They may fail or be
+  destroyed much later, after `quiet_orbax_logs` has ended, even at interpreter exit; asyncio
+  then logs each one ("Task/Future exception was never retrieved", with the whole TensorStore
+  spec), hundreds of lines about a failure already reported in one. Nobody can wait on work
+  of a closed loop, so its reports are dropped for good; those of running loops stay."""
   asyncio_logger = logging.getLogger('asyncio')
-  if _not_about_orbax not in asyncio_logger.filters:
-    asyncio_logger.addFilter(_not_about_orbax)
+  if _not_from_a_closed_loop not in asyncio_logger.filters:
+    asyncio_logger.addFilter(_not_from_a_closed_loop)
 
 
 @contextlib.contextmanager
