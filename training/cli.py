@@ -1,0 +1,69 @@
+"""What the command lines (train.py, decode.py, export.py) share: one-line usage errors.
+
+Every bad flag ends in one `PROG: error: ...` line on stderr and exit status 2, never a
+traceback or absl's two-line `FATAL Flags parsing error`. Numbers are range-checked in the
+type they are used in: an int flag becomes an int32/int64 array index or a PRNG seed, a
+float flag a float32 scalar on the device, so `1e308` (finite in Python, inf in float32) or
+`99999999999999999999` (an OverflowError deep inside NumPy) are refused up front.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Callable, Sequence
+
+import numpy as np
+from absl import flags
+
+INT32_MAX = int(np.iinfo(np.int32).max)
+UINT32_MAX = int(np.iinfo(np.uint32).max)  # jax.random.PRNGKey takes a 32-bit seed on CPU
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+class UsageError(ValueError):
+  """A bad flag value: printed as one line, exit status 2."""
+
+
+def fail(prog: str, message, code: int = 2) -> None:
+  """Prints `PROG: error: MESSAGE` (whitespace folded to one line) and exits."""
+  print(f'{prog}: error: {" ".join(str(message).split())}', file=sys.stderr, flush=True)
+  sys.exit(code)
+
+
+def check_int(name: str, value: int | None, *, lo: int, hi: int = INT32_MAX) -> None:
+  """`--NAME=VALUE` must be an integer in [lo, hi] (None = not given, accepted)."""
+  if value is None:
+    return
+  if not lo <= value <= hi:
+    raise UsageError(f'--{name}={value} must be an integer in [{lo}, {hi}]')
+
+
+def check_float(name: str, value: float | None, *, lo: float, hi: float = FLOAT32_MAX,
+                lo_open: bool = False) -> None:
+  """`--NAME=VALUE` must be a number in [lo, hi] (or (lo, hi] with `lo_open`), finite as a
+  float32 (the dtype decoding computes in). NaN is refused (it passes every `<` test)."""
+  if value is None:
+    return
+  ok = (math.isfinite(value) and abs(value) <= FLOAT32_MAX
+        and (value > lo if lo_open else value >= lo) and value <= hi)
+  if not ok:
+    left = '(' if lo_open else '['
+    raise UsageError(f'--{name}={value} must be a number in {left}{lo:g}, {hi:g}] '
+                     '(finite as a float32)')
+
+
+def parse_absl_flags(prog: str, argv: Sequence[str]) -> list[str]:
+  """absl's flag parsing with `PROG: error: ...` and exit 2 for a bad value (`--beam_size=abc`),
+  an unknown flag or a missing value, instead of absl's `FATAL Flags parsing error` and exit 1.
+  Use as `app.run(main, flags_parser=lambda argv: parse_absl_flags('decode.py', argv))`."""
+  try:
+    return flags.FLAGS(list(argv))
+  except flags.Error as e:
+    fail(prog, e)
+  return []  # not reached
+
+
+def absl_flags_parser(prog: str) -> Callable[[Sequence[str]], list[str]]:
+  """The `flags_parser` for `absl.app.run` that reports bad flags as one line."""
+  return lambda argv: parse_absl_flags(prog, argv)
