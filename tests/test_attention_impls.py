@@ -10,8 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from model import ConfigError, ModelConfig, build_model
-from model import attention as attn
+from model import ConfigError, ModelConfig, attention as attn, build_model
 from model.chunked_attention import hashed_bits_block
 
 ON_GPU = jax.default_backend() == 'gpu'
@@ -64,7 +63,7 @@ def value_and_grads(fn, q, k, v, bias, cotangent):
 
 
 def assert_close(a, b, tol):
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
     np.testing.assert_allclose(np.asarray(x, np.float32), np.asarray(y, np.float32),
                                atol=tol, rtol=tol)
 

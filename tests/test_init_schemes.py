@@ -62,7 +62,10 @@ def test_scale_embeddings_multiplies_by_sqrt_d_model():
   module, params = _params(_config())
   unscaled = build_model(_config(scale_embeddings=False))
   tokens = jnp.array([[3, 4, 5]])
-  embed = lambda m: m.apply({'params': params}, tokens, method=lambda mod, t: mod.embed(t))
+
+  def embed(m):
+    return m.apply({'params': params}, tokens, method=lambda mod, t: mod.embed(t))
+
   np.testing.assert_allclose(embed(module), 16.0 * embed(unscaled), rtol=1e-6)
 
 

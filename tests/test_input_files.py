@@ -3,10 +3,10 @@
 import gzip
 
 import pytest
+from test_input_pipeline import BATCH, _mt_config
 
 import input_pipeline as ip
 from input_pipeline import sources
-from test_input_pipeline import BATCH, _mt_config
 
 
 @pytest.fixture(scope='module')

@@ -68,7 +68,7 @@ def _lines(name):
 def train_pairs(mt):
   """Encoded (inputs, targets) tuples of every training pair, with the pipeline's truncation."""
   encode = pipeline.EncodeTranslation(mt.tokenizer, ('en', 'de'), mt.config.data.max_length)
-  pairs = list(zip(_lines('train.en.gz'), _lines('train.de.gz')))
+  pairs = list(zip(_lines('train.en.gz'), _lines('train.de.gz'), strict=True))
   encoded = encode([{'en': s, 'de': t} for s, t in pairs])
   return [(tuple(e['inputs']), tuple(e['targets'])) for e in encoded]
 
@@ -89,7 +89,7 @@ def _unpack_batch(batch):
         np.testing.assert_array_equal(pos[seg == s], np.arange((seg == s).sum()))
     segments = [set(np.unique(row[f'{f}_segmentation'])) - {0} for f in ('inputs', 'targets')]
     assert segments[0] == segments[1]
-    for i, t in zip(packing.unpack(row, 'inputs'), packing.unpack(row, 'targets')):
+    for i, t in zip(packing.unpack(row, 'inputs'), packing.unpack(row, 'targets'), strict=True):
       out.append((tuple(i), tuple(t)))
   return out
 
@@ -229,7 +229,7 @@ def test_unpacked_train_batches(mt, workdir, train_pairs):
   batch = next(ds.train_iter)
   assert set(batch) == {'inputs', 'targets'} and batch['inputs'].shape == (BATCH, 64)
   known = set(train_pairs)
-  for i, t in zip(batch['inputs'], batch['targets']):
+  for i, t in zip(batch['inputs'], batch['targets'], strict=True):
     assert (tuple(i[i > 0]), tuple(t[t > 0])) in known
 
 
@@ -249,7 +249,7 @@ def _eval_rows(ds, split=None):
   rows = []
   for b in batches:
     assert b['inputs'].shape == (ds.batch_size, 64)
-    for i, t in zip(b['inputs'], b['targets']):
+    for i, t in zip(b['inputs'], b['targets'], strict=True):
       if i.any():
         rows.append((tuple(i[i > 0]), tuple(t[t > 0])))
       else:
@@ -262,7 +262,7 @@ def test_eval_batches_cover_each_example_once(mt):
   assert len(batches) == -(-1014 // BATCH)
   encode = pipeline.EncodeTranslation(mt.tokenizer, ('en', 'de'), 64)
   expected = [(tuple(e['inputs']), tuple(e['targets'])) for e in encode(
-      [{'en': s, 'de': t} for s, t in zip(_lines('val.en.gz'), _lines('val.de.gz'))])]
+      [{'en': s, 'de': t} for s, t in zip(_lines('val.en.gz'), _lines('val.de.gz'), strict=True)])]
   assert collections.Counter(rows) == collections.Counter(expected)
   assert not batches[-1]['inputs'][1014 % BATCH:].any()
 
@@ -339,7 +339,7 @@ def test_lm_blocks(data_dir, tmp_path):
   assert len(batches) == ds.num_eval_batches() == -(-len(blocks['targets']) // 8)
   rebuilt = ds.tokenizer.decode(batches[0]['targets'][0][:1])
   for b in batches:
-    for row, w in zip(b['targets'], b['targets_weights']):
+    for row, w in zip(b['targets'], b['targets_weights'], strict=True):
       rebuilt += ds.tokenizer.decode(row[w > 0])
   assert rebuilt == val_text
   assert ds.eval_examples()[0]['text'] == val_text

@@ -1,5 +1,7 @@
 """The Linen models: shapes, masks end to end, packing, KV cache, configs, presets."""
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -224,9 +226,9 @@ def test_options_equal_reference_path():
   for option in ({'attention_impl': 'xla'}, {'remat': True}):
     module = build_model({**TINY, **option})
     np.testing.assert_allclose(module.apply(variables, src, tgt), ref_logits, atol=1e-5)
-    grads = jax.jit(jax.grad(lambda p: module.apply({'params': p}, src, tgt).sum()))(
+    grads = jax.jit(jax.grad(lambda p, m=module: m.apply({'params': p}, src, tgt).sum()))(
         variables['params'])
-    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
+    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads), strict=True):
       np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
 
 
@@ -289,7 +291,7 @@ def test_logits_via_embedding_gradient_equals_autodiff():
   np.testing.assert_allclose(logits_via_embedding(x, embedding), plain(x, embedding), rtol=1e-6)
   ours = jax.vjp(logits_via_embedding, x, embedding)[1](cotangent)
   reference = jax.vjp(plain, x, embedding)[1](cotangent)
-  for a, b in zip(ours, reference):
+  for a, b in zip(ours, reference, strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
@@ -302,7 +304,8 @@ def test_dense_equals_flax_dense_general(features, axis, matmul):
   reference = nn.DenseGeneral(features, axis=axis, kernel_init=layers.dense_init)
   ours = layers.Dense(features, 1 if isinstance(axis, int) else len(axis), matmul=matmul)
   params = reference.init(jax.random.PRNGKey(1), x)
-  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(ours.init(jax.random.PRNGKey(1), x))):
+  ours_params = ours.init(jax.random.PRNGKey(1), x)
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(ours_params), strict=True):
     np.testing.assert_array_equal(a, b)
   np.testing.assert_allclose(ours.apply(params, x), reference.apply(params, x), rtol=1e-6,
                              atol=1e-6)
@@ -314,7 +317,8 @@ def test_scan_layers_equals_unrolled_layers(kind):
   compute with the same weights: logits and gradients, with and without remat."""
   from model import transformer  # pylint: disable=import-outside-toplevel
   cfg = {**TINY, 'kind': kind, 'num_decoder_layers': 3}
-  args = (tokens(27, (2, 6)), tokens(28, (2, 7))) if kind == 'encoder_decoder' else (tokens(28, (2, 7)),)
+  args = ((tokens(27, (2, 6)), tokens(28, (2, 7))) if kind == 'encoder_decoder'
+          else (tokens(28, (2, 7)),))
   unrolled = build_model(cfg)
   params = init(unrolled, *args)['params']
   stacked = transformer.stack_layer_params(params)
@@ -335,13 +339,16 @@ def test_scan_layers_equals_unrolled_layers(kind):
     assert (jax.tree.structure(init(scanned, *args)['params'])
             == jax.tree.structure(stacked))
     np.testing.assert_allclose(scanned.apply({'params': stacked}, *args), ref_logits, atol=1e-5)
-    grads = jax.grad(lambda p: loss(scanned, p))(stacked)
-    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
+    grads = jax.grad(functools.partial(loss, scanned))(stacked)
+    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads), strict=True):
       np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
   # Dropout draws independent masks in each scanned layer (split RNGs), reproducibly.
   scanned = build_model({**cfg, 'scan_layers': True})
-  run = lambda seed: scanned.apply({'params': stacked}, *args, deterministic=False,
-                                   rngs={'dropout': jax.random.key(seed)})
+
+  def run(seed):
+    return scanned.apply({'params': stacked}, *args, deterministic=False,
+                         rngs={'dropout': jax.random.key(seed)})
+
   np.testing.assert_array_equal(run(1), run(1))
   assert not np.allclose(run(1), run(2))
 
@@ -355,8 +362,11 @@ def test_dropout_rng_impl_option():
   outs = {}
   for rng_impl in ('hash', 'threefry'):
     module = build_model({**cfg, 'dropout_rng_impl': rng_impl})
-    run = lambda seed: module.apply(variables, src, tgt, deterministic=False,
-                                    rngs={'dropout': jax.random.key(seed)})
+
+    def run(seed, module=module):
+      return module.apply(variables, src, tgt, deterministic=False,
+                          rngs={'dropout': jax.random.key(seed)})
+
     np.testing.assert_array_equal(run(1), run(1))
     outs[rng_impl] = run(1)
     np.testing.assert_array_equal(module.apply(variables, src, tgt),

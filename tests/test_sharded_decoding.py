@@ -60,8 +60,10 @@ def decode_all(mesh=None) -> dict[str, np.ndarray]:
   import jax  # pylint: disable=import-outside-toplevel
 
   from model import decoding  # pylint: disable=import-outside-toplevel
-  from training import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
-  from training import state  # pylint: disable=import-outside-toplevel
+  from training import (
+    mesh as mesh_lib,  # pylint: disable=import-outside-toplevel
+    state,  # pylint: disable=import-outside-toplevel
+  )
   out = {}
   for kind in KINDS:
     module, params = _model(kind)
@@ -93,7 +95,7 @@ def main(out_dir: str) -> None:
   tokenizers.CharTokenizer(list(syn.ALPHABET)).save(os.path.join(workdir, 'tokenizer'))
   arrays = {}
   for shape in MESHES:
-    mesh = mesh_lib.make_mesh(mesh_config=dict(zip(mesh_lib.AXES, shape)))
+    mesh = mesh_lib.make_mesh(mesh_config=dict(zip(mesh_lib.AXES, shape, strict=True)))
     arrays.update({f'{shape}/{k}': v for k, v in decode_all(mesh).items()})
   np.savez(os.path.join(out_dir, 'tokens.npz'), **arrays)
 

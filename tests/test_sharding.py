@@ -13,7 +13,6 @@ import sys
 
 import numpy as np
 import pytest
-
 import test_train_synthetic as syn
 
 MESHES = [(8, 1, 1), (2, 4, 1), (2, 1, 4), (1, 2, 4)]
@@ -49,12 +48,14 @@ def _batches(kind: str, n: int = 5):
 def _train(kind: str, mesh_shape) -> tuple[list[float], dict[str, int]]:
   """5 train steps on `mesh_shape` -> (losses, per-device and total bytes of the state)."""
   import jax  # pylint: disable=import-outside-toplevel
+
   from model import build_model  # pylint: disable=import-outside-toplevel
   from training import memory, mesh as mesh_lib, optim, state as state_lib, steps  # pylint: disable=import-outside-toplevel
   config = _config(kind)
   module, schedule = build_model(config.model), optim.make_schedule(config)
   tx = optim.make_optimizer(config, schedule)
-  mesh = mesh_lib.make_mesh(int(np.prod(mesh_shape)), dict(zip(mesh_lib.AXES, mesh_shape)))
+  mesh = mesh_lib.make_mesh(int(np.prod(mesh_shape)),
+                            dict(zip(mesh_lib.AXES, mesh_shape, strict=True)))
   state = state_lib.create_train_state(module, tx, 0, mesh)
   held = (state.params, state.opt_state)
   sizes = {'per_device': memory.per_device_bytes(held),
@@ -70,12 +71,14 @@ def _train(kind: str, mesh_shape) -> tuple[list[float], dict[str, int]]:
 def _encoder_only_outputs(mesh_shape) -> list:
   """The encoder-only model's forward pass with its parameters sharded on `mesh_shape`."""
   import jax  # pylint: disable=import-outside-toplevel
+
   from model import build_model, partitioning  # pylint: disable=import-outside-toplevel
   from training import mesh as mesh_lib, state as state_lib  # pylint: disable=import-outside-toplevel
   module = build_model({**TINY, 'kind': 'encoder_only'})
   tokens = _batches('decoder_only', 1)[0]['targets']
   params = module.init(jax.random.key(0), tokens)['params']
-  mesh = mesh_lib.make_mesh(int(np.prod(mesh_shape)), dict(zip(mesh_lib.AXES, mesh_shape)))
+  mesh = mesh_lib.make_mesh(int(np.prod(mesh_shape)),
+                            dict(zip(mesh_lib.AXES, mesh_shape, strict=True)))
   params = jax.device_put(params, state_lib.param_shardings(module, mesh))
   rules = mesh_lib.rules()
 

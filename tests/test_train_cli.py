@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-
 import test_train_synthetic as syn
 
 TRAIN = os.path.join(syn.REPO, 'train.py')

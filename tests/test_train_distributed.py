@@ -9,9 +9,9 @@ import sys
 import jax
 import numpy as np
 import pytest
+import test_train_synthetic as syn
 
 from training import checkpoint
-import test_train_synthetic as syn
 
 compilation_cache = pytest.fixture(scope='module', autouse=True)(syn.compilation_cache_fixture)
 
@@ -102,7 +102,7 @@ def _run_two_processes(workdir: str, overrides: dict) -> list[str]:
   finally:
     for proc in procs:
       proc.kill()
-  for proc, out in zip(procs, outputs):
+  for proc, out in zip(procs, outputs, strict=True):
     assert proc.returncode == 0, out[-4000:]
   return outputs
 

@@ -5,10 +5,10 @@ import os
 import jax
 import numpy as np
 import pytest
+import test_train_synthetic as syn
 
 from model.config import ConfigError
 from training import checkpoint, config_io, trainer
-import test_train_synthetic as syn
 
 compilation_cache = pytest.fixture(scope='module', autouse=True)(syn.compilation_cache_fixture)
 

@@ -203,6 +203,7 @@ def set_fields(config, overrides: dict):
 
 def _params_npz(params, path: str) -> None:
   import jax  # pylint: disable=import-outside-toplevel
+
   from training import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
   flat = jax.tree_util.tree_flatten_with_path(mesh_lib.to_host(params))[0]
   arrays = {jax.tree_util.keystr(k): np.asarray(v) for k, v in flat}
@@ -213,6 +214,7 @@ def run(workdir: str, kind: str = 'encoder_decoder', overrides: dict | None = No
         nan_at: int | None = None) -> dict:
   """Trains on synthetic data; returns the summary (+ 'losses' {step: loss})."""
   import jax  # pylint: disable=import-outside-toplevel
+
   from training import trainer  # pylint: disable=import-outside-toplevel
   config = tiny_config(kind, **(overrides or {}))
   datasets = SyntheticDatasets(config, jax.process_index(), jax.process_count(), nan_at)
@@ -224,7 +226,7 @@ def restore_full_state(workdir: str, kind: str = 'encoder_decoder', overrides=No
   """The whole TrainState of `workdir`'s newest checkpoint on a mesh of all devices here
   (`mesh_config`: {'data': .., 'fsdp': .., 'tensor': ..}; default: all on 'data')."""
   from model import build_model  # pylint: disable=import-outside-toplevel
-  from training import checkpoint, optim, state as state_lib, mesh as mesh_lib  # pylint: disable=import-outside-toplevel
+  from training import checkpoint, mesh as mesh_lib, optim, state as state_lib  # pylint: disable=import-outside-toplevel
   config = tiny_config(kind, **(overrides or {}))
   module = build_model(config.model)
   tx = optim.make_optimizer(config)

@@ -8,12 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from test_train_synthetic import tiny_config
 
 from model import build_model
 from model.config import ConfigError
 from training import config_io, losses, optim, steps
 from training.state import TrainState
-from test_train_synthetic import tiny_config
 
 
 def paper_rate(step, d_model, warmup):
@@ -197,7 +197,7 @@ def test_train_step_skips_a_non_finite_gradient():
                                                if p.ndim == 2 else p, params))
   bad, metrics = step(poisoned, batch)
   assert not bool(metrics['finite']) and int(bad.step) == 0
-  for new, old in zip(jax.tree.leaves(bad), jax.tree.leaves(poisoned)):
+  for new, old in zip(jax.tree.leaves(bad), jax.tree.leaves(poisoned), strict=True):
     np.testing.assert_array_equal(new, old)
   np.testing.assert_allclose(steps.parameter_norm(params), optax.tree.norm(params), rtol=1e-6)
 
