@@ -147,7 +147,7 @@ def main(argv: list[str]) -> None:
   except (trainer.NonFiniteLossError, checkpoint.CheckpointWriteError) as e:  # ran, then failed
     _fail(e, code=1)
   except user_errors as e:  # bad config/workdir/checkpoint/data: one line, no traceback
-    _fail(e)
+    _fail(e, code=getattr(e, 'exit_code', 2))  # 1: damaged files (a tokenizer checksum)
 
 
 def _dry_run(config) -> None:

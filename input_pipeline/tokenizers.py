@@ -1,7 +1,11 @@
 """Tokenizers: sentencepiece (trained on the train split) and characters.
 
 Both are saved in `workdir/tokenizer/` (`tokenizer.json` + `spm.model`) so a
-resumed run and `decode.py` reuse them with nothing but the workdir.
+resumed run and `decode.py` reuse them with nothing but the workdir. `checksums.json` beside
+them holds their sha256, checked on every load: a changed byte (which would silently change
+how text is tokenised) raises `TokenizerChecksumError` naming the file. A tokenizer saved
+before checksums existed (its tokenizer.json names no checksum file) loads with one
+"unverified" warning.
 
 Common interface:
   encode(text) -> list[int]     sentencepiece appends EOS (1); char does not
@@ -13,7 +17,6 @@ Common interface:
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import logging
@@ -26,8 +29,9 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 import sentencepiece as spm
 
-from input_pipeline import textfiles
+from input_pipeline import tokenizer_files
 from input_pipeline.errors import DataError, DataFileError
+from input_pipeline.tokenizer_files import TokenizerChecksumError  # noqa: F401  (public)
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +73,9 @@ class SentencePieceTokenizer:
     return self._sp.id_to_piece(int(i))
 
   def save(self, directory: str) -> None:
-    _atomic_write(os.path.join(directory, _SPM_MODEL), self.model_proto)
-    _atomic_write(os.path.join(directory, _META), json.dumps(
-        {'kind': self.kind, 'vocab_size': self.vocab_size, 'model_file': _SPM_MODEL}).encode())
+    tokenizer_files.save(directory, _META, {'kind': self.kind, 'vocab_size': self.vocab_size,
+                                            'model_file': _SPM_MODEL},
+                         {_SPM_MODEL: self.model_proto})
 
 
 class CharTokenizer:
@@ -102,21 +106,11 @@ class CharTokenizer:
     return '<pad>' if i == 0 else self.chars[i - 1]
 
   def save(self, directory: str) -> None:
-    _atomic_write(os.path.join(directory, _META), json.dumps(
-        {'kind': self.kind, 'vocab_size': self.vocab_size, 'chars': self.chars}).encode())
+    tokenizer_files.save(directory, _META,
+                         {'kind': self.kind, 'vocab_size': self.vocab_size, 'chars': self.chars})
 
 
 Tokenizer = SentencePieceTokenizer | CharTokenizer
-
-
-def _atomic_write(path: str, data: bytes) -> None:
-  """Whole or not at all, with the umask's mode (readable from a shared workdir)."""
-  from training.atomic_file import atomic_write  # pylint: disable=import-outside-toplevel
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  try:
-    atomic_write(path, data)
-  except OSError as e:
-    raise DataFileError(f'cannot write tokenizer file {path}: {e.strerror or e}') from None
 
 
 def _model_path(directory: str, meta_path: str, name) -> str:
@@ -180,26 +174,33 @@ def build_char_vocab(texts: Iterable[str]) -> CharTokenizer:
 
 
 def load_tokenizer(workdir: str) -> Tokenizer:
-  """The tokenizer saved in `workdir/tokenizer/` (needs nothing else)."""
+  """The tokenizer saved in `workdir/tokenizer/` (needs nothing else), its files checked against
+  their checksums (`TokenizerChecksumError`)."""
   directory = os.path.join(os.fspath(workdir), TOKENIZER_DIR)
   meta_path = os.path.join(directory, _META)
   if not os.path.isfile(meta_path):
     raise DataFileError(f'no tokenizer in workdir: {meta_path} not found')
-  try:
-    with open(meta_path) as f:
-      meta = json.load(f)
+  try:  # the bytes that are checked are the bytes that are parsed
+    with open(meta_path, 'rb') as f:
+      files = {_META: f.read()}
+    meta = json.loads(files[_META])
     kind = meta['kind']
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise DataFileError(f'cannot read tokenizer {meta_path}: {type(e).__name__}: {e}') from None
   if kind == 'sentencepiece':
     model_path = _model_path(directory, meta_path, meta.get('model_file'))
+    try:
+      with open(model_path, 'rb') as f:
+        files[os.path.basename(model_path)] = f.read()
+    except OSError as e:
+      raise DataFileError(f'cannot read tokenizer {meta_path}: {type(e).__name__}: {e}') from None
+  tokenizer_files.check(directory, meta, files)
   try:
     if kind == 'char':
       return CharTokenizer(meta['chars'])
     if kind == 'sentencepiece':
-      with open(model_path, 'rb') as f:
-        return SentencePieceTokenizer(f.read())
-  except (OSError, ValueError, KeyError, RuntimeError) as e:
+      return SentencePieceTokenizer(files[os.path.basename(model_path)])
+  except (ValueError, KeyError, TypeError, RuntimeError) as e:
     raise DataFileError(f'cannot read tokenizer {meta_path}: {type(e).__name__}: {e}') from None
   raise DataError(f'unknown tokenizer kind {kind!r} in {meta_path}')
 
@@ -208,11 +209,10 @@ def has_tokenizer(workdir: str | None) -> bool:
   return bool(workdir) and os.path.isfile(os.path.join(workdir, TOKENIZER_DIR, _META))
 
 
-@contextlib.contextmanager
 def workdir_lock(workdir: str):
-  """Exclusive lock so that processes sharing a workdir train the tokenizer once."""
-  with textfiles.file_lock(os.path.join(workdir, TOKENIZER_DIR, '.lock')):
-    yield
+  """Exclusive lock so that processes sharing a workdir train the tokenizer once (a context
+  manager; a symlink at its lock file is refused, never followed)."""
+  return tokenizer_files.lock(os.path.join(workdir, TOKENIZER_DIR, '.lock'))
 
 
 def _training_texts(data_config, max_sentences: int, whole_documents: bool = False

@@ -1,14 +1,17 @@
 """Issue 17, security: a workdir is data (no path escapes through tokenizer.json), written
 files get the umask's mode, and temporary files are never predictable symlink targets."""
 
+import hashlib
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import test_train_synthetic as syn
 
 from input_pipeline import tokenizers
-from training import config_io
+from training import checkpoint_files, config_io, workdir_lock
 
 
 @pytest.mark.parametrize('model_file', ['../../secret', '/etc/hostname', '..', 'sub/spm.model',
@@ -40,3 +43,189 @@ def test_written_files_get_the_umask_mode_and_no_predictable_temp_file(tmp_path)
     assert [n for n in os.listdir(workdir) if n.startswith('.')] == []
   finally:
     os.umask(old)
+
+
+# -- issue 27: symlinks at lock files, refused runs, tokenizer checksums -------------------------
+
+def _hashes(*paths):
+  """sha256 of each path (None if absent), to show a victim file was not touched."""
+  out = []
+  for path in paths:
+    try:
+      with open(path, 'rb') as f:
+        out.append(hashlib.sha256(f.read()).hexdigest())
+    except FileNotFoundError:
+      out.append(None)
+  return out
+
+
+def _tree(root):
+  """Every path under `root` with its type and contents (links as their targets)."""
+  out = {}
+  for directory, dirs, names in os.walk(root):
+    for name in dirs + names:
+      path = os.path.join(directory, name)
+      rel = os.path.relpath(path, root)
+      if os.path.islink(path):
+        out[rel] = ('link', os.readlink(path))
+      elif os.path.isdir(path):
+        out[rel] = ('dir',)
+      else:
+        out[rel] = ('file', _hashes(path)[0])
+  return out
+
+
+@pytest.fixture
+def victims(tmp_path):
+  """A file outside the workdir that a planted symlink points to, and a path that must not
+  come to exist."""
+  victim = tmp_path / 'victim.txt'
+  victim.write_text('precious\n')
+  return str(victim), str(tmp_path / 'absent.txt')
+
+
+@pytest.mark.parametrize('target', [0, 1])
+def test_a_symlinked_train_lock_is_refused_and_not_followed(tmp_path, victims, target):
+  workdir = tmp_path / 'w'
+  workdir.mkdir()
+  (workdir / 'train.lock').symlink_to(victims[target])
+  before, tree = _hashes(*victims), _tree(workdir)
+  with pytest.raises(workdir_lock.UnsafeLockFileError,
+                     match=r'train.lock is a symbolic link .*refusing to follow it'):
+    workdir_lock.acquire(str(workdir))
+  assert _hashes(*victims) == before and _tree(workdir) == tree
+
+
+@pytest.mark.parametrize('target', [0, 1])
+def test_a_symlinked_tokenizer_lock_is_refused_and_not_followed(tmp_path, victims, target):
+  workdir = tmp_path / 'w'
+  (workdir / 'tokenizer').mkdir(parents=True)
+  (workdir / 'tokenizer' / '.lock').symlink_to(victims[target])
+  before, tree = _hashes(*victims), _tree(workdir)
+  with pytest.raises(workdir_lock.UnsafeLockFileError, match=r'tokenizer/.lock is a symbolic'):
+    with tokenizers.workdir_lock(str(workdir)):
+      pass
+  assert _hashes(*victims) == before and _tree(workdir) == tree
+
+
+def test_a_planted_fifo_lock_is_refused(tmp_path):
+  workdir = tmp_path / 'w'
+  workdir.mkdir()
+  os.mkfifo(workdir / 'train.lock')
+  with pytest.raises(workdir_lock.UnsafeLockFileError, match='not a regular file'):
+    workdir_lock.acquire(str(workdir))
+
+
+def test_a_symlinked_lock_through_train_py_is_one_line(tmp_path, victims):
+  workdir = tmp_path / 'w'
+  workdir.mkdir()
+  (workdir / 'train.lock').symlink_to(victims[0])
+  before = _hashes(*victims)
+  proc = subprocess.run(
+      [sys.executable, 'train.py', '--config=configs/default.py:tiny', f'--workdir={workdir}'],
+      cwd=syn.REPO, env=syn.subprocess_env(1), capture_output=True, text=True, timeout=300,
+      check=False)
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert proc.stderr.strip().splitlines() == [
+      f'train.py: error: {workdir}/train.lock is a symbolic link (to {victims[0]}): refusing to '
+      'follow it for a lock file; remove it (nothing was written)']
+  assert _hashes(*victims) == before and os.listdir(workdir) == ['train.lock']
+
+
+def test_a_checksum_file_is_never_written_through_a_symlink(tmp_path, victims):
+  step = tmp_path / 'step'
+  (step / 'state').mkdir(parents=True)
+  (step / 'state' / 'x').write_bytes(b'x')
+  (step / 'checksums.json').symlink_to(victims[0])
+  before = _hashes(*victims)
+  checkpoint_files.write_checksums(str(step))
+  assert _hashes(*victims) == before and not os.path.islink(step / 'checksums.json')
+  assert checkpoint_files.verify_checksums(str(step)) is None
+
+
+class _WrongVocab(syn.SyntheticDatasets):
+  """Refused after the lock is taken: the tokenizer does not fit config.model.vocab_size."""
+
+  def __init__(self, config):
+    super().__init__(config)
+    self.tokenizer = type('T', (syn.Tokenizer,), {'vocab_size': 10 * syn.VOCAB})()
+
+
+@pytest.mark.parametrize('existing', [False, True])
+def test_a_refused_run_leaves_the_workdir_as_it_found_it(tmp_path, monkeypatch, existing):
+  from training import trainer  # pylint: disable=import-outside-toplevel
+  workdir = tmp_path / 'w'
+  if existing:  # a user's folder with a file of theirs and an empty tokenizer/ folder
+    (workdir / 'tokenizer').mkdir(parents=True)
+    (workdir / 'notes.txt').write_text('mine\n')
+  tree = _tree(tmp_path)
+  config = syn.tiny_config()
+
+  def refuse_after_saving_a_tokenizer(*_):  # as a refused split check would, after training it
+    with tokenizers.workdir_lock(str(workdir)):
+      tokenizers.CharTokenizer(list('ab')).save(str(workdir / 'tokenizer'))
+    raise config_io.ConfigError('refused')
+
+  with pytest.raises(config_io.ConfigError, match='the tokenizer has 320 ids'):
+    trainer.train_and_evaluate(config, str(workdir), datasets=_WrongVocab(config))
+  assert _tree(tmp_path) == tree
+  monkeypatch.setattr(config_io, 'check_compatible', refuse_after_saving_a_tokenizer)
+  with pytest.raises(config_io.ConfigError, match='refused'):
+    trainer.train_and_evaluate(config, str(workdir), datasets=_WrongVocab(config))
+  assert _tree(tmp_path) == tree
+
+
+def _flip(path, at=None):
+  data = bytearray(path.read_bytes())
+  data[len(data) // 2 if at is None else at] ^= 1
+  path.write_bytes(bytes(data))
+
+
+@pytest.fixture
+def spm_workdir(tmp_path):
+  """A workdir holding a small sentencepiece tokenizer, saved as train.py saves it."""
+  texts = ['A man is riding a bike.', 'Two dogs play in the snow.', 'A woman reads.'] * 20
+  tokenizer = tokenizers.train_sentencepiece(texts, 300)
+  tokenizer.save(str(tmp_path / 'tokenizer'))
+  return tmp_path, tokenizer
+
+
+def test_tokenizer_files_are_checksummed_and_verified(spm_workdir):
+  workdir, tokenizer = spm_workdir
+  directory = workdir / 'tokenizer'
+  assert sorted(os.listdir(directory)) == ['checksums.json', 'spm.model', 'tokenizer.json']
+  text = 'A man is riding a bike.'
+  assert tokenizers.load_tokenizer(str(workdir)).encode(text) == tokenizer.encode(text)
+  _flip(directory / 'spm.model')
+  with pytest.raises(tokenizers.TokenizerChecksumError,
+                     match=rf'^tokenizer file {directory}/spm.model does not match its checksum'):
+    tokenizers.load_tokenizer(str(workdir))
+
+
+def test_a_changed_character_vocabulary_is_caught(tmp_path):
+  tokenizers.CharTokenizer(list('abc')).save(str(tmp_path / 'tokenizer'))
+  meta = tmp_path / 'tokenizer' / 'tokenizer.json'
+  meta.write_text(meta.read_text().replace('"b"', '"x"'))  # still valid JSON, another vocabulary
+  with pytest.raises(tokenizers.TokenizerChecksumError, match='tokenizer.json does not match'):
+    tokenizers.load_tokenizer(str(tmp_path))
+
+
+def test_deleted_tokenizer_checksums_are_damage(spm_workdir):
+  workdir, _ = spm_workdir
+  os.remove(workdir / 'tokenizer' / 'checksums.json')
+  with pytest.raises(tokenizers.TokenizerChecksumError, match='checksums.json is missing'):
+    tokenizers.load_tokenizer(str(workdir))
+
+
+def test_a_tokenizer_from_before_checksums_loads_with_one_warning(spm_workdir, capfd):
+  workdir, tokenizer = spm_workdir
+  directory = workdir / 'tokenizer'
+  os.remove(directory / 'checksums.json')  # as the previous version saved it
+  meta = json.loads((directory / 'tokenizer.json').read_text())
+  del meta['checksums']
+  (directory / 'tokenizer.json').write_text(json.dumps(meta))
+  for _ in range(2):
+    assert tokenizers.load_tokenizer(str(workdir)).encode('a') == tokenizer.encode('a')
+  err = capfd.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0] == (f'WARNING: the tokenizer in {directory} was saved without '
+                                      'checksums (by an older version): its files are unverified')

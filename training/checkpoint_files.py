@@ -25,6 +25,8 @@ import os
 import re
 import sys
 
+from training.atomic_file import atomic_write
+
 CHECKSUM_FILE = 'checksums.json'
 _ORBAX_DIR = f'{os.sep}orbax{os.sep}'  # in the file names of Orbax's code
 
@@ -50,11 +52,10 @@ def _files(step_dir: str) -> list[str]:
 def write_checksums(step_dir: str) -> None:
   """Writes `step_dir/checksums.json`: {relative path: sha256 hex} of the items' files."""
   digests = {rel: _file_sha256(os.path.join(step_dir, rel)) for rel in _files(step_dir)}
-  path = os.path.join(step_dir, CHECKSUM_FILE)
-  with open(path, 'w') as f:
-    json.dump({'algorithm': 'sha256', 'files': digests}, f, indent=0, sort_keys=True)
-    f.flush()
-    os.fsync(f.fileno())
+  # A new file renamed into place: a symlink planted at this predictable name (Orbax's
+  # temporary folder is predictable) is replaced, never followed.
+  atomic_write(os.path.join(step_dir, CHECKSUM_FILE), json.dumps(
+      {'algorithm': 'sha256', 'files': digests}, indent=0, sort_keys=True).encode())
 
 
 def has_checksums(step_dir: str) -> bool:

@@ -91,7 +91,8 @@ class _Run:
     try:
       self._setup(datasets)
     except BaseException:
-      self.release()
+      if self.lock is not None:
+        self.lock.undo()  # a refused run leaves the workdir as it found it
       raise
 
   def _setup(self, datasets) -> None:

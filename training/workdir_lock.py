@@ -5,33 +5,120 @@ the process ends however it ends (SIGKILL included), so a killed run never block
 one. The file also records the holder's pid and host, for the message a second run prints.
 Readers (decode.py, `restore_params`) take no lock: Orbax renames each checkpoint into place
 when it is complete, so they can read while a run writes.
+
+Lock files are opened with `O_NOFOLLOW` (and created with `O_EXCL`): a symlink planted at
+`DIR/train.lock` or `DIR/tokenizer/.lock` is refused in one line, never followed (following
+it would truncate and overwrite the file it points to). A run refused after taking the lock
+calls `WorkdirLock.undo()`, which removes what appeared in the workdir since (its lock file,
+an unused tokenizer, empty folders), so the workdir is left as it was found.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import os
 import socket
+import stat
 
 from model.config import ConfigError
 
 LOCK_FILE = 'train.lock'
+CONFIG_FILE = 'config.json'  # training.config_io's: a run has started once it is written
+# What a run writes before config.json, deepest first: `undo` removes those it created.
+_SETUP_FILES = ('tokenizer/tokenizer.json', 'tokenizer/spm.model', 'tokenizer/checksums.json',
+                'tokenizer/.lock', LOCK_FILE)
+_SETUP_DIRS = ('tokenizer', 'checkpoints', '')
 
 
 class WorkdirBusyError(ConfigError):
   """Another live process holds the workdir; nothing was written."""
 
 
+class UnsafeLockFileError(ConfigError):
+  """A lock file is a symlink (or not a regular file): refused, never followed."""
+
+
+def open_lock_file(path: str) -> tuple[int, bool]:
+  """-> (descriptor, created) of the regular file `path`, created if missing (`O_EXCL`), never
+  through a symlink (`O_NOFOLLOW`). Raises `UnsafeLockFileError` for a symlink or a special
+  file, `OSError` for other failures."""
+  flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK  # NONBLOCK: a planted FIFO
+  for _ in range(10):  # a file removed or created between the two opens: look again
+    try:
+      fd, created = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o666), True
+    except FileExistsError:
+      try:
+        fd, created = os.open(path, flags), False
+      except FileNotFoundError:
+        continue
+      except OSError as e:
+        if e.errno == errno.ELOOP:  # O_NOFOLLOW's answer for a symlink
+          raise UnsafeLockFileError(_symlink_message(path)) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+      os.close(fd)
+      raise UnsafeLockFileError(f'{path} is not a regular file: refusing to use it as a lock '
+                                '(remove it)')
+    os.set_blocking(fd, True)
+    return fd, created
+  raise OSError(errno.EAGAIN, f'{path} keeps appearing and disappearing')
+
+
+def _symlink_message(path: str) -> str:
+  try:
+    target = f' (to {os.readlink(path)})'
+  except OSError:
+    target = ''
+  return (f'{path} is a symbolic link{target}: refusing to follow it for a lock file; remove it '
+          '(nothing was written)')
+
+
+def still_linked(fd: int, path: str) -> bool:
+  """True when `path` still names the open file `fd`: a lock taken on a file that another
+  process unlinked meanwhile (its `undo`) locks nothing, so the caller opens it again."""
+  try:
+    here, there = os.fstat(fd), os.lstat(path)
+  except OSError:
+    return False
+  return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
 class WorkdirLock:
   """A held lock; `release()` (or the end of the process) frees it."""
 
-  def __init__(self, fd: int, path: str):
-    self._fd, self.path = fd, path
+  def __init__(self, fd: int, path: str, workdir: str, found: set[str]):
+    self._fd, self.path, self._workdir, self._found = fd, path, workdir, found
 
   def release(self) -> None:
     if self._fd is not None:
       os.close(self._fd)  # closing the last descriptor drops the flock
       self._fd = None
+
+  def undo(self) -> None:
+    """For a run refused before it wrote config.json: removes the setup files and empty
+    folders this run created (symlinks are unlinked, never followed), then releases. Once
+    the run has written config.json it has started, and this only releases."""
+    started = os.path.lexists(os.path.join(self._workdir, CONFIG_FILE)) and (
+        CONFIG_FILE not in self._found)
+    if self._fd is not None and not started:
+      for rel in _SETUP_FILES:
+        path = os.path.join(self._workdir, rel)
+        if rel not in self._found and os.path.lexists(path) and not os.path.isdir(path):
+          with contextlib.suppress(OSError):
+            os.unlink(path)  # the lock file last: the workdir stays locked until then
+    self.release()
+    for rel in _SETUP_DIRS if not started else ():
+      path = os.path.join(self._workdir, rel) if rel else self._workdir
+      if rel not in self._found and not os.path.islink(path):
+        with contextlib.suppress(OSError):
+          os.rmdir(path)  # only when empty
+
+
+def _setup_paths(workdir: str) -> set[str]:
+  names = [*_SETUP_FILES, *_SETUP_DIRS, CONFIG_FILE]
+  return {rel for rel in names if os.path.lexists(os.path.join(workdir, rel) if rel else workdir)}
 
 
 def _holder(fd: int) -> str:
@@ -44,22 +131,44 @@ def _holder(fd: int) -> str:
 
 
 def acquire(workdir: str) -> WorkdirLock:
-  """Locks `workdir` (created if needed) for this process, or raises `WorkdirBusyError`."""
+  """Locks `workdir` (created if needed) for this process, or raises `WorkdirBusyError` (or
+  `UnsafeLockFileError` for a planted symlink), leaving the workdir as it found it."""
+  found = _setup_paths(workdir)
   os.makedirs(workdir, exist_ok=True)
   path = os.path.join(workdir, LOCK_FILE)
-  fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
   try:
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-  except BlockingIOError:
-    holder = _holder(fd)
-    os.close(fd)
-    raise WorkdirBusyError(f'{workdir} is in use by another train.py ({holder})') from None
-  except OSError as e:  # e.g. a file system without flock: say so rather than run unguarded
-    os.close(fd)
-    raise WorkdirBusyError(f'cannot lock {path}: {e.strerror or e}') from None
+    fd, created = _lock(path, workdir)
+  except BaseException:
+    WorkdirLock(None, path, workdir, found).undo()
+    raise
+  if created:
+    found.discard(LOCK_FILE)
   try:  # who holds it, for the message of a second run (the lock itself is the flock)
     os.ftruncate(fd, 0)
     os.pwrite(fd, f'{os.getpid()} {socket.gethostname()}\n'.encode(), 0)
   except OSError:
     pass
-  return WorkdirLock(fd, path)
+  return WorkdirLock(fd, path, workdir, found)
+
+
+def _lock(path: str, workdir: str) -> tuple[int, bool]:
+  """-> (descriptor, created) of the lock file, flock-ed by this process."""
+  while True:
+    try:
+      fd, created = open_lock_file(path)
+    except OSError as e:
+      raise WorkdirBusyError(f'cannot open {path}: {e.strerror or e}') from None
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      holder = _holder(fd)
+      os.close(fd)
+      raise WorkdirBusyError(f'{workdir} is in use by another train.py ({holder})') from None
+    except OSError as e:  # e.g. a file system without flock: say so rather than run unguarded
+      os.close(fd)
+      if created:
+        os.unlink(path)
+      raise WorkdirBusyError(f'cannot lock {path}: {e.strerror or e}') from None
+    if still_linked(fd, path):
+      return fd, created
+    os.close(fd)  # a refused run removed it between our open and flock: lock the new one

@@ -1,0 +1,129 @@
+"""The tokenizer's files on disk: written whole with their checksums, verified when read, and
+the lock that lets processes sharing a workdir train it once.
+
+  save(directory, meta_name, meta, files)   the model file(s), checksums.json, then the meta
+  check(directory, meta, files)             raises `TokenizerChecksumError` on any mismatch
+  lock(path)                                context manager: an exclusive flock on `path`
+
+`checksums.json` holds the sha256 of `tokenizer.json` and of the model file. tokenizer.json
+names it (`"checksums": "checksums.json"`), so a tokenizer saved by this version whose
+checksum file was deleted is damaged, while one saved before checksums existed (no such key)
+loads with one "unverified" warning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import sys
+
+from input_pipeline.errors import DataFileError
+
+CHECKSUMS = 'checksums.json'
+
+
+class TokenizerChecksumError(DataFileError):
+  """A tokenizer file differs from the checksum saved with it (or its checksums are gone): the
+  message names the file. A run that meets it stops with exit status 1 (`exit_code`)."""
+
+  exit_code = 1
+
+
+def _sha256(data: bytes) -> str:
+  return hashlib.sha256(data).hexdigest()
+
+
+def _atomic_write(path: str, data: bytes) -> None:
+  """Whole or not at all, with the umask's mode (readable from a shared workdir)."""
+  from training.atomic_file import atomic_write  # pylint: disable=import-outside-toplevel
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  try:
+    atomic_write(path, data)
+  except OSError as e:
+    raise DataFileError(f'cannot write tokenizer file {path}: {e.strerror or e}') from None
+
+
+def save(directory: str, meta_name: str, meta: dict, files: dict[str, bytes] | None = None
+         ) -> None:
+  """Writes `files` ({name: bytes}), then `checksums.json`, then `meta` as `meta_name` last: a
+  tokenizer exists once its meta file does, and is complete and checksummed by then."""
+  files = dict(files or {})
+  for name, data in files.items():
+    _atomic_write(os.path.join(directory, name), data)
+  files[meta_name] = json.dumps({**meta, 'checksums': CHECKSUMS}).encode()
+  _atomic_write(os.path.join(directory, CHECKSUMS), json.dumps(
+      {'algorithm': 'sha256', 'files': {n: _sha256(d) for n, d in sorted(files.items())}},
+      indent=0, sort_keys=True).encode())
+  _atomic_write(os.path.join(directory, meta_name), files[meta_name])
+
+
+_warned_unverified: set[str] = set()
+
+
+def _warn_unverified(directory: str) -> None:
+  if directory not in _warned_unverified:  # once per process, however often it is loaded
+    _warned_unverified.add(directory)
+    print(f'WARNING: the tokenizer in {directory} was saved without checksums (by an older '
+          'version): its files are unverified', file=sys.stderr, flush=True)
+
+
+def _digests(directory: str) -> dict:
+  path = os.path.join(directory, CHECKSUMS)
+  try:
+    with open(path, 'rb') as f:
+      digests = json.loads(f.read())['files']
+    if not isinstance(digests, dict):
+      raise TypeError('files is not a mapping')
+    return digests
+  except FileNotFoundError:
+    raise TokenizerChecksumError(f'{path} is missing: the tokenizer files cannot be verified '
+                                 '(restore the folder from a backup)') from None
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise TokenizerChecksumError(f'{path} is unreadable ({type(e).__name__}): the tokenizer '
+                                 'files cannot be verified') from None
+
+
+def check(directory: str, meta: dict, files: dict[str, bytes]) -> None:
+  """Raises `TokenizerChecksumError` unless every file of `files` ({name: the bytes that were
+  read and will be used}) matches `checksums.json`; `meta` without a `checksums` key (a
+  tokenizer saved before they existed) gets one warning instead."""
+  if 'checksums' not in meta:
+    _warn_unverified(directory)
+    return
+  path = os.path.join(directory, CHECKSUMS)
+  if meta['checksums'] != CHECKSUMS:
+    raise TokenizerChecksumError(f'{directory}: its tokenizer names checksums='
+                                 f'{meta["checksums"]!r}, not {CHECKSUMS!r}')
+  digests = _digests(directory)
+  for name, data in sorted(files.items()):
+    if name not in digests:
+      raise TokenizerChecksumError(f'{path} does not list {name}: the tokenizer cannot be '
+                                   'verified')
+    if _sha256(data) != digests[name]:
+      raise TokenizerChecksumError(
+          f'tokenizer file {os.path.join(directory, name)} does not match its checksum in '
+          f'{path}: it was changed or damaged (restore it from a backup, or use a new workdir)')
+
+
+@contextlib.contextmanager
+def lock(path: str):
+  """An exclusive flock on `path` (created with its folder if missing) for the block. A
+  symlink there is refused (`UnsafeLockFileError`), never followed."""
+  from training import workdir_lock as locks  # pylint: disable=import-outside-toplevel
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  while True:
+    try:
+      fd, _ = locks.open_lock_file(path)
+    except OSError as e:
+      raise DataFileError(f'cannot open {path}: {e.strerror or e}') from None
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    if locks.still_linked(fd, path):
+      break
+    os.close(fd)  # removed by a refused run while we waited: lock the file there now
+  try:
+    yield
+  finally:
+    os.close(fd)
