@@ -60,17 +60,59 @@ def _config_error_message(error: BaseException, argv: list[str]) -> str:
   return text
 
 
-def _unknown_overrides(argv: list[str]) -> str | None:
-  """'unknown config field --config.x.y (...)' for the first override naming no field."""
-  import difflib  # pylint: disable=import-outside-toplevel
+def _load_preset(argv: list[str]):
+  """The config of the --config file and preset before any override, or None if it fails."""
   import importlib.util  # pylint: disable=import-outside-toplevel
   path, _, preset = argv_config(argv).partition(':')
   try:
     spec = importlib.util.spec_from_file_location('_train_config', path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    config = module.get_config(preset) if preset else module.get_config()
+    return module.get_config(preset) if preset else module.get_config()
   except Exception:  # pylint: disable=broad-except
+    return None
+
+
+def _fields(node, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+  """Every leaf field of a config, as key paths."""
+  out = []
+  for key in node.keys():
+    value = node[key]
+    out += _fields(value, prefix + (key,)) if hasattr(value, 'keys') else [prefix + (key,)]
+  return out
+
+
+def _similarity(typed: str, field: str) -> tuple[float, float]:
+  """How alike two field names are -> (score, difflib's ratio). The score is the ratio, or
+  the share of `typed`'s words (split at '_') found in `field` when higher, so that num_layers
+  is closest to num_encoder_layers and num_decoder_layers rather than to scan_layers."""
+  import difflib  # pylint: disable=import-outside-toplevel
+  words = typed.split('_')
+  shared = sum(w in field.split('_') for w in words) / len(words)
+  ratio = difflib.SequenceMatcher(None, typed, field).ratio()
+  return max(ratio, shared), ratio
+
+
+def close_fields(name: str, config) -> list[str]:
+  """The fields of `config` most like the unknown dotted `name`, ranked by the similarity of
+  the last component (on ties: same section first, then difflib's ratio): every one within
+  0.1 of the best, if the best reaches 0.6; at most 4, as 'config.section.field'."""
+  *section, last = name.split('.')
+  ranked = []
+  for path in _fields(config):
+    score, ratio = _similarity(last, path[-1])
+    ranked.append((-score, list(path[:-1]) != section, -ratio, path))
+  ranked.sort()
+  if not ranked or -ranked[0][0] < 0.6:
+    return []
+  return ['.'.join(('config',) + r[-1]) for r in ranked[:4] if -r[0] >= -ranked[0][0] - 0.1]
+
+
+def _unknown_overrides(argv: list[str]) -> str | None:
+  """'unknown config field --config.x.y; did you mean ...' for the first override naming no
+  field."""
+  config = _load_preset(argv)
+  if config is None:
     return None
   for arg in argv:
     if not arg.startswith('--config.'):
@@ -80,9 +122,10 @@ def _unknown_overrides(argv: list[str]) -> str | None:
     for i, key in enumerate(name.split('.')):
       keys = list(node.keys()) if hasattr(node, 'keys') else []
       if key not in keys:
+        close = close_fields(name, config)
         where = '.'.join(['config'] + name.split('.')[:i])
-        close = difflib.get_close_matches(key, keys, n=1)
-        hint = f'; did you mean {where}.{close[0]}?' if close else f'; {where} has {sorted(keys)}'
+        hint = (f'; did you mean {" or ".join(close)}?' if close
+                else f'; {where} has {sorted(keys)}')
         return f'unknown config field --config.{name}{hint}'
       node = node[key]
   return None
@@ -143,7 +186,9 @@ def main(argv: list[str]) -> None:
     if FLAGS.config.train.get('dry_run', False):
       _dry_run(FLAGS.config)
       return
-    trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    preset = _load_preset(sys.argv)  # for the run's first line: the preset and what differs
+    trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir,
+                               preset=None if preset is None else (argv_config(sys.argv), preset))
   except (trainer.NonFiniteLossError, checkpoint.CheckpointWriteError) as e:  # ran, then failed
     _fail(e, code=1)
   except user_errors as e:  # bad config/workdir/checkpoint/data: one line, no traceback

@@ -107,7 +107,8 @@ def summarize_default_run(train: dict, decode: dict) -> dict:
   steps = re.findall(r'step (\d+)/\d+ .*?([\d,]+) tok/s', train['stdout'])
   if steps:
     out['last_tokens_per_s'] = int(steps[-1][1].replace(',', ''))
-  first = re.search(r'first step \(compilation \+ one step\): ([\d.]+)s', train['stdout'])
+  first = re.search(r'(?:first step \(compilation \+ one step\): |compiled the train step in )'
+                    r'([\d.]+)s', train['stdout'])  # the second: train.py since issue 29
   if first:
     out['first_step_s'] = float(first.group(1))
   if decode is not None:

@@ -10,6 +10,11 @@ from typing import Any, Mapping
 import jax
 
 
+def now() -> float:
+  """The clock of every duration a run reports (a function, so tests can move it)."""
+  return time.time()
+
+
 def is_main_process() -> bool:
   return jax.process_index() == 0
 
@@ -53,6 +58,35 @@ def progress_line(step: int, num_steps: int, metrics: Mapping[str, float], *,
   return ' | '.join(parts)
 
 
+def _flat(values: Mapping[str, Any], prefix: str = '') -> dict[str, Any]:
+  out = {}
+  for key, value in values.items():
+    if isinstance(value, Mapping):
+      out.update(_flat(value, f'{prefix}{key}.'))
+    else:
+      out[f'{prefix}{key}'] = value
+  return out
+
+
+def config_changes(config: Mapping[str, Any], preset: Mapping[str, Any],
+                   label: str = 'preset') -> list[str]:
+  """'section.field=value (preset: old)' for each field of `config` (plain nested dicts) that
+  differs from `preset`, in field order; a field the preset lacks shows '(new)'."""
+  new, old = _flat(config), _flat(preset)
+  changes = []
+  for name, value in new.items():
+    if name not in old:
+      changes.append(f'{name}={value!r} (new)')
+    elif value != old[name]:
+      changes.append(f'{name}={value!r} ({label}: {old[name]!r})')
+  return changes
+
+
+def config_line(name: str, changes: list[str]) -> str:
+  """'config: configs/default.py:tiny | train.num_steps=40 (preset: 20) | ...'."""
+  return ' | '.join([f'config: {name}'] + (changes or ['as the preset is']))
+
+
 class MetricsWriter:
   """TensorBoard scalars (tensorboardX) in `workdir` on process 0; a no-op elsewhere."""
 
@@ -68,6 +102,11 @@ class MetricsWriter:
     for name, value in metrics.items():
       self._writer.add_scalar(f'{prefix}/{name}', float(value), step)
 
+  def text(self, step: int, tag: str, text: str) -> None:
+    """Markdown `text` under TensorBoard's Text tab."""
+    if self._writer is not None:
+      self._writer.add_text(tag, text, step)
+
   def flush(self) -> None:
     if self._writer is not None:
       self._writer.flush()
@@ -79,31 +118,41 @@ class MetricsWriter:
 
 
 class Throughput:
-  """Tokens/s and seconds/step between `mark`s, and an ETA from the steps after the first
-  (compiling) one."""
+  """Tokens/s and seconds per step between `mark`s, and an ETA, over the time spent in train
+  steps only: what runs between them (evaluation, checkpoints, compilation) is `exclude`d, so
+  an evaluation never reads as a slow step."""
 
   def __init__(self, start_step: int):
-    self.start_time = self.last_time = self.rate_time = time.time()
-    self.rate_step = self.last_step = start_step
-    self.tokens = 0.0
+    self.start_time = now()
+    self.restart(start_step)
 
   def restart(self, step: int) -> None:
-    """Call once the first step (compilation) is done: rates then exclude compile time."""
-    self.last_time = self.rate_time = time.time()
+    """Rates count from here (`step`)."""
+    self.last_time = self.rate_time = now()
     self.rate_step = self.last_step = step
     self.tokens = 0.0
+    self.excluded = self.excluded_since_restart = 0.0
 
   def add_tokens(self, n: float) -> None:
     self.tokens += n
 
-  def mark(self, step: int, num_steps: int) -> tuple[float, float, float, float | None]:
+  def exclude(self, seconds: float) -> None:
+    """`seconds` of work other than train steps, done since the last mark."""
+    self.excluded += seconds
+    self.excluded_since_restart += seconds
+
+  def mark(self, step: int, num_steps: int,
+           other_seconds_left: float = 0.0) -> tuple[float, float, float, float | None]:
     """-> (tokens/s since the last mark, elapsed seconds of this run, ETA seconds, seconds per
-    step since the last mark or None when no step ran since)."""
-    now = time.time()
-    interval = max(now - self.last_time, 1e-9)
+    step since the last mark or None when no step ran since). The ETA is the steps left at the
+    mean train-step time since `restart`, plus `other_seconds_left` (evaluations and
+    checkpoints still to come)."""
+    t = now()
+    interval = max(t - self.last_time - self.excluded, 1e-9)
     rate = self.tokens / interval
     step_s = interval / (step - self.last_step) if step > self.last_step else None
-    self.tokens, self.last_time, self.last_step = 0.0, now, step
+    self.tokens, self.last_time, self.last_step, self.excluded = 0.0, t, step, 0.0
     done = step - self.rate_step
-    eta = (now - self.rate_time) / done * (num_steps - step) if done > 0 else 0.0
-    return rate, now - self.start_time, eta, step_s
+    train_time = max(t - self.rate_time - self.excluded_since_restart, 0.0)
+    eta = train_time / done * (num_steps - step) + other_seconds_left if done > 0 else 0.0
+    return rate, t - self.start_time, eta, step_s

@@ -1,6 +1,10 @@
 """What a run reports about the hardware: MFU, step and compile time, peak device memory, and
 profiler traces of chosen steps.
 
+`CompileTimer` measures the time JAX spends compiling (tracing, lowering, XLA) inside a block,
+from JAX's own monitoring events, so that an evaluation can say how much of it was the first
+beam search's compilation.
+
 MFU is the model's analytic train FLOPs per second (matmuls only, 2 FLOPs per multiply-add,
 backward = 2 x forward, as `bench/train_step.py` counts them) over the devices' dense peak
 from `PEAK_TFLOPS`. Devices not in the table (CPUs) get no MFU.
@@ -13,6 +17,7 @@ import re
 from typing import Mapping, Sequence
 
 import jax
+import jax.monitoring
 
 from model.kinds import kind_of
 
@@ -53,6 +58,39 @@ def mfu(flops_per_step: float, seconds_per_step: float, dtype: str,
   if peak is None or seconds_per_step <= 0:
     return None
   return flops_per_step / seconds_per_step / (peak * len(devices))
+
+
+class CompileTimer:
+  """`with CompileTimer() as timer: ...` -> `timer.seconds` spent compiling inside the block.
+
+  Sums the wall time covered by JAX's `/jax/core/compile/*` event spans (tracing, lowering to
+  MLIR, XLA compilation or a persistent-cache read), counting overlapping spans once.
+  """
+
+  PREFIX = '/jax/core/compile/'
+
+  def __init__(self):
+    self.seconds = 0.0
+    self._spans: list[tuple[float, float]] = []
+
+  def _on_span(self, event: str, start: float, end: float, **kwargs) -> None:
+    del kwargs
+    if event.startswith(self.PREFIX):
+      self._spans.append((start, end))
+
+  def __enter__(self) -> CompileTimer:
+    self._spans = []
+    jax.monitoring.register_event_time_span_listener(self._on_span)
+    return self
+
+  def __exit__(self, *exc) -> None:
+    jax.monitoring.unregister_event_time_span_listener(self._on_span)
+    total, reach = 0.0, float('-inf')
+    for start, end in sorted(self._spans):
+      if end > reach:
+        total += end - max(start, reach)
+        reach = end
+    self.seconds = total
 
 
 def peak_memory_bytes() -> int | None:

@@ -10,10 +10,10 @@ without saving.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
-import time
 from typing import Any
 
 import jax
@@ -23,7 +23,7 @@ from model import build_model, inference
 from model.kinds import kind_of
 from training import accelerator, checkpoint as ckpt_lib
 from training import config_io, evaluation, memory, metrics as metrics_lib, optim, steps
-from training import telemetry
+from training import progress as progress_lib, telemetry
 from training import mesh as mesh_lib
 from training import state as state_lib
 from training import workdir_lock
@@ -79,8 +79,8 @@ def _get_datasets(config, workdir: str):
 class _Run:
   """State of one call to `train_and_evaluate` (kept small: the loop lives in `run`)."""
 
-  def __init__(self, config, workdir: str, datasets=None):
-    self.config, self.workdir = config, workdir
+  def __init__(self, config, workdir: str, datasets=None, preset=None):
+    self.config, self.workdir, self.preset = config, workdir, preset
     self.model_config = config_io.validate_config(
         config, num_devices=jax.device_count(), process_count=jax.process_count())
     self.mesh = mesh_lib.make_mesh(mesh_config=config.get('mesh'))
@@ -97,6 +97,8 @@ class _Run:
 
   def _setup(self, datasets) -> None:
     config, workdir = self.config, self.workdir
+    self.config_summary = self._describe_config()
+    log(self.config_summary[0])
     changes = config_io.check_compatible(config, workdir)
     self.had_config = os.path.exists(config_io.config_path(workdir))
     self.datasets = datasets if datasets is not None else _get_datasets(config, workdir)
@@ -117,7 +119,25 @@ class _Run:
     self.tx = optim.make_optimizer(config, self.schedule)
     self.writer = metrics_lib.MetricsWriter(workdir)
     self.checkpointer = ckpt_lib.Checkpointer(workdir, max_to_keep=config.train.max_checkpoints)
-    self.best = {'loss': (float('inf'), None), 'bleu': (float('-inf'), None)}
+    self.best = progress_lib.BestMetrics(workdir)
+    self.progress = None  # set by `run`
+    self.compiled_for_eval: set[str] = set()
+
+  def _describe_config(self) -> tuple[str, str]:
+    """-> (the console line: the preset and every field that differs from it, the same as
+    Markdown for TensorBoard, with the whole resolved config)."""
+    if self.preset is None:  # called from Python: compared with the schema's defaults
+      from configs import base  # pylint: disable=import-outside-toplevel
+      name, preset, label = 'a config from Python', base.base_config(), 'configs/base.py'
+    else:
+      (name, preset), label = self.preset, 'preset'
+    changes = metrics_lib.config_changes(config_io.to_dict(self.config),
+                                         config_io.to_dict(preset), label)
+    resolved = json.dumps(config_io.to_dict(self.config), indent=2, sort_keys=True, default=str)
+    text = '\n'.join([f'**{name}**, {len(changes)} field(s) changed:', ''] +
+                     [f'    {c}' for c in changes] + ['', 'Resolved config:', ''] +
+                     [f'    {line}' for line in resolved.splitlines()])
+    return metrics_lib.config_line(name, changes), text
 
   def release(self) -> None:
     """Frees the workdir for the next run."""
@@ -143,33 +163,73 @@ class _Run:
     return state
 
   def save(self, state, step: int) -> None:
-    self.checkpointer.save(step, state, self.datasets.train_iter.get_state())
+    """Starts writing a checkpoint; logs the time the loop waited for it (the writing itself
+    goes on in the background)."""
+    start = metrics_lib.now()
+    with self.progress.outside('checkpoint'):
+      self.checkpointer.save(step, state, self.datasets.train_iter.get_state())
+    seconds = metrics_lib.now() - start
+    log(f'checkpoint step {step} | {seconds:.1f}s')
+    self.writer.scalars(step, 'checkpoint', {'seconds': seconds})
 
-  def compile(self, train_step, state, batch):
+  def compile(self, train_step, state, batch, step: int):
     """The train step compiled for these shapes; logs its per-device memory."""
-    compiled = train_step.lower(state, batch).compile()
+    log('compiling the train step ...')
+    start = metrics_lib.now()
+    with self.progress.outside('compile'):
+      compiled = train_step.lower(state, batch).compile()
+    seconds = metrics_lib.now() - start
+    log(f'compiled the train step in {seconds:.1f}s')
+    self.writer.scalars(step, 'compile', {'train_step_seconds': seconds})
     log(memory.format_table(memory.step_memory(compiled, state), self.mesh))
     return compiled
 
+  def non_finite(self, step: int, values: dict[str, float]) -> NonFiniteLossError:
+    """The error for a non-finite loss at `step` (once the checkpoint in flight is written)."""
+    self.checkpointer.wait()
+    good = self.checkpointer.latest_step()
+    return NonFiniteLossError(
+        f'non-finite loss ({values["loss"]}) or gradient norm ({values["grad_norm"]}) at '
+        f'step {step}; stopping. The last good checkpoint is '
+        f'{"step " + str(good) if good is not None else "none"} in '
+        f'{ckpt_lib.checkpoint_dir(self.workdir)}')
+
   # -- evaluation ---------------------------------------------------------------------------
+  def _compiling(self, what: str):
+    """A CompileTimer around the first use of `what`, announced before it starts."""
+    if what not in self.compiled_for_eval:
+      log(f'compiling {what} ...')
+    return telemetry.CompileTimer()
+
+  def _compiled(self, what: str, timer) -> None:
+    if what not in self.compiled_for_eval:
+      self.compiled_for_eval.add(what)
+      log(f'compiled {what} in {timer.seconds:.1f}s')
+
   def evaluate(self, eval_step, state, step: int) -> dict[str, float]:
-    t0 = time.time()
+    start = metrics_lib.now()
     cfg = self.config
-    results = evaluation.evaluate(eval_step, state.params, self.datasets.eval_batches(),
-                                  self.mesh, cfg.train.num_eval_batches)
-    results.pop('num_tokens', None)
-    if results['loss'] < self.best['loss'][0]:
-      self.best['loss'] = (results['loss'], step)
-    line = (f'eval step {step} | loss {results["loss"]:.4f} | accuracy {results["accuracy"]:.4f} '
-            f'| perplexity {results["perplexity"]:.2f}')
-    if kind_of(self.model_config).has_source and cfg.decode.num_eval_sentences > 0:
-      score, signature = self.bleu(state)
-      if score is not None:
-        results['bleu'] = score
-        if score > self.best['bleu'][0]:
-          self.best['bleu'] = (score, step)
-        line += f' | BLEU {score:.2f} ({signature})'
-    log(line + f' | {time.time() - t0:.1f}s')
+    with self.progress.outside('eval'), telemetry.CompileTimer() as compiling:
+      with self._compiling('the evaluation step') as timer:
+        results = evaluation.evaluate(eval_step, state.params, self.datasets.eval_batches(),
+                                      self.mesh, cfg.train.num_eval_batches)
+      self._compiled('the evaluation step', timer)
+      results.pop('num_tokens', None)
+      self.best.update('loss', results['loss'], step)
+      line = (f'eval step {step} | loss {results["loss"]:.4f} | accuracy '
+              f'{results["accuracy"]:.4f} | perplexity {results["perplexity"]:.2f}')
+      if kind_of(self.model_config).has_source and cfg.decode.num_eval_sentences > 0:
+        score, signature = self.bleu(state)
+        if score is not None:
+          results['bleu'] = score
+          self.best.update('bleu', score, step)
+          line += f' | BLEU {score:.2f} ({signature})'
+    results['seconds'] = metrics_lib.now() - start
+    line += f' | {results["seconds"]:.1f}s'
+    if compiling.seconds >= 0.05:
+      line += f' (compiling {compiling.seconds:.1f}s)'
+      self.writer.scalars(step, 'compile', {'eval_seconds': compiling.seconds})
+    log(line)
     self.writer.scalars(step, 'eval', results)
     self.writer.flush()
     return results
@@ -188,16 +248,21 @@ class _Run:
         self.module, params, beam_size=dec.beam_size,
         alpha=dec.alpha, max_len=min(dec.max_len, self.model_config.max_len),
         batch_size=min(dec.batch_size, len(examples)), eos_id=self.datasets.tokenizer.eos_id)
-    hypotheses = evaluation.translate(translator, self.datasets.tokenizer,
-                                      [e['source'] for e in examples])
+    what = 'beam search for evaluation' if dec.beam_size > 1 else 'greedy search for evaluation'
+    with self._compiling(what) as timer:
+      hypotheses = evaluation.translate(translator, self.datasets.tokenizer,
+                                        [e['source'] for e in examples])
+    self._compiled(what, timer)
     return evaluation.bleu(hypotheses, [e['target'] for e in examples])
 
   # -- the loop -----------------------------------------------------------------------------
   def run(self) -> dict[str, Any]:
     t = self.config.train
-    start_time = time.time()
+    start_time = metrics_lib.now()
     state = self.restore_or_init()
     start_step = int(jax.device_get(state.step))
+    self.best.load(start_step)
+    self.writer.text(start_step, 'config', self.config_summary[1])
     log(f'model: {self.model_config.kind}, {state_lib.count_params(state.params):,} parameters, '
         f'compute dtype {self.model_config.dtype}, matmul precision '
         f'{t.get("matmul_precision", "default")}')
@@ -206,7 +271,7 @@ class _Run:
                                       label_smoothing=t.label_smoothing,
                                       grad_accum_steps=t.grad_accum_steps, rules=self.rules)
     eval_step = steps.jit_eval_step(self.module, self.mesh, self.rules)
-    progress = _Progress(self, start_step)
+    progress = self.progress = progress_lib.Progress(self, start_step)
     profiler = telemetry.StepProfiler(t.get('profile_steps', ''), self.workdir)
     last_saved = start_step if start_step > 0 else None
     last_eval = interrupted = None
@@ -217,7 +282,7 @@ class _Run:
       while step < t.num_steps:
         batch = mesh_lib.shard_batch(next(self.datasets.train_iter), self.mesh)
         if step == start_step:  # compiled ahead of time, to report its memory first
-          train_step = self.compile(train_step, state, batch)
+          train_step = self.compile(train_step, state, batch, step + 1)
         profiler.before_step(step + 1)
         state, device_metrics = train_step(state, batch)
         step += 1
@@ -250,18 +315,26 @@ class _Run:
         self.save(state, step)
       self.checkpointer.close()
     self.writer.close()
-    return self.summary(step, interrupted, time.time() - start_time, progress.losses, state)
+    return self.summary(step, interrupted, metrics_lib.now() - start_time, progress.losses, state)
 
   def summary(self, step, interrupted, total_time, losses, state) -> dict[str, Any]:
-    """The run's summary dict, and its last log line."""
-    best_loss, best_loss_step = self.best['loss']
-    best_bleu, best_bleu_step = self.best['bleu']
+    """The run's summary dict, and its last log line. The best figures count the evaluations
+    of earlier runs in this workdir up to the checkpoint this one resumed from."""
+    best_loss, best_loss_step = self.best.get('loss')
+    best_bleu, best_bleu_step = self.best.get('bleu')
+    spent = dict(self.progress.spent)
     summary = {'step': step, 'interrupted': interrupted, 'total_time': total_time,
-               'best_eval_loss': best_loss, 'best_eval_loss_step': best_loss_step,
-               'best_bleu': best_bleu if best_bleu_step is not None else None,
-               'best_bleu_step': best_bleu_step, 'losses': losses, 'state': state}
-    line = (f'done: step {step}/{self.config.train.num_steps} in '
-            f'{metrics_lib.format_duration(total_time)}')
+               'best_eval_loss': best_loss if best_loss_step is not None else float('inf'),
+               'best_eval_loss_step': best_loss_step, 'best_bleu': best_bleu,
+               'best_bleu_step': best_bleu_step, 'losses': losses, 'state': state,
+               'seconds_outside_train_steps': spent}
+    fmt = metrics_lib.format_duration
+    line = f'done: step {step}/{self.config.train.num_steps} in {fmt(total_time)}'
+    parts = [f'{name} {fmt(spent[key])}' for key, name in
+             (('eval', 'evaluation'), ('checkpoint', 'checkpoints'), ('compile', 'compilation'))
+             if spent.get(key, 0) >= 1]
+    if parts:
+      line += f' ({", ".join(parts)})'
     if best_loss_step is not None:
       line += f' | best val loss {best_loss:.4f} (step {best_loss_step})'
     if best_bleu_step is not None:
@@ -270,84 +343,20 @@ class _Run:
     return summary
 
 
-class _Progress:
-  """The train metrics on the host. One step's metrics stay in flight, so the host waits for
-  the device only at log, eval and save steps; a non-finite loss raises; log steps print and
-  record loss, tokens/s, step time, MFU and peak device memory."""
-
-  def __init__(self, run: _Run, start_step: int):
-    self.run, self.start_step = run, start_step
-    self.throughput = metrics_lib.Throughput(start_step)
-    self.window: list[dict[str, float]] = []
-    self.losses: dict[int, float] = {}  # step -> train loss, for this run's steps
-    self.pending: list[tuple[int, Any]] = []  # (step, device metrics) not yet on the host
-    self.flops_per_step = None
-    self.started = time.time()
-
-  def add(self, step: int, device_metrics, batch) -> None:
-    if self.pending:
-      self.drain()  # the previous step's metrics
-    self.pending.append((step, device_metrics))
-    if step == self.start_step + 1:  # compiled and run once: time the rest
-      self.drain()
-      first_step_s = time.time() - self.started
-      self.throughput.restart(step)
-      self.flops_per_step = telemetry.train_step_flops(
-          self.run.model_config, {k: v.shape for k, v in batch.items()})
-      log(f'first step (compilation + one step): {first_step_s:.1f}s')
-      self.run.writer.scalars(step, 'perf', {'first_step_s': first_step_s})
-
-  def drain(self) -> None:
-    while self.pending:
-      done_step, device_metrics = self.pending.pop(0)
-      values = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
-      if not values.pop('finite'):
-        checkpointer = self.run.checkpointer
-        checkpointer.wait()
-        good = checkpointer.latest_step()
-        raise NonFiniteLossError(
-            f'non-finite loss ({values["loss"]}) or gradient norm ({values["grad_norm"]}) at '
-            f'step {done_step}; stopping. The last good checkpoint is '
-            f'{"step " + str(good) if good is not None else "none"} in '
-            f'{ckpt_lib.checkpoint_dir(self.run.workdir)}')
-      self.throughput.add_tokens(values['num_tokens'])
-      self.window.append(values)
-      self.losses[done_step] = values['loss']
-
-  def log(self, step: int, state) -> None:
-    self.drain()
-    num_steps = self.run.config.train.num_steps
-    tokens_per_sec, elapsed, eta, step_s = self.throughput.mark(step, num_steps)
-    mean = {k: float(np.mean([w[k] for w in self.window])) for k in self.window[0]}
-    mean['learning_rate'] = self.window[-1]['learning_rate']
-    mean['param_norm'] = float(steps.parameter_norm(state.params))
-    self.window.clear()
-    perf = {'tokens_per_sec': tokens_per_sec}
-    if step_s is not None:
-      perf['step_ms'] = 1000 * step_s
-      util = telemetry.mfu(self.flops_per_step or 0, step_s, self.run.model_config.dtype)
-      if util is not None:
-        perf['mfu'] = util
-    peak = telemetry.peak_memory_bytes()
-    if peak is not None:
-      perf['peak_memory_gib'] = peak / 2**30
-    log(metrics_lib.progress_line(step, num_steps, mean, tokens_per_sec=tokens_per_sec,
-                                  elapsed=elapsed, eta=eta, perf=perf))
-    self.run.writer.scalars(step, 'train', {**mean, **perf})
-
-
-def train_and_evaluate(config, workdir: str, *, datasets=None) -> dict[str, Any]:
+def train_and_evaluate(config, workdir: str, *, datasets=None, preset=None) -> dict[str, Any]:
   """Trains `config` in `workdir` (resuming from its newest good checkpoint) -> summary dict
   with 'step', 'interrupted', 'total_time', best eval loss/BLEU and the final 'state'.
 
-  `datasets` (tests) replaces `input_pipeline.get_datasets(config, workdir=...)`.
-  Raises `model.ConfigError` (bad config, incompatible workdir), `CheckpointError`,
-  `NonFiniteLossError`.
+  `preset`: (name, the preset's config before overrides), e.g. ('configs/default.py:tiny',
+  ...): the run prints the name and every field that differs from it (default: compared with
+  `configs/base.py`). `datasets` (tests) replaces `input_pipeline.get_datasets(config,
+  workdir=...)`. Raises `model.ConfigError` (bad config, incompatible workdir),
+  `CheckpointError`, `NonFiniteLossError`.
   """
   t = config.train
   accelerator.check_deterministic(t.get('deterministic', False))
   with accelerator.matmul_precision(t.get('matmul_precision', 'default')):
-    run = _Run(config, workdir, datasets)
+    run = _Run(config, workdir, datasets, preset)
     try:
       return run.run()
     finally:
