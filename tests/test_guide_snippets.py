@@ -1,0 +1,106 @@
+"""The Python code of docs/guide.md and README.md runs as written (issue 29), so the guide
+cannot go stale: every ```python block is executed in a directory whose `runs/` holds tiny
+trained workdirs under the names the guide uses (`runs/default`: a translation model,
+`runs/shakespeare`: a character language model, `runs/default_hf`: the first one exported for
+`transformers`). Paths under /tmp/ in a block are moved into that directory. When a block ends
+with `# ...` comment lines, they are its expected output, line for line.
+"""
+
+import contextlib
+import io
+import os
+import re
+
+import pytest
+import test_train_synthetic as syn
+
+compilation_cache = pytest.fixture(scope='module', autouse=True)(syn.compilation_cache_fixture)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = ('docs/guide.md', 'README.md')
+
+
+def python_blocks(path: str) -> list[tuple[str, str]]:
+  """[('docs/guide.md:LINE', code)] of the file's ```python blocks (indented ones included)."""
+  with open(os.path.join(REPO, path)) as f:
+    text = f.read()
+  blocks = []
+  for m in re.finditer(r'^( *)```python\n(.*?)^\1```', text, flags=re.M | re.S):
+    code = '\n'.join(line[len(m.group(1)):] for line in m.group(2).splitlines())
+    blocks.append((f'{path}:{text[:m.start()].count(chr(10)) + 1}', code + '\n'))
+  return blocks
+
+
+def _unique_blocks() -> list[tuple[str, str]]:
+  seen, out = set(), []
+  for path in DOCS:
+    for where, code in python_blocks(path):
+      if code not in seen:  # the README repeats the guide's export snippet
+        seen.add(code)
+        out.append((where, code))
+  return out
+
+
+BLOCKS = _unique_blocks()
+
+
+def expected_output(code: str) -> list[str] | None:
+  """The block's trailing '# ...' lines without the '# ', or None when it has none."""
+  lines = code.rstrip('\n').splitlines()
+  tail = []
+  while lines and lines[-1].startswith('# '):
+    tail.insert(0, lines.pop()[2:])
+  return tail or None
+
+
+def _train(workdir: str, config) -> None:
+  from training import trainer  # pylint: disable=import-outside-toplevel
+  t = config.train
+  t.num_steps, t.log_every_steps, t.checkpoint_every_steps, t.eval_every_steps = 2, 1, 2, 2
+  t.num_eval_batches = 1
+  config.decode.num_eval_sentences = 0
+  with contextlib.redirect_stdout(io.StringIO()):
+    trainer.train_and_evaluate(config, workdir)
+
+
+@pytest.fixture(scope='module')
+def site(tmp_path_factory):
+  """A directory like the repository's root (its `data/` linked), with runs/default and
+  runs/shakespeare: the tiny presets trained 2 steps on the bundled data (in this process)."""
+  from configs import default, shakespeare_char  # pylint: disable=import-outside-toplevel
+  root = tmp_path_factory.mktemp('guide')
+  os.symlink(os.path.join(REPO, 'data'), root / 'data')
+  _train(str(root / 'runs' / 'default'), default.get_config('tiny'))
+  _train(str(root / 'runs' / 'shakespeare'), shakespeare_char.get_config('tiny'))
+  return root
+
+
+def _export_for_transformers(root) -> None:
+  pytest.importorskip('transformers')
+  import hf_export  # pylint: disable=import-outside-toplevel
+  target = root / 'runs' / 'default_hf'
+  if not target.exists():
+    hf_export.export_workdir(str(root / 'runs' / 'default'), str(target))
+
+
+def test_the_docs_have_python_blocks():
+  where = [w for w, _ in BLOCKS]
+  assert any('docs/guide.md' in w for w in where) and len(BLOCKS) >= 4, where
+  decoding = [code for _, code in BLOCKS if 'inference.load(' in code]
+  assert decoding and min(len(code.splitlines()) for code in decoding) <= 15
+
+
+@pytest.mark.parametrize('where, code', BLOCKS, ids=[w for w, _ in BLOCKS])
+def test_block_runs(site, where, code, monkeypatch):
+  if 'default_hf' in code:
+    _export_for_transformers(site)
+  monkeypatch.chdir(site)
+  source = code.replace("'/tmp/", f"'{site}/tmp_")
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    exec(compile(source, where, 'exec'), {'__name__': '__guide__'})  # noqa: S102
+  printed = out.getvalue().splitlines()
+  assert printed, f'{where} printed nothing'
+  expected = expected_output(code)
+  if expected is not None:
+    assert printed == expected, where
