@@ -187,8 +187,10 @@ def main(argv: list[str]) -> None:
       _dry_run(FLAGS.config)
       return
     preset = _load_preset(sys.argv)  # for the run's first line: the preset and what differs
+    name = argv_config(sys.argv)
+    name = 'configs/default.py' if name == DEFAULT_CONFIG else name
     trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir,
-                               preset=None if preset is None else (argv_config(sys.argv), preset))
+                               preset=None if preset is None else (name, preset))
   except (trainer.NonFiniteLossError, checkpoint.CheckpointWriteError) as e:  # ran, then failed
     _fail(e, code=1)
   except user_errors as e:  # bad config/workdir/checkpoint/data: one line, no traceback
