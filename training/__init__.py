@@ -9,6 +9,8 @@
   evaluation    validation loss/accuracy/perplexity and BLEU
   metrics       console lines and TensorBoard scalars (process 0 only)
   telemetry     MFU, step/compile time, peak device memory, profiler traces
+  progress      the run's progress lines (train-step times only) and best figures across resumes
   accelerator   matmul precision and deterministic ops (GPU/TPU)
   trainer       the training loop (`train_and_evaluate`)
+  report        `python -m training.report`: curves and a table of runs from their event files
 """
