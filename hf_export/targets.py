@@ -12,9 +12,10 @@ one line naming the feature. Adding a target is one row here plus its conversion
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 from hf_export import convert
+from model.kinds import KINDS, kind_of
 
 
 class UnsupportedConfig(ValueError):
@@ -83,18 +84,23 @@ _PEGASUS = dataclasses.replace(_MARIAN, architecture='PegasusForConditionalGener
                                config_class='PegasusConfig')
 _GPT2 = Target('GPT2LMHeadModel', 'GPT2Config', _check_gpt2, convert.gpt2_config,
                convert.gpt2_state_dict, _sampling_generation, False, True)
-TARGETS = {('encoder_decoder', 'post'): _MARIAN, ('encoder_decoder', 'pre'): _PEGASUS,
-           ('decoder_only', 'pre'): _GPT2}
+# Keyed through the kind's adapter (model.kinds), never its name: (has_source, norm_position).
+TARGETS = {(True, 'post'): _MARIAN, (True, 'pre'): _PEGASUS, (False, 'pre'): _GPT2}
 
 
 def target(cfg, tokenizer_kind: str | None = None) -> Target:
   """The target of `cfg` (a `ModelConfig`), or `UnsupportedConfig` (one line)."""
-  found = TARGETS.get((cfg.kind, cfg.norm_position))
-  if found is None and cfg.kind == 'decoder_only':
-    _refuse('norm_position=post (decoder_only)', 'GPT2LMHeadModel is pre-LN only')
+  kind = kind_of(cfg)
+  if not kind.has_decoder:
+    exported = ' and '.join(name for name, k in KINDS.items() if k.has_decoder)
+    _refuse(f'kind={cfg.kind}', f'there is no generation head to export (only {exported} '
+            'models are exported)')
+  found = TARGETS.get((kind.has_source, cfg.norm_position))
   if found is None:
-    _refuse(f'kind={cfg.kind}', 'there is no generation head to export (only encoder_decoder '
-            'and decoder_only models are exported)')
+    others = {t.architecture: norm for (source, norm), t in TARGETS.items()
+              if source == kind.has_source}
+    _refuse(f'norm_position={cfg.norm_position} ({cfg.kind})', ', '.join(
+        f'{arch} is {norm}-LN only' for arch, norm in others.items()))
   found.check(cfg)
   if tokenizer_kind == 'sentencepiece' and not found.sentencepiece:
     raise UnsupportedConfig(f'config.data.tokenizer=sentencepiece with kind={cfg.kind} cannot '

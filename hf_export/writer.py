@@ -1,51 +1,50 @@
-"""Export a training workdir as a `transformers` model directory.
+"""Export a training workdir as a `transformers` or a CTranslate2 model directory.
 
-  export_workdir(workdir, output_dir, step=None, average_last=1, overwrite=False) -> summary
+  export_workdir(workdir, output_dir, step=None, average_last=1, overwrite=False,
+                 format='transformers') -> summary
 
-Everything is checked (config, tokenizer, output directory, checkpoint) before anything is
+Everything is checked (output directory, config, tokenizer, checkpoint) before anything is
 written; the files are written into a temporary directory beside `output_dir` and renamed
-into place at the end, so a failure leaves nothing behind. Writing needs `transformers` and
-`safetensors` (the `[hf]` extra), not `torch`.
+into place at the end, so a failure leaves nothing behind (`hf_export.output_dir` has the
+rules: never into or over the workdir, `--overwrite` replaces only a previous export).
+Writing needs `transformers` and `safetensors` (the `[hf]` extra, not `torch`) for the
+transformers format, `ctranslate2` (the `[ct2]` extra) for the CTranslate2 one.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
-import tempfile
 
-from hf_export import targets
+from hf_export import output_dir as out_lib, targets
+from hf_export.output_dir import ExportError
 from hf_export.tokenizer import save_tokenizer
 
-
-class ExportError(Exception):
-  """A user-facing error: one line, no traceback."""
+FORMATS = ('transformers', 'ctranslate2')
 
 
-def _check_output_dir(output_dir: str, overwrite: bool) -> str:
-  if not output_dir:
-    raise ExportError('--output_dir is required (a new directory for the transformers model)')
-  path = os.path.abspath(output_dir)
-  if os.path.exists(path) and not os.path.isdir(path):
-    raise ExportError(f'--output_dir {output_dir} exists and is not a directory')
-  if os.path.isdir(path) and os.listdir(path) and not overwrite:
-    raise ExportError(f'--output_dir {output_dir} exists and is not empty (give a new '
-                      'directory, or --overwrite to replace it)')
-  parent = os.path.dirname(path)
-  if not os.path.isdir(parent):
-    raise ExportError(f'the parent directory of --output_dir {output_dir} does not exist')
-  if not os.access(parent, os.W_OK):
-    raise ExportError(f'cannot write in {parent} (the parent of --output_dir)')
-  return path
+def _restore_lib():
+  """The restore module decode.py uses (moved to `inference`; `training.restore` before)."""
+  try:
+    from inference import restore  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    from training import restore  # pylint: disable=import-outside-toplevel
+  return restore
 
 
-def check_workdir(workdir: str):
-  """(ModelConfig, tokenizer, config) of `workdir`, or ExportError if it cannot be exported."""
+def check_workdir(workdir: str, check=None):
+  """(ModelConfig, tokenizer, config) of `workdir`, or ExportError if it cannot be exported.
+
+  `check(model_config, tokenizer_kind)` raises `UnsupportedConfig` for a model the format
+  cannot express (default: the transformers targets' check).
+  """
   from input_pipeline import tokenizers  # pylint: disable=import-outside-toplevel
   from model import ConfigError  # pylint: disable=import-outside-toplevel
   from model.config import ModelConfig  # pylint: disable=import-outside-toplevel
   from training import config_io  # pylint: disable=import-outside-toplevel
 
+  check = check or targets.check_exportable
   if not workdir:
     raise ExportError('--workdir is required (a directory written by train.py)')
   if not os.path.isdir(workdir):
@@ -54,9 +53,11 @@ def check_workdir(workdir: str):
     config = config_io.load_config(workdir)
     model_config = ModelConfig.from_config(config.model)
     tokenizer = tokenizers.load_tokenizer(workdir)
-    targets.check_exportable(model_config, tokenizer.kind)
+    check(model_config, tokenizer.kind)
   except (ConfigError, targets.UnsupportedConfig) as e:
     raise ExportError(str(e)) from None
+  except ImportError:
+    raise  # a missing extra: export.py names it
   except Exception as e:  # noqa: BLE001  # DataError/DataFileError/config errors: one line
     raise ExportError(f'{type(e).__name__}: {e}') from None
   if tokenizer.vocab_size > model_config.vocab_size:
@@ -98,56 +99,69 @@ def write_export(directory: str, params, model_config, tokenizer, decode_config,
   return config.architectures[0], tokenizer_class
 
 
-def _publish_permissions(directory: str) -> None:
-  """mkdtemp makes a private (0700) directory: give it and its files the usual umask modes."""
-  umask = os.umask(0)
-  os.umask(umask)
-  os.chmod(directory, 0o777 & ~umask)
-  for name in os.listdir(directory):
-    os.chmod(os.path.join(directory, name), 0o666 & ~umask)
+class _Transformers:
+  """The transformers format: what to check up front, and how to write a restored model."""
+  name = 'transformers'
+
+  @staticmethod
+  def check(model_config, tokenizer_kind):
+    targets.check_exportable(model_config, tokenizer_kind)
+
+  @staticmethod
+  def prepare(model_config, tokenizer, config):
+    # Writing needs no torch, but loading the export does, and transformers without it
+    # prints its own warning: the [hf] extra brings both (export.py names it).
+    if importlib.util.find_spec('torch') is None:
+      raise ModuleNotFoundError('transformers loads the export with torch', name='torch')
+    hf_configs(model_config, tokenizer, config.decode)  # fails now, not after the restore
+
+  @staticmethod
+  def write(directory, restored, model_config, tokenizer, config, metadata):
+    arch, tokenizer_class = write_export(directory, restored.params, model_config, tokenizer,
+                                         config.decode, metadata)
+    return f'{arch} + {tokenizer_class}', {'model_class': arch, 'tokenizer_class':
+                                           tokenizer_class}
 
 
-def _move_into_place(staging: str, path: str) -> None:
-  """Renames `staging` to `path`; an existing `path` (--overwrite) is removed only after."""
-  old = None
-  if os.path.exists(path):
-    old = tempfile.mkdtemp(prefix='.old-', dir=os.path.dirname(path))
-    os.rename(path, os.path.join(old, 'previous'))
-  os.rename(staging, path)
-  if old:
-    shutil.rmtree(old, ignore_errors=True)
+def _format(name: str):
+  if name == 'transformers':
+    return _Transformers
+  if name == 'ctranslate2':
+    from hf_export import ctranslate2  # pylint: disable=import-outside-toplevel
+    return ctranslate2.FORMAT
+  raise ExportError(f'--format={name} is not one of {list(FORMATS)}')
 
 
 def export_workdir(workdir: str, output_dir: str, *, step: int | None = None,
-                   average_last: int = 1, overwrite: bool = False) -> str:
-  """Writes `output_dir` (config.json, generation_config.json, model.safetensors, tokenizer
-  files) from the checkpoint of `workdir`; returns a one-line summary."""
-  from training import restore  # pylint: disable=import-outside-toplevel  # as decode.py does
-
+                   average_last: int = 1, overwrite: bool = False,
+                   format: str = 'transformers') -> str:  # noqa: A002  # the flag's name
+  """Writes `output_dir` from the checkpoint of `workdir` in `format`; returns a one-line
+  summary. transformers: config.json, generation_config.json, model.safetensors, tokenizer
+  files; ctranslate2: model.bin, config.json, the vocabulary (and the tokenizer model)."""
+  fmt = _format(format)
+  restore = _restore_lib()
   if average_last < 1:
     raise ExportError(f'--average_last={average_last} must be >= 1')
-  path = _check_output_dir(output_dir, overwrite)
-  model_config, tokenizer, config = check_workdir(workdir)
-  hf_configs(model_config, tokenizer, config.decode)  # fails now, not after the restore
+  path = out_lib.check_output_dir(output_dir, workdir, overwrite)
+  model_config, tokenizer, config = check_workdir(workdir, fmt.check)
+  fmt.prepare(model_config, tokenizer, config)
   try:
     restored = restore.Restored(workdir, step, average_last)
   except restore.RestoreError as e:
     raise ExportError(str(e)) from None
   metadata = {'source_workdir': os.path.abspath(workdir), 'step': str(restored.step),
               'average_last': str(average_last)}
-  staging = tempfile.mkdtemp(prefix=f'.{os.path.basename(path)}.tmp-', dir=os.path.dirname(path))
+  staging = out_lib.make_staging(path)
   try:
-    arch, tokenizer_class = write_export(staging, restored.params, model_config, tokenizer,
-                                         config.decode, metadata)
-    _publish_permissions(staging)
-    _move_into_place(staging, path)
+    what, info = fmt.write(staging, restored, model_config, tokenizer, config, metadata)
+    out_lib.write_marker(staging, {'format': fmt.name, **metadata, **info})
+    out_lib.publish(staging, path)
   except OSError as e:
     raise ExportError(f'cannot write {output_dir}: {e.strerror or e}') from None
   finally:
     shutil.rmtree(staging, ignore_errors=True)  # gone already when it was moved into place
   averaged = f' (average of the last {average_last})' if average_last > 1 else ''
-  return (f'wrote {arch} + {tokenizer_class} of step {restored.step}{averaged} to '
-          f'{output_dir}')
+  return f'wrote {what} of step {restored.step}{averaged} to {output_dir}'
 
 
 def convert_params(params, model_config) -> dict:

@@ -14,18 +14,19 @@ import subprocess
 import sys
 import textwrap
 
+import export_workdirs
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-torch = pytest.importorskip('torch')  # the [hf] extra, which [test] includes
-transformers = pytest.importorskip('transformers')
-
 from configs import default, shakespeare_char
 from hf_export import UnsupportedConfig, check_exportable, writer
 from input_pipeline.tokenizers import CharTokenizer
 from model import build_model, decoding
+
+torch = pytest.importorskip('torch')  # the [hf] extra, which [test] includes
+transformers = pytest.importorskip('transformers')
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, 'data', 'multi30k')
@@ -173,18 +174,9 @@ def test_inexpressible_configs_are_refused(kind, changes, named):
 
 @pytest.fixture(scope='module')
 def trained(tmp_path_factory):
-  """A small Multi30k model trained to write real (EOS-ended) sentences, 2 checkpoints."""
-  workdir = str(tmp_path_factory.mktemp('export_hf') / 'mt')
-  cmd = [sys.executable, os.path.join(ROOT, 'train.py'), '--config=configs/default.py:tiny',
-         f'--workdir={workdir}', '--config.model.d_model=64', '--config.model.d_ff=256',
-         '--config.train.num_steps=250', '--config.train.batch_size=32',
-         '--config.optimizer.warmup_steps=100', '--config.train.checkpoint_every_steps=125',
-         '--config.train.eval_every_steps=250', '--config.train.num_eval_batches=1',
-         '--config.decode.num_eval_sentences=0']
-  proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900,
-                        check=False)
-  assert proc.returncode == 0, f'training failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}'
-  return workdir
+  """A small Multi30k model trained to write real (EOS-ended) sentences, 2 checkpoints
+  (shared with the other export tests: `export_workdirs`)."""
+  return export_workdirs.trained(tmp_path_factory, 'mt')
 
 
 def _export(*args):

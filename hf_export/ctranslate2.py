@@ -1,0 +1,243 @@
+"""CTranslate2 export: our parameters written straight into a CTranslate2 model spec.
+
+  encoder_decoder -> `ctranslate2.specs.TransformerSpec`            (`ctranslate2.Translator`)
+  decoder_only    -> `ctranslate2.specs.TransformerDecoderModelSpec` (`ctranslate2.Generator`)
+
+The converters CTranslate2 ships cannot take the transformers export: Marian's convention
+puts `<pad>` last and starts the decoder from a zero vector, where ours has pad = 0 and
+starts from token 0's learned embedding. The spec here says what our model computes:
+- vocabulary: our ids as they are (id 0 = `<pad>` = the decoder start token, then EOS, ...),
+  padded with `<extra_id_N>` up to config.model.vocab_size, plus `<unk>` when the tokenizer
+  has none (CTranslate2 appends one to any vocabulary that lacks it; it gets a zero row);
+- the position table given explicitly (sinusoidal in our interleaved layout, or the learned
+  table; none with rope: rotary on all dimensions, halves not interleaved, base 10000), so
+  no reordering of the model dimension is needed and a position past `max_len` fails with
+  CTranslate2's own message ("No position encodings are defined for positions >= N");
+- embeddings times sqrt(d_model) (or not: config.model.scale_embeddings), pre/post LayerNorm,
+  the final LayerNorm of a pre-LN stack, LayerNorm epsilon 1e-6 as ours, GELU = tanh form;
+- shared embeddings / tied output as the config says; the output bias is -1e9 at `<pad>`
+  (and at an added `<unk>`), so they are never generated, as in our decoding. (CTranslate2
+  then normalises over the vocabulary without them, where ours normalises with `<pad>` and
+  drops it: each log-probability differs by log(1 - P(pad)), far below float32 rounding for
+  a trained model, whose P(pad) is ~0.)
+
+Decoding (export_info.json lists the options): sources are the tokenizer's pieces without
+EOS (the model config adds it, and `max_input_length=max_len` cuts as decode.py does,
+keeping EOS last); `max_decoding_length` counts the EOS like our `max_len`; beam search with
+`length_penalty=0` is decode.py's `--alpha=0` (CTranslate2's penalty is len ** lp, not GNMT's
+((5 + len) / 6) ** alpha). With length_penalty=0 CTranslate2 stops a sentence once its best
+candidate ends, where ours (fairseq's rule) stops after beam_size hypotheses ended; both
+return the best finished hypothesis, and the two differ only when beam_size hypotheses end
+while a better one is still alive (then CTranslate2's is the better one).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from hf_export import targets
+from model import attention as attn
+
+LAYER_NORM_EPS = 1e-6  # model/layers.py: LayerNorm
+NEVER = -1e9  # output bias of tokens that are never generated (exp underflows to exactly 0)
+UNK = '<unk>'
+
+
+def check(cfg, tokenizer_kind=None) -> None:
+  """Raises `UnsupportedConfig` (one line) for a model CTranslate2 cannot run."""
+  del tokenizer_kind  # both tokenizers are plain vocabularies here
+  if cfg.kind not in ('encoder_decoder', 'decoder_only'):
+    raise targets.UnsupportedConfig(
+        f'config.model.kind={cfg.kind} cannot be exported to CTranslate2: it has no '
+        'generation head (Translator and Generator need a decoder)')
+
+
+def vocabulary(tokenizer, vocab_size: int) -> list[str]:
+  """Our tokens by id, padded to `vocab_size`, with `<unk>` appended when missing."""
+  tokens = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+  tokens += [f'<extra_id_{i}>' for i in range(vocab_size - len(tokens))]
+  if len(set(tokens)) != len(tokens):
+    raise ValueError('the vocabulary has repeated tokens; CTranslate2 maps tokens by name')
+  return tokens if UNK in tokens else tokens + [UNK]
+
+
+# ----------------------------------------------------------------------------- weights
+
+def _np(x) -> np.ndarray:
+  return np.ascontiguousarray(np.asarray(x, np.float32))
+
+
+def _rows(table, n: int) -> np.ndarray:
+  """`[vocab, d]` -> `[n, d]`, zero rows appended (the added `<unk>`)."""
+  table = _np(table)
+  return np.concatenate([table, np.zeros((n - len(table), table.shape[1]), np.float32)])
+
+
+def _linear(spec, dense) -> None:
+  """Our Dense `kernel [d_in, *out]` -> CTranslate2's `weight [out, d_in]` (torch layout)."""
+  kernel, bias = np.asarray(dense['kernel']), dense['bias']
+  spec.weight = _np(kernel.reshape(kernel.shape[0], -1).T)
+  spec.bias = _np(np.asarray(bias).reshape(-1))
+
+
+def _out_linear(spec, dense) -> None:
+  """An output projection `kernel [heads, head_dim, d]` -> weight `[d, heads * head_dim]`."""
+  kernel = np.asarray(dense['kernel'])
+  spec.weight = _np(kernel.reshape(-1, kernel.shape[-1]).T)
+  spec.bias = _np(dense['bias'])
+
+
+def _norm(spec, block) -> None:
+  ln = block['norm']['LayerNorm_0'] if 'norm' in block else block['LayerNorm_0']
+  spec.gamma, spec.beta = _np(ln['scale']), _np(ln['bias'])
+
+
+def _attention(spec, attention, block, cross: bool) -> None:
+  _norm(spec.layer_norm, block)
+  if cross:  # linear[0] = query, linear[1] = the fused key/value
+    _linear(spec.linear[0], attention['query'])
+    _linear(spec.linear[1], attention['kv'])
+  else:  # linear[0] = the fused query/key/value, [3 * d, d]: q, k, v, each heads-major
+    _linear(spec.linear[0], attention['qkv'])
+  _out_linear(spec.linear[-1], attention['out'])
+
+
+def _layer(spec, layer) -> None:
+  self_block = layer.get('attention_block') or layer['self_attention_block']
+  _attention(spec.self_attention, layer['self_attention'], self_block, cross=False)
+  if 'cross_attention' in layer:
+    _attention(spec.attention, layer['cross_attention'], layer['cross_attention_block'],
+               cross=True)
+  _norm(spec.ffn.layer_norm, layer['ffn_block'])
+  _linear(spec.ffn.linear_0, layer['ffn']['wi'])
+  _linear(spec.ffn.linear_1, layer['ffn']['wo'])
+
+
+def _stack(spec, stack, embedding, cfg) -> None:
+  """Embedding, positions, layers and final norm of one side (`encoder` / `decoder`)."""
+  if isinstance(spec.embeddings, list):
+    spec.embeddings[0].weight = embedding
+  else:
+    spec.embeddings.weight = embedding
+  spec.scale_embeddings = bool(cfg.scale_embeddings)
+  if cfg.positional_encoding == 'sinusoidal':
+    spec.position_encodings.encodings = _np(attn.sinusoidal_positions(cfg.max_len, cfg.d_model))
+  elif cfg.positional_encoding == 'learned':
+    spec.position_encodings.encodings = _np(stack['positions']['pos_embedding'])
+  names = sorted((k for k in stack if k.startswith('layer_')), key=lambda k: int(k[6:]))
+  for layer_spec, name in zip(spec.layer, names, strict=True):
+    _layer(layer_spec, stack[name])
+  if cfg.norm_position == 'pre':
+    _norm(spec.layer_norm, stack['final_norm'])
+
+
+def _projection(spec, params, embedding, cfg, never: list[int]) -> None:
+  """The output layer: the (target) embedding when tied, else our `logits` Dense; `never`
+  ids get a -1e9 bias."""
+  n = len(embedding)
+  if cfg.logits_via_embedding:
+    spec.weight, bias = embedding, np.zeros(n, np.float32)
+  else:
+    dense = params['decoder']['logits']
+    spec.weight = _rows(np.asarray(dense['kernel']).T, n)
+    bias = np.concatenate([_np(dense['bias']), np.zeros(n - cfg.vocab_size, np.float32)])
+  bias[never] = NEVER
+  spec.bias = bias
+
+
+# ----------------------------------------------------------------------------- spec
+
+def _layer_kwargs(cfg) -> dict:
+  from ctranslate2.specs import common_spec  # pylint: disable=import-outside-toplevel
+
+  activation = {'relu': common_spec.Activation.RELU,
+                'gelu': common_spec.Activation.GELUTanh}[cfg.activation]  # flax's gelu: tanh
+  kwargs = {'pre_norm': cfg.norm_position == 'pre', 'activation': activation}
+  if cfg.positional_encoding == 'rope':  # model.attention.rotary_embedding: rotate halves
+    kwargs.update(rotary_dim=0, rotary_interleave=False, rotary_base=10000.0)
+  return kwargs
+
+
+def model_spec(params, cfg, tokenizer):
+  """Our (unrolled) `params` of `cfg` (a ModelConfig) and `tokenizer` -> a validated spec."""
+  from ctranslate2.specs import transformer_spec as ts  # pylint: disable=import-outside-toplevel
+
+  check(cfg)
+  tokens = vocabulary(tokenizer, cfg.vocab_size)
+  n = len(tokens)
+  never = [0] + ([n - 1] if n > cfg.vocab_size else [])  # <pad>, and an added <unk>
+  kwargs = _layer_kwargs(cfg)
+  source = _rows(params['embed']['embedding'], n)
+  target = source if cfg.share_embeddings or 'target_embed' not in params else _rows(
+      params['target_embed']['embedding'], n)
+  if cfg.kind == 'encoder_decoder':
+    spec = ts.TransformerSpec(ts.TransformerEncoderSpec(cfg.num_encoder_layers, cfg.num_heads,
+                                                        **kwargs),
+                              ts.TransformerDecoderSpec(cfg.num_decoder_layers, cfg.num_heads,
+                                                        **kwargs))
+    _stack(spec.encoder, params['encoder'], source, cfg)
+    spec.register_source_vocabulary(tokens)
+    spec.register_target_vocabulary(tokens)
+    spec.config.decoder_start_token = tokens[0]
+    spec.config.add_source_eos = tokenizer.eos_id is not None
+  else:
+    spec = ts.TransformerDecoderModelSpec(ts.TransformerDecoderSpec(
+        cfg.num_decoder_layers, cfg.num_heads, with_encoder_attention=False, **kwargs))
+    spec.register_vocabulary(tokens)
+  _stack(spec.decoder, params['decoder'], target, cfg)
+  _projection(spec.decoder.projection, params, target, cfg, never)
+  eos = tokens[tokenizer.eos_id] if tokenizer.eos_id is not None else '</s>'  # '</s>': none
+  spec.config.bos_token, spec.config.eos_token, spec.config.unk_token = tokens[0], eos, UNK
+  spec.config.layer_norm_epsilon = LAYER_NORM_EPS
+  spec.validate()
+  return spec
+
+
+def decoding_options(cfg, tokenizer, decode_config) -> dict:
+  """The options that make CTranslate2 decode as decode.py does (for export_info.json)."""
+  max_len = min(int(decode_config.get('max_len', cfg.max_len)), cfg.max_len)
+  if cfg.kind == 'encoder_decoder':
+    return {'class': 'ctranslate2.Translator', 'input': 'the tokenizer\'s pieces, no EOS',
+            'translate_batch': {'beam_size': int(decode_config.get('beam_size', 4)),
+                                'length_penalty': 0.0, 'max_decoding_length': max_len,
+                                'max_input_length': cfg.max_len},
+            'note': 'length_penalty=0 is decode.py --alpha=0 (the GNMT penalty has no '
+                    'CTranslate2 equivalent)'}
+  return {'class': 'ctranslate2.Generator',
+          'input': f'[{tokenizer.id_to_piece(0)!r}] + the prompt\'s tokens (the start token)',
+          'generate_batch': {'max_length': cfg.max_len - 1, 'sampling_topk': 1,
+                             'include_prompt_in_result': False,
+                             **({'end_token': []} if tokenizer.eos_id is None else {})},
+          'note': f'the start token, the prompt and the new tokens fit in {cfg.max_len} '
+                  'positions; decode.py continues past that in windows, CTranslate2 stops '
+                  'with an error naming the limit'}
+
+
+class FORMAT:  # noqa: N801  # the format object `hf_export.writer` dispatches to
+  """The ctranslate2 format for `hf_export.writer.export_workdir`."""
+  name = 'ctranslate2'
+  check = staticmethod(check)
+
+  @staticmethod
+  def prepare(model_config, tokenizer, config):
+    del model_config, tokenizer, config
+    import ctranslate2.specs  # noqa: F401  # pylint: disable=import-outside-toplevel,unused-import
+
+  @staticmethod
+  def write(directory, restored, model_config, tokenizer, config, metadata):
+    import jax  # pylint: disable=import-outside-toplevel
+
+    del model_config, metadata  # the restored (unrolled) model's config is the one to write
+    cfg = restored.module.config
+    spec = model_spec(jax.device_get(restored.params), cfg, tokenizer)
+    spec.optimize(quantization=None)
+    spec.save(directory)
+    if tokenizer.kind == 'sentencepiece':  # what makes the pieces: users need it to tokenize
+      with open(os.path.join(directory, 'spm.model'), 'wb') as f:
+        f.write(tokenizer.model_proto)
+    what = 'Translator' if cfg.kind == 'encoder_decoder' else 'Generator'
+    return f'a CTranslate2 {what} model', {
+        'ctranslate2': decoding_options(cfg, tokenizer, config.decode),
+        'tokenizer': tokenizer.kind, 'max_len': cfg.max_len}

@@ -1,0 +1,45 @@
+"""Trained workdirs shared by the export tests (test_export_hf, test_export_ct2,
+test_export_safety) and the decode-engines bench test: each is trained once per test session
+(per xdist worker) into the session's base temporary directory, and reused by every module
+that asks for it. Tests must not modify them (copy first)."""
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A small Multi30k model trained to write real (EOS-ended) sentences, 2 checkpoints (~1 min).
+MT = ('configs/default.py:tiny', '--config.model.d_model=64', '--config.model.d_ff=256',
+      '--config.train.num_steps=250', '--config.train.batch_size=32',
+      '--config.optimizer.warmup_steps=100', '--config.train.checkpoint_every_steps=125',
+      '--config.train.eval_every_steps=250', '--config.train.num_eval_batches=1',
+      '--config.decode.num_eval_sentences=0')
+# A character language model (Tiny Shakespeare), barely trained: a checkpoint to export.
+LM = ('configs/shakespeare_char.py:tiny', '--config.train.num_steps=20',
+      '--config.train.eval_every_steps=20', '--config.train.num_eval_batches=1',
+      '--config.decode.num_eval_sentences=0')
+
+
+def env() -> dict:
+  environ = dict(os.environ)
+  environ['PYTHONPATH'] = ROOT + os.pathsep + environ.get('PYTHONPATH', '')
+  environ.setdefault('JAX_PLATFORMS', 'cpu')
+  return environ
+
+
+def trained(tmp_path_factory, name: str, recipe=MT) -> str:
+  """The workdir `name` trained with `recipe` (config, overrides...), trained on first use."""
+  root = tmp_path_factory.getbasetemp() / f'export_workdirs_{name}'
+  workdir, done = root / 'workdir', root / 'DONE'
+  if done.exists():
+    return str(workdir)
+  root.mkdir(exist_ok=True)
+  config, *overrides = recipe
+  cmd = [sys.executable, os.path.join(ROOT, 'train.py'), f'--config={config}',
+         f'--workdir={workdir}', *overrides]
+  proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=900,
+                        check=False)
+  assert proc.returncode == 0, f'training failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}'
+  done.touch()
+  return str(workdir)

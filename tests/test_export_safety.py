@@ -1,0 +1,136 @@
+"""export.py never loses data and fails in one line (issue 27 items 1, 7, 8): the output
+directory is never the workdir, inside it or above it (symlinks resolved), --overwrite
+replaces only a previous export, bad flags exit 2, a missing optional package names its extra.
+"""
+
+import hashlib
+import os
+import subprocess
+import sys
+
+import export_workdirs
+import pytest
+
+from hf_export import ExportError, output_dir, writer
+
+ROOT = export_workdirs.ROOT
+
+
+@pytest.fixture(scope='module')
+def workdir(tmp_path_factory):
+  return export_workdirs.trained(tmp_path_factory, 'mt')
+
+
+def _tree_hash(root) -> dict:
+  """{relative path: sha256 of the content, or the link target} of everything under `root`."""
+  out = {}
+  for base, dirs, files in os.walk(root):
+    for name in dirs + files:
+      path = os.path.join(base, name)
+      rel = os.path.relpath(path, root)
+      if os.path.islink(path):
+        out[rel] = 'link:' + os.readlink(path)
+      elif os.path.isfile(path):
+        with open(path, 'rb') as f:
+          out[rel] = hashlib.sha256(f.read()).hexdigest()
+      else:
+        out[rel] = 'dir'
+  return out
+
+
+def _export(*args, prelude=''):
+  """export.py in a subprocess; `prelude` runs first (e.g. hides a package)."""
+  code = (f'import sys, runpy\n{prelude}\nsys.argv = ["export.py", *{list(args)!r}]\n'
+          'runpy.run_path("export.py", run_name="__main__")\n')
+  return subprocess.run([sys.executable, '-c', code], cwd=ROOT, env=export_workdirs.env(),
+                        capture_output=True, text=True, timeout=600, check=False)
+
+
+def _one_error_line(proc, *words):
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2, proc.stderr
+  assert len(lines) == 1 and lines[0].startswith('export.py: error: '), proc.stderr
+  for word in words:
+    assert word in lines[0], lines[0]
+  return lines[0]
+
+
+def test_export_over_the_workdir_is_refused_and_changes_nothing(workdir):
+  before = _tree_hash(workdir)
+  proc = _export(f'--workdir={workdir}', f'--output_dir={workdir}', '--overwrite')
+  _one_error_line(proc, 'is the workdir')
+  assert _tree_hash(workdir) == before
+  assert sorted(os.listdir(os.path.dirname(workdir))) == ['DONE', 'workdir']  # no staging
+
+
+def test_inside_above_and_through_symlinks_are_refused(workdir, tmp_path):
+  before = _tree_hash(workdir)
+  (tmp_path / 'to_workdir').symlink_to(workdir)
+  (tmp_path / 'to_checkpoints').symlink_to(os.path.join(workdir, 'checkpoints'))
+  cases = [(os.path.join(workdir, 'checkpoints'), 'is inside'),
+           (os.path.join(workdir, 'new_export'), 'is inside'),
+           (os.path.dirname(workdir), 'contains'),
+           (os.path.join(workdir, '..', os.path.basename(workdir)), 'is the workdir'),
+           (str(tmp_path / 'to_workdir'), 'is the workdir'),  # a link to it
+           (str(tmp_path / 'to_checkpoints' / 'x'), 'is inside')]  # a path through a link
+  for out, words in cases:
+    for overwrite in (False, True):
+      with pytest.raises(ExportError, match=words):
+        writer.export_workdir(workdir, out, overwrite=overwrite, format='ctranslate2')
+  # The workdir given through a link is the same workdir.
+  with pytest.raises(ExportError, match='contains'):
+    writer.export_workdir(str(tmp_path / 'to_workdir'), os.path.dirname(workdir),
+                          overwrite=True)
+  assert _tree_hash(workdir) == before
+  assert not os.path.exists(os.path.join(workdir, 'new_export'))
+
+
+def test_overwrite_replaces_only_a_previous_export(workdir, tmp_path):
+  out = tmp_path / 'out'
+  writer.export_workdir(workdir, str(out), format='ctranslate2')
+  assert output_dir.is_previous_export(str(out))
+  first = _tree_hash(out)
+  with pytest.raises(ExportError, match='not empty'):  # no --overwrite: refused
+    writer.export_workdir(workdir, str(out), format='ctranslate2')
+  writer.export_workdir(workdir, str(out), step=125, overwrite=True)  # an export: replaced
+  assert output_dir.is_previous_export(str(out)) and _tree_hash(out) != first
+  assert sorted(os.listdir(tmp_path)) == ['out']  # the old copy is gone, no staging left
+
+  # A directory that is not an export, or an export someone added files to, is never replaced.
+  victims = {'mine': {'notes.txt': b'keep me'},
+             'export_plus': {**{n: (out / n).read_bytes() for n in os.listdir(out)},
+                             'my_results.txt': b'keep me too'}}
+  for name, files in victims.items():
+    victim = tmp_path / name
+    victim.mkdir()
+    for file, data in files.items():
+      (victim / file).write_bytes(data)
+    before = _tree_hash(victim)
+    with pytest.raises(ExportError, match='not a previous export'):
+      writer.export_workdir(workdir, str(victim), overwrite=True, format='ctranslate2')
+    assert _tree_hash(victim) == before
+  link = tmp_path / 'link'
+  link.symlink_to(out)
+  with pytest.raises(ExportError, match='symbolic link'):
+    writer.export_workdir(workdir, str(link), overwrite=True)
+  assert sorted(os.listdir(tmp_path)) == ['export_plus', 'link', 'mine', 'out']
+
+
+@pytest.mark.parametrize('flag,words', [
+    ('--step=abc', ['--step=abc']),
+    ('--average_last=1.5', ['--average_last=1.5']),
+    ('--step=99999999999999999999', ['--step=99999999999999999999', 'integer in'])])
+def test_bad_flags_are_one_line_exit_2(workdir, tmp_path, flag, words):
+  proc = _export(f'--workdir={workdir}', f'--output_dir={tmp_path / "out"}', flag)
+  _one_error_line(proc, *words)
+  assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize('package,fmt,extra', [
+    ('transformers', 'transformers', 'hf'), ('torch', 'transformers', 'hf'),
+    ('ctranslate2', 'ctranslate2', 'ct2')])
+def test_missing_package_names_its_extra(workdir, tmp_path, package, fmt, extra):
+  proc = _export(f'--workdir={workdir}', f'--output_dir={tmp_path / "out"}', f'--format={fmt}',
+                 prelude=f'sys.modules[{package!r}] = None  # import {package} fails')
+  _one_error_line(proc, package, f"pip install -e '.[{extra}]'")
+  assert os.listdir(tmp_path) == []
