@@ -30,6 +30,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from training import checkpoint_files as files
+from training.checkpoint_files import shape_mismatches  # noqa: F401  (public: decode.py)
 
 CHECKPOINT_SUBDIR = 'checkpoints'
 ITEMS = ('state', 'data')
@@ -59,13 +60,15 @@ def step_dir(workdir: str, step: int) -> str:
 def _manager(workdir: str, *, max_to_keep: int | None = None, async_save: bool = False,
              read_only: bool = False, before_commit=None) -> ocp.CheckpointManager:
   """`before_commit()` (async saves) runs once every file of a step is written, before the
-  step's temporary directory is renamed into place."""
+  step's temporary directory is renamed into place. A reader (`read_only`) creates, cleans
+  and deletes nothing and reads no step's metadata until asked; Orbax's own `read_only`
+  option is not used, as it only adds a misleading 'Given directory is read only' warning."""
   directory = checkpoint_dir(workdir)
   async_options = None
   if async_save and before_commit is not None:
     async_options = ocp.AsyncOptions(post_finalization_callback=before_commit)
   options = ocp.CheckpointManagerOptions(
-      max_to_keep=max_to_keep, create=not read_only, read_only=read_only,
+      max_to_keep=max_to_keep, create=not read_only, lightweight_initialize=read_only,
       enable_async_checkpointing=async_save, async_options=async_options,
       cleanup_tmp_directories=not read_only)  # leftovers of a save killed mid-write
   handlers = {'state': ocp.PyTreeCheckpointHandler(), 'data': ocp.JsonCheckpointHandler()}
@@ -73,10 +76,9 @@ def _manager(workdir: str, *, max_to_keep: int | None = None, async_save: bool =
 
 
 def list_steps(workdir: str) -> list[int]:
-  """Steps of the finished checkpoints in `DIR/checkpoints`, ascending ([] if none)."""
-  if not os.path.isdir(checkpoint_dir(workdir)):
-    return []
-  return sorted(_manager(workdir, read_only=True).all_steps())
+  """Steps of the finished checkpoints in `DIR/checkpoints`, ascending ([] if none): the
+  step folders Orbax has renamed into place (no Orbax metadata is read)."""
+  return files.committed_steps(checkpoint_dir(workdir))
 
 
 def _state_metadata(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
@@ -85,31 +87,6 @@ def _state_metadata(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]
   if tree is None:
     raise ValueError(f'checkpoint {step} has no state metadata')
   return tree
-
-
-def shape_mismatches(expected: Any, stored: Any, prefix: str = '') -> list[str]:
-  """Differences (one line each) between two trees of arrays or ShapeDtypeStructs: the model's
-  and a checkpoint's (stored arrays or their metadata). Used by restore and by decode.py."""
-  if isinstance(expected, dict) or isinstance(stored, dict):
-    if not (isinstance(expected, dict) and isinstance(stored, dict)):
-      return [f'{prefix or "<root>"}: structure differs']
-    out = []
-    for key in sorted(set(expected) | set(stored), key=str):
-      if key not in expected or key not in stored:
-        out.append(f'{prefix}{key}: only in the {"checkpoint" if key in stored else "model"}')
-      else:
-        out += shape_mismatches(expected[key], stored[key], f'{prefix}{key}/')
-    return out
-  shape = getattr(stored, 'shape', None)
-  if shape is not None and tuple(shape) != tuple(expected.shape):
-    return [f'{prefix.rstrip("/")}: checkpoint {tuple(shape)} vs model {tuple(expected.shape)}']
-  return []
-
-
-def _params_tree(state_tree: Any) -> Any:
-  """The `params` subtree of a TrainState-like pytree as nested dicts (for shape comparison)."""
-  params = state_tree['params'] if isinstance(state_tree, dict) else state_tree.params
-  return jax.tree_util.tree_map(lambda x: x, params)
 
 
 class Checkpointer:
@@ -130,6 +107,12 @@ class Checkpointer:
     # Checksums and the free-space check need one view of every file: single-process runs.
     self._single = jax.process_count() == 1
     self._checksums = checksums and self._single  # False: bench/checkpoint_io.py's baseline
+    _, linked = files.unlink_planted(checkpoint_dir(workdir), _warn)  # Orbax's folder names
+    if linked:  # a step: Orbax would delete (rmtree) through it
+      raise CheckpointError(
+          f'{os.path.join(checkpoint_dir(workdir), linked[0])} is a symbolic link: train.py '
+          'neither writes nor deletes checkpoints through links (replace it with the folder it '
+          'points to, or remove it)')
     self._quiet = contextlib.ExitStack()
     self._quiet.enter_context(files.quiet_orbax_logs())
     self._manager = _manager(workdir, max_to_keep=max_to_keep, async_save=async_save,
@@ -143,14 +126,18 @@ class Checkpointer:
     return steps[-1] if steps else None
 
   def save(self, step: int, state: Any, data_state: dict[str, Any] | None) -> None:
-    """Starts saving `state` (a pytree of arrays) and this process's `data_state` (JSON) at `step`."""
-    data = {'process_count': jax.process_count(), 'states': _gather_json(data_state)}
+    """Starts saving `state` (a pytree of arrays) and this process's `data_state` (JSON) at
+    `step`."""
+    data = {'process_count': jax.process_count(), 'states': files.gather_json(data_state),
+            **files.data_marker(self._checksums)}
     self._finish_pending()
     if self._single:
       self._check_free_space(step, state)
+    if files.unlink_planted(checkpoint_dir(self.workdir), _warn, step)[0]:  # since the start
+      self._manager.reload()
     try:
       if step in self._manager.all_steps():  # a damaged checkpoint skipped at restore
-        self._manager.delete(step)
+        self._delete(step)
       self._pending = step
       self._manager.save(step, args=ocp.args.Composite(
           state=ocp.args.PyTreeSave(state), data=ocp.args.JsonSave(data)), force=True)
@@ -202,11 +189,12 @@ class Checkpointer:
     """Stops Orbax's pending work, removes the unfinished step (freeing its space) and raises
     one line naming the step and the checkpoints still intact."""
     self._pending = None
+    files.note_failure()
     with contextlib.suppress(Exception):
       self._manager.close()
     where = checkpoint_dir(self.workdir)
     for path in glob.glob(os.path.join(where, f'{step}.orbax-checkpoint-tmp*')):
-      shutil.rmtree(path, ignore_errors=True)
+      files.remove(path)
     self._quiet.close()
     intact = [s for s in files.committed_steps(where) if s != step]
     kept = (f'checkpoints {", ".join(map(str, intact))} are intact' if len(intact) > 1 else
@@ -225,11 +213,12 @@ class Checkpointer:
     steps = self.all_steps()
     if not steps:
       return None
-    skipped = []
+    skipped, unverified = [], _Unverified(self.workdir)
     for step in reversed(steps):
       no_data = files.missing_items(step_dir(self.workdir, step), ('data',))
       problem = files.verify_checksums(step_dir(self.workdir, step), skip=tuple(no_data))
       if problem is None:
+        unverified.check(step)
         try:
           stored = _state_metadata(self._manager, step)
         except Exception as e:  # pylint: disable=broad-except
@@ -251,13 +240,21 @@ class Checkpointer:
       for bad in skipped:
         _warn(f'removing damaged checkpoint {bad}')
         if jax.process_index() == 0:
-          self._manager.delete(bad)
+          self._delete(bad)
       return restored['state'], self._data_state(restored.get('data'), step), step
     raise CheckpointError(f'no readable checkpoint in {checkpoint_dir(self.workdir)} '
                           f'(tried steps {sorted(skipped)})')
 
+  def _delete(self, step: int) -> None:
+    """Deletes a step; a symlink planted there meanwhile is unlinked, never followed."""
+    if os.path.islink(step_dir(self.workdir, step)):
+      files.remove(step_dir(self.workdir, step))
+      self._manager.reload()
+    else:
+      self._manager.delete(step)
+
   def _check_fits(self, abstract_state: Any, stored: Any, step: int) -> None:
-    mismatches = shape_mismatches(_params_tree(abstract_state), stored.get('params', {}),
+    mismatches = shape_mismatches(files.params_tree(abstract_state), stored.get('params', {}),
                                    'params/')
     if mismatches:
       raise CheckpointError(
@@ -305,28 +302,30 @@ class Checkpointer:
     self._quiet.close()
 
 
-def _gather_json(value: Any) -> list[Any]:
-  """Every process's JSON-serialisable `value`, in process order (a collective)."""
-  if jax.process_count() == 1:
-    return [value]
-  import json  # pylint: disable=import-outside-toplevel
-  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
-  encoded = np.frombuffer(json.dumps(value).encode(), np.uint8)
-  length = int(np.max(multihost_utils.process_allgather(np.array([encoded.size]))))
-  padded = np.zeros(length, np.uint8)
-  padded[:encoded.size] = encoded
-  gathered = multihost_utils.process_allgather(padded)
-  return [json.loads(bytes(row).rstrip(b'\0').decode()) for row in gathered]
+class _Unverified:
+  """Warns once per restore about steps without checksums from a version before them."""
+
+  def __init__(self, workdir: str):
+    self.workdir, self.warned = workdir, False
+
+  def check(self, step: int) -> None:
+    if not self.warned and files.unverified(step_dir(self.workdir, step)):
+      self.warned = True
+      _warn(f'checkpoint {step} in {checkpoint_dir(self.workdir)} has no '
+            f'{files.CHECKSUM_FILE} (written by a version from before checksums): restoring '
+            'it unverified')
 
 
 class _Damaged(Exception):
   """A checkpoint whose files fail their checksums (the message is the short reason)."""
 
 
-def _restore_params_at(manager: ocp.CheckpointManager, workdir: str, step: int, sharding) -> Any:
+def _restore_params_at(manager: ocp.CheckpointManager, workdir: str, step: int, sharding,
+                       unverified: _Unverified) -> Any:
   problem = files.verify_checksums(step_dir(workdir, step), skip=('data',))
   if problem is not None:  # found before Orbax starts reading: nothing is left pending
     raise _Damaged(problem)
+  unverified.check(step)
   stored = _state_metadata(manager, step)
   if 'params' not in stored:
     raise ValueError(f'checkpoint {step} has no params')
@@ -343,20 +342,21 @@ def _load_params(workdir: str, candidates: list[int], count: int, sharding,
                  strict_step: int | None) -> list[tuple[int, Any]]:
   """The params of up to `count` readable checkpoints among `candidates`, newest first; a
   damaged one is skipped with a warning, except `strict_step` (asked for by number)."""
-  manager = _manager(workdir, read_only=True)
   where = checkpoint_dir(workdir)
   loaded: list[tuple[int, Any]] = []
-  for s in reversed(candidates):
-    try:
-      loaded.append((s, _restore_params_at(manager, workdir, s, sharding)))
-    except Exception as e:  # pylint: disable=broad-except
-      reason = str(e) if isinstance(e, _Damaged) else files.short_reason(e, where)
-      if s == strict_step:
-        raise CheckpointError(f'checkpoint {s} in {where} is damaged: {reason}') from None
-      _warn(f'checkpoint {s} in {where} is damaged ({reason}); skipping it')
-      continue
-    if len(loaded) == count:
-      break
+  unverified = _Unverified(workdir)
+  with contextlib.closing(_manager(workdir, read_only=True)) as manager:
+    for s in reversed(candidates):
+      try:
+        loaded.append((s, _restore_params_at(manager, workdir, s, sharding, unverified)))
+      except Exception as e:  # pylint: disable=broad-except
+        reason = str(e) if isinstance(e, _Damaged) else files.short_reason(e, where)
+        if s == strict_step:
+          raise CheckpointError(f'checkpoint {s} in {where} is damaged: {reason}') from None
+        _warn(f'checkpoint {s} in {where} is damaged ({reason}); skipping it')
+        continue
+      if len(loaded) == count:
+        break
   return loaded
 
 

@@ -1,34 +1,36 @@
-"""What `training.checkpoint` adds around Orbax's files: checksums, short reasons, quiet failures.
+"""What `training.checkpoint` adds around Orbax's files: checksums, symlinks, short reasons.
 
   write_checksums(step_dir)        sha256 of every file of a finished-but-uncommitted step
   verify_checksums(step_dir)       -> None when intact, else a short reason
+  unverified(step_dir)             a step from before checksums (restored with a warning)
+  linked_entries / unlink_planted  symlinks at steps or Orbax's temporary folders
   short_reason(error, root)        one short line for an Orbax/TensorStore error
   is_disk_full(error)              ENOSPC anywhere in an error (or its text)
-  quiet_orbax_logs()               context manager: Orbax's own warning/error logs are not
-                                   printed (our callers report the failure in one line), and
-                                   what abandoned Orbax reads report later is dropped
+  quiet_orbax_logs()               `training.orbax_noise`'s: Orbax's own logs held back
 
 The checksum file is written into the step's temporary directory just before Orbax renames
 it into place, so a checkpoint and its checksums appear together; a flipped byte in any
 listed file makes the checkpoint "damaged", and the caller falls back to the previous one.
+The step's data item records that it was checksummed (`data_marker`), so a deleted
+`checksums.json` is damage too; only steps of versions from before checksums (no marker)
+are restored unverified. A symlink at a step is never followed for deletion.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import gc
 import hashlib
 import json
-import logging
 import os
 import re
-import sys
+import shutil
+from typing import Any
 
 from training.atomic_file import atomic_write
+from training.orbax_noise import note_failure, quiet_orbax_logs  # noqa: F401  (files.quiet_...)
 
 CHECKSUM_FILE = 'checksums.json'
-_ORBAX_DIR = f'{os.sep}orbax{os.sep}'  # in the file names of Orbax's code
 
 
 def _file_sha256(path: str) -> str:
@@ -62,13 +64,39 @@ def has_checksums(step_dir: str) -> bool:
   return os.path.isfile(os.path.join(step_dir, CHECKSUM_FILE))
 
 
+def data_marker(checksummed: bool) -> dict[str, Any]:
+  """What the data item of a step records about its checksums (`checksums.json`, or None for a
+  step written without them on purpose: by several processes)."""
+  return {'checksums': CHECKSUM_FILE if checksummed else None}
+
+
+def _written_with_checksums(step_dir: str) -> bool | None:
+  """True/False from the marker in the step's data item; None when there is none (a step of a
+  version from before checksums) or the item cannot be read."""
+  try:
+    with open(os.path.join(step_dir, 'data', 'metadata'), 'rb') as f:
+      data = json.loads(f.read())
+  except (OSError, ValueError):
+    return None
+  if not isinstance(data, dict) or 'checksums' not in data:
+    return None
+  return data['checksums'] == CHECKSUM_FILE
+
+
+def unverified(step_dir: str) -> bool:
+  """A step with no checksums that cannot be told to have been written without them on purpose
+  (a version from before checksums): restored unverified, with a warning."""
+  return not has_checksums(step_dir) and _written_with_checksums(step_dir) is None
+
+
 def verify_checksums(step_dir: str, skip: tuple[str, ...] = ()) -> str | None:
   """None when every listed file (except those under the folders in `skip`) is present and
-  unchanged, else a short reason naming the first bad file. A step without a checksum file
-  is not checked (None): it was written before checksums existed, or by several processes."""
+  unchanged, else a short reason naming the first bad file. A step whose data item says it
+  was checksummed must have its checksum file; one without (several processes wrote it, or a
+  version from before checksums: see `unverified`) is not checked (None)."""
   path = os.path.join(step_dir, CHECKSUM_FILE)
-  if not os.path.exists(path):
-    return None
+  if not os.path.lexists(path):
+    return f'{CHECKSUM_FILE} is missing' if _written_with_checksums(step_dir) else None
   try:
     with open(path) as f:
       digests = json.load(f)['files']
@@ -89,6 +117,42 @@ def verify_checksums(step_dir: str, skip: tuple[str, ...] = ()) -> str | None:
   return None
 
 
+def linked_entries(checkpoint_dir: str, step: int | None = None) -> list[str]:
+  """Names of the steps and Orbax temporary folders in `checkpoint_dir` (of `step` only, if
+  given) that are symlinks: Orbax would write or delete (rmtree) through them."""
+  names = os.listdir(checkpoint_dir) if os.path.isdir(checkpoint_dir) else []
+  ours = [n for n in names if n.isdigit() or '.orbax-checkpoint-tmp' in n]
+  if step is not None:
+    ours = [n for n in ours if n == str(step) or n.startswith(f'{step}.orbax-checkpoint-tmp')]
+  return sorted(n for n in ours if os.path.islink(os.path.join(checkpoint_dir, n)))
+
+
+def unlink_planted(checkpoint_dir: str, warn, step: int | None = None
+                   ) -> tuple[list[str], list[str]]:
+  """Removes (with a `warn` line each) the symlinks at Orbax's temporary folder names, and at
+  `step` when given, which Orbax would rmtree or write through. -> (the names removed, the
+  other linked steps: a user's, maybe, which the caller refuses)."""
+  removed, kept = [], []
+  for name in linked_entries(checkpoint_dir, step):
+    path = os.path.join(checkpoint_dir, name)
+    if name.isdigit() and step is None:
+      kept.append(name)
+      continue
+    warn(f'{path} is a symbolic link: removing the link (not following it)')
+    remove(path)
+    removed.append(name)
+  return removed, kept
+
+
+def remove(path: str) -> None:
+  """Removes a step folder; a symlink is unlinked, never followed."""
+  if os.path.islink(path) or not os.path.isdir(path):
+    with contextlib.suppress(FileNotFoundError):
+      os.unlink(path)
+  else:
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def committed_steps(checkpoint_dir: str) -> list[int]:
   """Step folders on disk (renamed into place, so complete), without asking Orbax."""
   names = os.listdir(checkpoint_dir) if os.path.isdir(checkpoint_dir) else []
@@ -105,6 +169,50 @@ def tree_size(directory: str) -> int:
 def missing_items(step_dir: str, items: tuple[str, ...]) -> list[str]:
   """Which of the item folders (e.g. 'data') a step has not got at all."""
   return [item for item in items if not os.path.isdir(os.path.join(step_dir, item))]
+
+
+# -- trees ----------------------------------------------------------------------------------
+
+def shape_mismatches(expected: Any, stored: Any, prefix: str = '') -> list[str]:
+  """Differences (one line each) between two trees of arrays or ShapeDtypeStructs: the model's
+  and a checkpoint's (stored arrays or their metadata). Used by restore and by decode.py."""
+  if isinstance(expected, dict) or isinstance(stored, dict):
+    if not (isinstance(expected, dict) and isinstance(stored, dict)):
+      return [f'{prefix or "<root>"}: structure differs']
+    out = []
+    for key in sorted(set(expected) | set(stored), key=str):
+      if key not in expected or key not in stored:
+        out.append(f'{prefix}{key}: only in the {"checkpoint" if key in stored else "model"}')
+      else:
+        out += shape_mismatches(expected[key], stored[key], f'{prefix}{key}/')
+    return out
+  shape = getattr(stored, 'shape', None)
+  if shape is not None and tuple(shape) != tuple(expected.shape):
+    return [f'{prefix.rstrip("/")}: checkpoint {tuple(shape)} vs model {tuple(expected.shape)}']
+  return []
+
+
+def params_tree(state_tree: Any) -> Any:
+  """The `params` subtree of a TrainState-like pytree as nested dicts (for shape comparison)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  params = state_tree['params'] if isinstance(state_tree, dict) else state_tree.params
+  return jax.tree_util.tree_map(lambda x: x, params)
+
+
+
+def gather_json(value: Any) -> list[Any]:
+  """Every process's JSON-serialisable `value`, in process order (a collective)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  if jax.process_count() == 1:
+    return [value]
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  encoded = np.frombuffer(json.dumps(value).encode(), np.uint8)
+  length = int(np.max(multihost_utils.process_allgather(np.array([encoded.size]))))
+  padded = np.zeros(length, np.uint8)
+  padded[:encoded.size] = encoded
+  gathered = multihost_utils.process_allgather(padded)
+  return [json.loads(bytes(row).rstrip(b'\0').decode()) for row in gathered]
 
 
 # -- errors -----------------------------------------------------------------------------------
@@ -130,7 +238,9 @@ def is_disk_full(error: BaseException) -> bool:
 def short_reason(error: BaseException, root: str | None = None) -> str:
   """The gist of an Orbax/TensorStore error, from the innermost cause (Orbax's wrappers say
   only "see full TensorStore details"): no tensorstore spec, no source locations, paths
-  relative to `root`, at most ~200 characters."""
+  relative to `root`, at most ~200 characters. Our callers report Orbax failures through
+  it, so it also notes that Orbax may have abandoned work (`orbax_noise.note_failure`)."""
+  note_failure()
   error = list(_chain(error))[-1]
   text = ' '.join(str(error).split())
   text = re.sub(r" \[(tensorstore_spec|source locations)='.*?'\]", '', text)
@@ -141,92 +251,3 @@ def short_reason(error: BaseException, root: str | None = None) -> str:
   if len(text) > 200:
     text = text[:197] + '...'
   return f'{type(error).__name__}: {text}' if text else type(error).__name__
-
-
-# -- logging ----------------------------------------------------------------------------------
-
-class _Hide(logging.Filter):
-  """Keeps Orbax's, TensorStore's and asyncio's ("exception was never retrieved") warnings and
-  errors off stderr: each failure reaches our code as an exception, reported in one line."""
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    path = record.pathname or ''
-    theirs = '/orbax/' in path or '/tensorstore/' in path or path.endswith('asyncio/base_events.py')
-    return not (theirs and record.levelno >= logging.WARNING)
-
-
-def _is_closed_loop_wakeup(unraisable) -> bool:
-  """A late wake-up of a closed event loop, or an abandoned Orbax read/write coroutine
-  finalised by the garbage collector (its error is the damage already reported)."""
-  if (isinstance(unraisable.exc_value, RuntimeError)
-      and str(unraisable.exc_value) == 'Event loop is closed'):
-    return True
-  code = getattr(unraisable.object, 'cr_code', None)  # a coroutine's code object
-  return code is not None and _ORBAX_DIR in code.co_filename
-
-
-def _drop_closed_loop_wakeups() -> None:
-  """TensorStore reads/writes still in flight when Orbax gives up on a damaged checkpoint (or
-  a failed save) finish later and try to wake the event loop Orbax has already closed; Python
-  reports each as an unraisable `RuntimeError: Event loop is closed`. That is noise about work
-  nobody waits for: dropped. Every other unraisable goes to the previous hook."""
-  previous = sys.unraisablehook
-  if getattr(previous, 'drops_closed_loop_wakeups', False):
-    return
-
-  def hook(unraisable):
-    if not _is_closed_loop_wakeup(unraisable):
-      previous(unraisable)
-
-  hook.drops_closed_loop_wakeups = True
-  sys.unraisablehook = hook
-
-
-def _reporting_loop():
-  """The event loop whose `default_exception_handler` is logging the current record, or None
-  (asyncio logs a future's or task's lost error through its own loop's handler)."""
-  frame = sys._getframe(1)  # pylint: disable=protected-access
-  while frame is not None:
-    if (frame.f_code.co_name == 'default_exception_handler'
-        and frame.f_code.co_filename.endswith(os.path.join('asyncio', 'base_events.py'))):
-      return frame.f_locals.get('self')
-    frame = frame.f_back
-  return None
-
-
-def _not_from_a_closed_loop(record: logging.LogRecord) -> bool:
-  """False for asyncio's report of a future or task whose event loop is already closed."""
-  del record  # the loop is on the stack, not in the record
-  loop = _reporting_loop()
-  return loop is None or not loop.is_closed()
-
-
-def _drop_abandoned_orbax_tasks() -> None:
-  """Orbax runs each read on a fresh event loop and closes it at the first error (a damaged
-  checkpoint), abandoning the other reads' tasks and TensorStore futures. They may fail or be
-  destroyed much later, after `quiet_orbax_logs` has ended, even at interpreter exit; asyncio
-  then logs each one ("Task/Future exception was never retrieved", with the whole TensorStore
-  spec), hundreds of lines about a failure already reported in one. Nobody can wait on work
-  of a closed loop, so its reports are dropped for good; those of running loops stay."""
-  asyncio_logger = logging.getLogger('asyncio')
-  if _not_from_a_closed_loop not in asyncio_logger.filters:
-    asyncio_logger.addFilter(_not_from_a_closed_loop)
-
-
-@contextlib.contextmanager
-def quiet_orbax_logs():
-  """Within: Orbax/TensorStore/asyncio warnings and errors are not printed. For good:
-  TensorStore's late wake-ups of closed event loops and abandoned Orbax tasks' reports are
-  dropped (they come after the failure was reported)."""
-  _drop_closed_loop_wakeups()
-  _drop_abandoned_orbax_tasks()
-  hide = _Hide()
-  handlers = [h for name in ('', 'absl') for h in logging.getLogger(name).handlers]
-  for handler in handlers:
-    handler.addFilter(hide)
-  try:
-    yield
-  finally:
-    gc.collect()  # finish abandoned coroutines now, not at interpreter exit
-    for handler in handlers:
-      handler.removeFilter(hide)

@@ -160,7 +160,8 @@ def plot_curves(runs: list[Run], path: str) -> str:
           ax.plot(x, [p.value for p in points], marker='o' if len(points) < 20 else None,
                   markersize=3, label=run.name)
       ax.set_title(title, fontsize=10)
-      ax.set_xlabel(xlabel, fontsize=9)
+      if row == len(panels) - 1:  # the columns share their x axis
+        ax.set_xlabel(xlabel, fontsize=9)
       ax.grid(alpha=0.3)
       if tag == 'train/loss' and len(runs) > 1:
         ax.legend(fontsize=8)

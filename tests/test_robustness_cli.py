@@ -1,0 +1,122 @@
+"""Issues 17 and 27 through the command lines, on small parallel text: refused runs leave
+nothing behind, full disks end in one line, a second Ctrl-C stops at once."""
+
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+import test_train_synthetic as syn
+from test_robustness import RUN, _one_error_line, _run_cli
+
+from training import checkpoint, checkpoint_files
+
+compilation_cache = pytest.fixture(scope='module', autouse=True)(syn.compilation_cache_fixture)
+
+
+# -- 2, 7, 8 through train.py, on small parallel text --------------------------------------------
+
+def _tmpfs(path, size):
+  """A `size` tmpfs at `path` (root only); skips the test where mounting is not allowed."""
+  os.makedirs(path, exist_ok=True)
+  proc = subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={size}', 'tmpfs', str(path)],
+                        capture_output=True, check=False)
+  if proc.returncode != 0:
+    pytest.skip(f'cannot mount a tmpfs here: {proc.stderr.decode().strip()}')
+  return path
+
+
+@pytest.fixture(scope='module')
+def text_files(tmp_path_factory):
+  """300 Multi30k sentence pairs as plain files, and a data dir for their tfds preparation."""
+  import gzip  # pylint: disable=import-outside-toplevel
+  root = tmp_path_factory.mktemp('text')
+  out = {}
+  for split, name in (('train', 'train'), ('eval', 'val')):
+    for lang in ('en', 'de'):
+      with gzip.open(os.path.join(syn.REPO, 'data', 'multi30k', f'{name}.{lang}.gz'), 'rt') as f:
+        lines = [next(f) for _ in range(300)]
+      out[f'{split}.{lang}'] = str(root / f'{split}.{lang}')
+      with open(out[f'{split}.{lang}'], 'w') as f:
+        f.writelines(lines)
+  out['data_dir'] = str(root / 'tfds')
+  return out
+
+
+def _text_args(files, workdir, *extra, eval_files=True):
+  args = ['--config=configs/default.py:tiny', f'--workdir={workdir}',
+          '--config.data.dataset=parallel_text', f'--config.data.data_dir={files["data_dir"]}',
+          f'--config.data.train_files={files["train.en"]},{files["train.de"]}',
+          '--config.decode.num_eval_sentences=0', '--config.train.num_eval_batches=1']
+  if eval_files:
+    args.append(f'--config.data.eval_files={files["eval.en"]},{files["eval.de"]}')
+  return [*args, *extra]
+
+
+def test_a_refused_run_writes_no_config_and_a_missing_split_is_found_at_start(text_files,
+                                                                             tmp_path):
+  workdir = str(tmp_path / 'w')
+  proc = _run_cli('train.py', *_text_args(text_files, workdir, '--config.data.vocab_size=3'))
+  assert 'config.data.vocab_size=3 is too small' in _one_error_line(proc, 'train.py: error: ')
+  assert not os.path.exists(os.path.join(workdir, 'config.json'))
+  proc = _run_cli('train.py', *_text_args(text_files, workdir, eval_files=False))
+  line = _one_error_line(proc, 'train.py: error: ')
+  assert "has no split 'validation'" in line and 'eval_files' in line
+  assert not os.path.exists(os.path.join(workdir, 'config.json'))
+  assert not os.path.exists(os.path.join(workdir, 'checkpoints'))
+
+
+def test_disk_full_through_train_py(text_files, tmp_path):
+  """The issue's case: a small tmpfs as the workdir; one line, exit 1, earlier steps intact,
+  and the run resumes once there is space."""
+  mount = _tmpfs(tmp_path / 'fs', '2m')
+  try:
+    workdir = str(mount / 'w')
+    args = _text_args(text_files, workdir, '--config.train.num_steps=30')
+    proc = _run_cli('train.py', *args)
+    where = checkpoint.checkpoint_dir(workdir)
+    # Which checkpoint meets the full disk depends on the compressed sizes (20 or 30 here);
+    # every earlier one must be intact and named.
+    line = _one_error_line(proc, 'train.py: error: ', code=1)
+    failed = int(re.search(r'writing checkpoint (\d+) in', line).group(1))
+    intact = list(range(10, failed, 10))
+    assert intact, line
+    names = (f'checkpoint {intact[0]} is intact' if len(intact) == 1 else
+             f'checkpoints {", ".join(map(str, intact))} are intact')
+    assert line == (f'train.py: error: no space left on device writing checkpoint {failed} in '
+                    f'{where}; {names}')
+    assert checkpoint.list_steps(workdir) == intact
+    assert sorted(os.listdir(where)) == sorted(map(str, intact))
+    subprocess.run(['mount', '-o', 'remount,size=16m', str(mount)], check=True)
+    proc = _run_cli('train.py', *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f'resumed from the checkpoint at step {intact[-1]}' in proc.stdout
+    assert checkpoint.list_steps(workdir) == [10, 20, 30]
+  finally:
+    subprocess.run(['umount', '-l', str(mount)], check=False)  # -l: an open event file
+
+
+def test_a_write_failing_inside_orbax_is_one_line(tmp_path, monkeypatch, capfd):
+  """A disk that fills during the write (the free-space check passed): Orbax's failure in its
+  background thread becomes the same line, and its logs and pending work stay silent."""
+  mount = _tmpfs(tmp_path / 'fs', '1m')
+  try:
+    real = shutil.disk_usage
+    monkeypatch.setattr(checkpoint.shutil, 'disk_usage',
+                        lambda p: real(p)._replace(free=1 << 40))
+    workdir = str(mount / 'w')
+    with pytest.raises(checkpoint.CheckpointWriteError,
+                       match=r'no space left on device writing checkpoint (\d+) in .*; '
+                             r'checkpoints? [\d, ]+ (is|are) intact$'):
+      syn.run(workdir, 'encoder_decoder', {**RUN, 'train.num_steps': 40,
+                                           'train.max_checkpoints': 20})
+    err = capfd.readouterr().err
+    assert 'Traceback' not in err and 'Event loop' not in err and 'RESOURCE_EXHAUSTED' not in err
+    steps = checkpoint.list_steps(workdir)
+    assert steps and all(checkpoint_files.verify_checksums(checkpoint.step_dir(workdir, s)) is None
+                         for s in steps)
+    assert not [n for n in os.listdir(checkpoint.checkpoint_dir(workdir)) if 'tmp' in n]
+  finally:
+    monkeypatch.undo()
+    subprocess.run(['umount', '-l', str(mount)], check=False)  # -l: an open event file
