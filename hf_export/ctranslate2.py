@@ -207,12 +207,12 @@ def decoding_options(cfg, tokenizer, decode_config) -> dict:
                     'CTranslate2 equivalent)'}
   return {'class': 'ctranslate2.Generator',
           'input': f'[{tokenizer.id_to_piece(0)!r}] + the prompt\'s tokens (the start token)',
-          'generate_batch': {'max_length': cfg.max_len - 1, 'sampling_topk': 1,
-                             'include_prompt_in_result': False,
+          'generate_batch': {'sampling_topk': 1, 'include_prompt_in_result': False,
                              **({'end_token': []} if tokenizer.eos_id is None else {})},
-          'note': f'the start token, the prompt and the new tokens fit in {cfg.max_len} '
-                  'positions; decode.py continues past that in windows, CTranslate2 stops '
-                  'with an error naming the limit'}
+          'note': f'max_length at most {cfg.max_len} - the prompt\'s length: the start token, '
+                  f'the prompt and the new tokens fit in {cfg.max_len} positions. decode.py '
+                  'continues past that in windows; CTranslate2 stops with an error naming the '
+                  'limit'}
 
 
 class FORMAT:  # noqa: N801  # the format object `hf_export.writer` dispatches to

@@ -2,6 +2,11 @@
 
   sentencepiece  -> MarianTokenizer (source.spm = target.spm = our model, vocab.json = its
                     pieces by id): `tokenizer(text)` = our `encode(text)` (pieces + EOS 1).
+                    `model_max_length` is the model's max_len and truncation cuts on the
+                    right, so `tokenizer(lines, truncation=True)` cuts a long line as decode.py
+                    does (its first max_len - 1 pieces, then EOS). transformers (5.x) has no
+                    setting that makes truncation the default: without `truncation=True` such
+                    a line reaches the model whole, past its positions (transformers warns).
   char           -> PreTrainedTokenizerFast over a `tokenizers` WordLevel vocabulary of our
                     characters (`<pad>` = 0, characters 1..N), one token per character. For a
                     language model it prepends the start token 0 (as BOS), which is what our
@@ -49,8 +54,8 @@ def _save_marian(tokenizer, directory: str, max_len: int) -> str:
       json.dump(vocab, f, ensure_ascii=False)
     hf = MarianTokenizer(
         source_spm=spm_path, target_spm=spm_path, vocab=vocab_path, unk_token='<unk>',
-        eos_token='</s>', pad_token=PAD, model_max_length=max_len,
-        clean_up_tokenization_spaces=False, split_special_tokens=True)
+        eos_token='</s>', pad_token=PAD, model_max_length=max_len, truncation_side='right',
+        padding_side='right', clean_up_tokenization_spaces=False, split_special_tokens=True)
     hf.save_pretrained(directory)
   return 'MarianTokenizer'
 

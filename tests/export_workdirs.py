@@ -1,11 +1,17 @@
-"""Trained workdirs shared by the export tests (test_export_hf, test_export_ct2,
-test_export_safety) and the decode-engines bench test: each is trained once per test session
-(per xdist worker) into the session's base temporary directory, and reused by every module
-that asks for it. Tests must not modify them (copy first)."""
+"""What the export tests (test_export_hf, test_export_ct2, test_export_safety) and the
+decode-engines bench test share: trained workdirs, each trained once per test session (per
+xdist worker) into the session's base temporary directory and reused by every module that
+asks for it (tests must not modify them: copy first), and tiny random models."""
 
 import os
 import subprocess
 import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from model import build_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -15,10 +21,7 @@ MT = ('configs/default.py:tiny', '--config.model.d_model=64', '--config.model.d_
       '--config.optimizer.warmup_steps=100', '--config.train.checkpoint_every_steps=125',
       '--config.train.eval_every_steps=250', '--config.train.num_eval_batches=1',
       '--config.decode.num_eval_sentences=0')
-# A character language model (Tiny Shakespeare), barely trained: a checkpoint to export.
-LM = ('configs/shakespeare_char.py:tiny', '--config.train.num_steps=20',
-      '--config.train.eval_every_steps=20', '--config.train.num_eval_batches=1',
-      '--config.decode.num_eval_sentences=0')
+CHARS = list(" !',.:;?ETAOINSHRDLUetaoinshrdlucmwfgypbvk\n")  # a character vocabulary
 
 
 def env() -> dict:
@@ -43,3 +46,14 @@ def trained(tmp_path_factory, name: str, recipe=MT) -> str:
   assert proc.returncode == 0, f'training failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}'
   done.touch()
   return str(workdir)
+
+
+def random_model(config, seed=0):
+  """(module, params): a tiny model with every weight, LayerNorm and bias random (not 0/1)."""
+  module = build_model(config)
+  x = jnp.ones((1, 8), jnp.int32)
+  args = (x, x) if module.config.kind == 'encoder_decoder' else (x,)
+  params = module.init(jax.random.key(seed), *args)['params']
+  rng = np.random.default_rng(seed)  # NumPy: one jitted draw per shape would compile ~100 times
+  return module, jax.tree.map(
+      lambda p: np.asarray(p) + 0.2 * rng.standard_normal(p.shape, np.float32), params)

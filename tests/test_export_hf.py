@@ -16,7 +16,6 @@ import textwrap
 
 import export_workdirs
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -31,7 +30,7 @@ transformers = pytest.importorskip('transformers')
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, 'data', 'multi30k')
 DECODE = {'beam_size': 4, 'alpha': 0.0, 'max_len': 16, 'temperature': 1.0, 'top_k': 0}
-CHARS = list(" !',.:;?ETAOINSHRDLUetaoinshrdlucmwfgypbvk\n")  # 44 characters: ids 1..44
+CHARS = export_workdirs.CHARS  # 44 characters: ids 1..44
 
 
 def _env():
@@ -39,17 +38,6 @@ def _env():
   env['PYTHONPATH'] = ROOT + os.pathsep + env.get('PYTHONPATH', '')
   env.setdefault('JAX_PLATFORMS', 'cpu')
   return env
-
-
-def _random_model(config, seed=0):
-  """(module, params): a tiny model with every weight, LayerNorm and bias random (not 0/1)."""
-  module = build_model(config)
-  x = jnp.ones((1, 8), jnp.int32)
-  args = (x, x) if module.config.kind == 'encoder_decoder' else (x,)
-  params = module.init(jax.random.key(seed), *args)['params']
-  rng = np.random.default_rng(seed)  # NumPy: one jitted draw per shape would compile ~100 times
-  return module, jax.tree.map(
-      lambda p: np.asarray(p) + 0.2 * rng.standard_normal(p.shape, np.float32), params)
 
 
 def _load(directory, cls, eps=None):
@@ -90,7 +78,7 @@ def test_encoder_decoder_logits_equal(tmp_path, norm, share, tied, activation):
   config = default.get_config('tiny').model
   config.norm_position, config.share_embeddings = norm, share
   config.logits_via_embedding, config.activation = tied, activation
-  module, params = _random_model(config)
+  module, params = export_workdirs.random_model(config)
   arch, _ = writer.write_export(str(tmp_path), params, module.config, CharTokenizer(CHARS), DECODE)
   assert arch == {'post': 'MarianMTModel', 'pre': 'PegasusForConditionalGeneration'}[norm]
   rng = np.random.default_rng(0)
@@ -110,7 +98,7 @@ def test_decoder_only_logits_and_greedy_equal(tmp_path, positions, activation):
   config = shakespeare_char.get_config('tiny').model
   config.vocab_size = len(CHARS) + 1
   config.positional_encoding, config.activation = positions, activation
-  module, params = _random_model(config)
+  module, params = export_workdirs.random_model(config)
   arch, _ = writer.write_export(str(tmp_path), params, module.config, CharTokenizer(CHARS), DECODE)
   assert arch == 'GPT2LMHeadModel'
   model = _load(tmp_path, transformers.GPT2LMHeadModel)
@@ -131,6 +119,14 @@ def test_decoder_only_logits_and_greedy_equal(tmp_path, positions, activation):
   theirs = model.generate(**tokenizer([prompt], return_tensors='pt'), do_sample=False,
                           max_new_tokens=12)
   assert theirs[0, len(ids):].tolist() == np.asarray(ours)[0].tolist()
+  # GPT-2 has max_len positions (the start token, the prompt, the new tokens; README):
+  # generate() stops there by default, and asked for more it fails (after transformers'
+  # warning naming the limit) instead of continuing in windows as decode.py does.
+  full = model.generate(**tokenizer([prompt], return_tensors='pt'), do_sample=False)
+  assert full.shape[1] == config.max_len
+  with pytest.raises(IndexError):
+    model.generate(**tokenizer([prompt], return_tensors='pt'), do_sample=False,
+                   max_new_tokens=config.max_len)
 
 
 def test_char_tokenizer_round_trip(tmp_path):
@@ -139,7 +135,7 @@ def test_char_tokenizer_round_trip(tmp_path):
   ours = CharTokenizer(sorted(set(text)))
   config = shakespeare_char.get_config('tiny').model
   config.vocab_size = ours.vocab_size
-  module, params = _random_model(config)
+  module, params = export_workdirs.random_model(config)
   writer.write_export(str(tmp_path), params, module.config, ours, DECODE)
   theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)
   sample = text[1000:1400]  # newlines, double spaces, punctuation
@@ -189,9 +185,11 @@ def _until_eos(ids):
   return ids[:ids.index(1) + 1] if 1 in ids else ids
 
 
-def _sentences(n):
+def _sentences(n=None):
+  """The first `n` test2016 source lines (all of them when None)."""
   with gzip.open(os.path.join(DATA, 'test_2016_flickr.en.gz'), 'rt', encoding='utf-8') as f:
-    return [next(f).rstrip('\n') for _ in range(n)]
+    lines = f.read().splitlines()
+  return lines if n is None else lines[:n]
 
 
 def test_trained_export_translates_as_decode_py(trained, tmp_path):
@@ -207,7 +205,10 @@ def test_trained_export_translates_as_decode_py(trained, tmp_path):
   lines = _sentences(8)
   assert [tokenizer(line)['input_ids'] for line in lines] == list(map(restored.tokenizer.encode,
                                                                        lines))
-  lines = [line for line in lines if len(restored.tokenizer.encode(line)) <= 48][:6]
+  # Short lines and the longest test2016 line, which the tokenizer cuts as decode.py does.
+  longest = max(_sentences(), key=lambda line: len(restored.tokenizer.encode(line)))
+  assert len(restored.tokenizer.encode(longest)) > restored.module.config.max_len
+  lines = [line for line in lines if len(restored.tokenizer.encode(line)) <= 48][:5] + [longest]
   sources = decode.encode_sources(restored.tokenizer, lines, restored.module.config.max_len)
   model = _load(out, transformers.AutoModelForSeq2SeqLM)
 
@@ -223,7 +224,8 @@ def test_trained_export_translates_as_decode_py(trained, tmp_path):
   # Beam 4 with no length penalty: the same search (see the README), so the same output.
   outputs = decode.translate(restored, sources, beam_size=4, alpha=0.0, max_len=32,
                              batch_size=len(lines), progress=False)
-  batch = tokenizer(lines, return_tensors='pt', padding=True)
+  batch = tokenizer(lines, return_tensors='pt', padding=True, truncation=True)
+  assert batch['input_ids'][-1].tolist() == sources[-1]  # max_len - 1 pieces, then EOS
   generated = model.generate(**batch, num_beams=4, length_penalty=0.0, max_new_tokens=32,
                              output_scores=True, return_dict_in_generate=True)
   theirs = [_until_eos(row[1:]) for row in generated.sequences.tolist()]
@@ -241,15 +243,17 @@ def test_trained_export_translates_as_decode_py(trained, tmp_path):
   ours = np.where(hyps > 0, log_probs[..., 0], 0.0).sum(axis=1)
   np.testing.assert_allclose(generated.sequences_scores.numpy(), ours, atol=1e-3, rtol=0)
 
-  # The README's three lines, as printed, on this export.
+  # The README's three lines, as printed, on this export and on the longest line.
   with open(os.path.join(ROOT, 'README.md'), encoding='utf-8') as f:
     readme = f.read()
   blocks = re.findall(r'^( *)```python\n(.*?)^\1```', readme, re.DOTALL | re.MULTILINE)
   code = [textwrap.dedent(c) for _, c in blocks if 'AutoModelForSeq2SeqLM' in c][0]
   assert len(code.strip().splitlines()) == 3
-  printed = []
-  exec(code.replace('runs/default_hf', out), {'print': printed.append})  # noqa: S102
-  assert len(printed) == 1 and isinstance(printed[0][0], str) and printed[0][0]
+  for line in ('A man is riding a bike.', longest):
+    printed = []
+    exec(code.replace('runs/default_hf', out).replace("'A man is riding a bike.'", repr(line)),  # noqa: S102
+         {'print': printed.append})
+    assert len(printed) == 1 and isinstance(printed[0][0], str) and printed[0][0]
 
 
 def test_cli_refuses_without_writing(trained, tmp_path):

@@ -1,9 +1,10 @@
 """The Python code of docs/guide.md and README.md runs as written (issue 29), so the guide
 cannot go stale: every ```python block is executed in a directory whose `runs/` holds tiny
 trained workdirs under the names the guide uses (`runs/default`: a translation model,
-`runs/shakespeare`: a character language model, `runs/default_hf`: the first one exported for
-`transformers`). Paths under /tmp/ in a block are moved into that directory. When a block ends
-with `# ...` comment lines, they are its expected output, line for line.
+`runs/shakespeare`: a character language model, `runs/default_hf` and `runs/default_ct2`: the
+first one exported for `transformers` and for CTranslate2). Paths under /tmp/ in a block are
+moved into that directory. When a block ends with `# ...` comment lines, they are its expected
+output, line for line.
 """
 
 import contextlib
@@ -83,6 +84,14 @@ def _export_for_transformers(root) -> None:
     hf_export.export_workdir(str(root / 'runs' / 'default'), str(target))
 
 
+def _export_for_ctranslate2(root) -> None:
+  pytest.importorskip('ctranslate2')
+  import hf_export  # pylint: disable=import-outside-toplevel
+  target = root / 'runs' / 'default_ct2'
+  if not target.exists():
+    hf_export.export_workdir(str(root / 'runs' / 'default'), str(target), format='ctranslate2')
+
+
 def test_the_docs_have_python_blocks():
   where = [w for w, _ in BLOCKS]
   assert any('docs/guide.md' in w for w in where) and len(BLOCKS) >= 4, where
@@ -94,6 +103,8 @@ def test_the_docs_have_python_blocks():
 def test_block_runs(site, where, code, monkeypatch):
   if 'default_hf' in code:
     _export_for_transformers(site)
+  if 'default_ct2' in code:
+    _export_for_ctranslate2(site)
   monkeypatch.chdir(site)
   source = code.replace("'/tmp/", f"'{site}/tmp_")
   out = io.StringIO()
