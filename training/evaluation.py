@@ -1,15 +1,16 @@
 """Evaluation during training: validation loss/accuracy/perplexity and BLEU.
 
 `evaluate` runs the jitted eval step over the (padded) validation batches of every process.
-`translate` decodes raw source sentences with `model.inference` (the path `decode.py` takes
-too) on this process's devices only, and `bleu` scores them with sacreBLEU on detokenized
-text.
+`translate` decodes raw source sentences with the inference package
+(`inference.Translator`: the path `decode.py` takes too) on this process's devices only, and
+`bleu` scores them with sacreBLEU on detokenized text.
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +24,8 @@ def _pad_rows(batch: dict[str, np.ndarray], multiple: int) -> dict[str, np.ndarr
   extra = -rows % multiple
   if not extra:
     return batch
-  return {k: np.concatenate([v, np.zeros((extra,) + v.shape[1:], v.dtype)]) for k, v in batch.items()}
+  return {k: np.concatenate([v, np.zeros((extra,) + v.shape[1:], v.dtype)])
+          for k, v in batch.items()}
 
 
 def _max_over_processes(value: int) -> int:
@@ -67,7 +69,7 @@ def evaluate(eval_step: Callable, params: Any, batches: Iterable[dict[str, np.nd
 
 
 def translate(translator, tokenizer, sources: Sequence[str]) -> list[str]:
-  """Detokenized translations of `sources` by a `model.inference.Translator`."""
+  """Detokenized translations of `sources` by an `inference.Translator`."""
   return [tokenizer.decode(ids) for ids in translator([tokenizer.encode(s) for s in sources])]
 
 

@@ -19,7 +19,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from model import build_model, inference
+import inference
+from model import build_model
 from model.kinds import kind_of
 from training import accelerator, checkpoint as ckpt_lib
 from training import config_io, evaluation, memory, metrics as metrics_lib, optim, steps

@@ -1,0 +1,265 @@
+"""What `decode.py` does with its flags: `run(FLAGS)`.
+
+Every flag is checked before anything is read or restored: numbers against their ranges (in
+the type they are used in: int32 / uint32 seeds, float32), paths, and then against the model
+kind (from config.json, cheap) and the mode. A flag that does not apply (`--prompt` to a
+translation model, `--temperature` to beam search, `--nbest` above the beam size, ...) is
+refused with one line rather than ignored. Then: translate (a file in sorted full batches, a
+stream line by line as it arrives), score references (forced decoding), or generate.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from typing import NamedTuple
+
+from training import cli
+
+PROG = 'decode.py'
+TEMPERATURE_MIN, TEMPERATURE_MAX = 1e-3, 1e3  # below 1e-3 logits / T overflow float32
+ALPHA_MAX = 10.0  # ((5 + len) / 6) ** alpha stays finite in float32 for any length we decode
+INT_LIMITS = {  # flag -> (lowest, highest)
+    'step': (0, cli.INT32_MAX), 'average_last': (1, 10_000), 'beam_size': (1, 1024),
+    'batch_size': (1, 65_536), 'max_len': (1, cli.INT32_MAX), 'nbest': (1, 1024),
+    'num_tokens': (1, 1_000_000), 'top_k': (0, cli.INT32_MAX), 'seed': (0, cli.UINT32_MAX),
+    'attention_plot_max': (0, cli.INT32_MAX)}
+SAMPLING_FLAGS = ('temperature', 'top_k', 'top_p')
+# Flags of a translation model that a language model refuses (and the reverse).
+TRANSLATION_FLAGS = ('reference', 'score_reference', 'beam_size', 'alpha', 'max_len',
+                     'batch_size', 'nbest', 'sample', 'lowercase_bleu')
+LM_FLAGS = ('prompt', 'num_tokens')
+
+
+class Plan(NamedTuple):
+  mode: str  # 'translate' | 'score' | 'generate'
+  sampling: bool = False
+  beam_size: int = 1
+
+
+def _info(message: str) -> None:
+  print(message, file=sys.stderr, flush=True)
+
+
+def _warn(message: str) -> None:
+  print(f'{PROG}: warning: {message}', file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- flag checks
+
+def check_temperature(value: float | None, where: str = '--temperature') -> None:
+  """0 (greedy) or in [TEMPERATURE_MIN, TEMPERATURE_MAX]."""
+  if value is None or value == 0:
+    return
+  if not (math.isfinite(value) and TEMPERATURE_MIN <= value <= TEMPERATURE_MAX):
+    raise cli.UsageError(f'{where}={value} must be 0 (greedy) or a number in '
+                         f'[{TEMPERATURE_MIN:g}, {TEMPERATURE_MAX:g}]')
+
+
+def check_numbers(F) -> None:
+  for name, (lo, hi) in INT_LIMITS.items():
+    cli.check_int(name, getattr(F, name), lo=lo, hi=hi)
+  cli.check_float('alpha', F.alpha, lo=0.0, hi=ALPHA_MAX)
+  cli.check_float('top_p', F.top_p, lo=0.0, hi=1.0, lo_open=True)
+  check_temperature(F.temperature)
+
+
+def _same_file(a: str | None, b: str | None) -> bool:
+  """The same file by path resolution (symlinks, `..`, hard links when both exist)."""
+  if a is None or b is None:
+    return False
+  if os.path.exists(a) and os.path.exists(b):
+    return os.path.samefile(a, b)
+  return os.path.realpath(a) == os.path.realpath(b)
+
+
+def check_paths(F) -> None:
+  if F.output_file is not None and os.path.isdir(F.output_file):
+    raise cli.UsageError(f'--output_file {F.output_file} is a directory')
+  for name in ('input_file', 'reference', 'score_reference'):
+    path = getattr(F, name)
+    if path is None or (name == 'input_file' and path == '-'):
+      continue
+    if os.path.isdir(path):
+      raise cli.UsageError(f'--{name} {path} is a directory')
+    if not os.path.exists(path):
+      raise cli.UsageError(f'--{name} {path} does not exist')
+    if _same_file(F.output_file, path):
+      raise cli.UsageError(f'--output_file {F.output_file} is the same file as --{name} '
+                           f'{path}: refusing to overwrite it')
+
+
+def _given(F, name: str) -> bool:
+  """Whether the command line set `--name` (a bool flag: to true)."""
+  value = getattr(F, name)
+  return value is True if isinstance(value, bool) else F[name].present
+
+
+def _refuse(F, names, message: str) -> None:
+  """One line for the first of `names` given: `message` formatted with {flag}."""
+  for name in names:
+    if _given(F, name):
+      raise cli.UsageError(message.format(flag=f'--{name}'))
+
+
+def plan_translation(F, config, where: str) -> Plan:
+  _refuse(F, LM_FLAGS, '{flag} is for a language model, but ' + where + ' holds an '
+          'encoder_decoder (translation) model: give sentences on stdin or --input_file')
+  if F.lowercase_bleu and F.reference is None:
+    raise cli.UsageError('--lowercase_bleu needs --reference')
+  if F.score_reference is not None:
+    _refuse(F, ('reference', 'beam_size', 'alpha', 'max_len', 'nbest', 'sample', 'seed',
+                *SAMPLING_FLAGS, 'attention_plot'),
+            '{flag} does not apply to --score_reference (it scores the given references: '
+            'nothing is searched)')
+    return Plan('score')
+  beam = F.beam_size if F.beam_size is not None else config.decode.beam_size
+  sampling = F.sample or (beam == 1 and any(_given(F, n) for n in SAMPLING_FLAGS))
+  if sampling:
+    if F.beam_size is not None and F.beam_size > 1:
+      raise cli.UsageError(f'--beam_size={F.beam_size} does not apply to sampling (it draws '
+                           'one token at a time; --nbest=N gives N samples)')
+    _refuse(F, ('alpha',), "{flag} (beam search's length penalty) does not apply to sampling")
+    check_temperature(config.decode.get('temperature', 1.0), 'config.decode.temperature')
+    return Plan('translate', sampling=True)
+  search = f'beam search (beam size {beam})' if beam > 1 else 'greedy decoding (beam size 1)'
+  _refuse(F, (*SAMPLING_FLAGS, 'seed'), '{flag} applies to sampling, not to ' + search +
+          ': add --sample')
+  if beam == 1:
+    _refuse(F, ('alpha',), "{flag} (beam search's length penalty) does not apply to greedy "
+            'decoding (beam size 1)')
+  if F.nbest > beam:
+    raise cli.UsageError(f'--nbest={F.nbest} is more than the beam size {beam} (raise '
+                         '--beam_size, or --sample for N samples)')
+  return Plan('translate', beam_size=beam)
+
+
+def plan_generation(F, config, where: str, kind: str) -> Plan:
+  hint = {'max_len': ' (--num_tokens sets the length)'}
+  for name in TRANSLATION_FLAGS:
+    _refuse(F, (name,), '{flag} is for translation, but ' + where + f' holds a {kind} '
+            f'(language) model{hint.get(name, "")}')
+  if F.prompt is not None and F.input_file is not None:
+    raise cli.UsageError('--prompt and --input_file both give prompts: use one')
+  temperature = F.temperature
+  if temperature is None:
+    temperature = config.decode.get('temperature', 1.0)
+    check_temperature(temperature, 'config.decode.temperature')
+  if temperature == 0:
+    _refuse(F, ('top_k', 'top_p', 'seed'), '{flag} applies to sampling, but the temperature '
+            'is 0 (greedy)')
+  return Plan('generate')
+
+
+def plan(F):
+  """Checks every flag -> (Plan, mesh or None). Reads only config.json."""
+  from inference import restore as restore_lib  # pylint: disable=import-outside-toplevel
+  from model.kinds import kind_of  # pylint: disable=import-outside-toplevel
+  check_numbers(F)
+  check_paths(F)
+  try:
+    config, module = restore_lib.read_model(F.workdir)
+    mesh = None if F.mesh is None else restore_lib.mesh_from_flag(F.mesh)
+  except restore_lib.RestoreError as e:
+    raise cli.UsageError(str(e)) from None
+  kind = kind_of(module)
+  if not kind.has_decoder:
+    raise cli.UsageError(f'{F.workdir} holds a {kind.name} model: there is nothing to decode')
+  if F.attention_plot is None:
+    _refuse(F, ('attention_plot_max', 'attention_plot_heads'), '{flag} needs --attention_plot')
+  if kind.has_source:
+    return plan_translation(F, config, F.workdir), mesh
+  return plan_generation(F, config, F.workdir, kind.name), mesh
+
+
+# ----------------------------------------------------------------------------- run
+
+def restore(workdir: str, step: int | None, average_last: int, mesh=None):
+  """The `inference.Session` of `workdir` (one `restored ...` line on stderr)."""
+  from inference import restore as restore_lib  # pylint: disable=import-outside-toplevel
+  from inference.session import Session  # pylint: disable=import-outside-toplevel
+  try:
+    session = Session(restore_lib.Restored(workdir, step, average_last, mesh), warn=_warn)
+  except (restore_lib.RestoreError, ValueError) as e:
+    raise cli.UsageError(str(e)) from None
+  averaged = f' (average of the last {average_last})' if average_last > 1 else ''
+  where = '' if mesh is None else f' onto mesh (data, fsdp, tensor)={tuple(mesh.shape.values())}'
+  _info(f'restored {session.kind} step {session.step}{averaged} from {workdir}{where} '
+        f'in {session.restored.seconds:.1f}s')
+  return session
+
+
+def _read(path: str | None, what: str) -> list[str]:
+  from inference import streaming  # pylint: disable=import-outside-toplevel
+  try:
+    return streaming.read_lines(path, what)
+  except streaming.InputError as e:
+    raise cli.UsageError(str(e)) from None
+
+
+def _inputs(F, the_plan: Plan):
+  """(lines, references): the input read whole (None: a stream, read as it arrives), and the
+  references (None without any). Read before anything is restored: a bad file fails first."""
+  from inference import streaming  # pylint: disable=import-outside-toplevel
+  if the_plan.mode == 'generate' and F.prompt is not None:
+    return [F.prompt], None
+  path = F.reference or F.score_reference
+  stdin = F.input_file in (None, '-')
+  if stdin and path is None and streaming.stdin_is_stream():
+    if sys.stdin.isatty():
+      _info('reading lines from the terminal, each translated when entered (Ctrl-D ends)')
+    return None, None
+  lines = _read(F.input_file, 'input')
+  references = None if path is None else _read(path, 'reference')
+  if references is not None and len(references) != len(lines):
+    flag = '--reference' if F.reference else '--score_reference'
+    raise cli.UsageError(f'{flag} {path} has {len(references)} lines but the input '
+                         f'{F.input_file or "<stdin>"} has {len(lines)}')
+  return lines, references
+
+
+def run(F) -> None:
+  """decode.py's whole run; a bad flag or input raises `cli.UsageError` (one line)."""
+  from inference import streaming  # pylint: disable=import-outside-toplevel
+  the_plan, mesh = plan(F)
+  lines, references = _inputs(F, the_plan)
+  session = restore(F.workdir, F.step, F.average_last, mesh)
+  with _matmul_precision(session.config):
+    _enable_compilation_cache(F.compilation_cache)
+    try:
+      if the_plan.mode == 'generate':
+        from inference.decode_runs import generate  # pylint: disable=import-outside-toplevel
+        generate(F, session, lines)
+      elif the_plan.mode == 'score':
+        from inference.decode_runs import score  # pylint: disable=import-outside-toplevel
+        score(F, session, lines, references)
+      else:
+        from inference.decode_runs import translate  # pylint: disable=import-outside-toplevel
+        translate(F, session, the_plan, lines, references)
+    except streaming.InputError as e:  # a stream's non-UTF-8 line, an unwritable output
+      raise cli.UsageError(str(e)) from None
+
+
+def _matmul_precision(config):
+  """The run's `config.train.matmul_precision` (GPU/TPU float32 matmuls) for decoding too."""
+  from training import accelerator  # pylint: disable=import-outside-toplevel
+  name = config.get('train', {}).get('matmul_precision', 'default')
+  try:
+    return accelerator.matmul_precision(name)
+  except ValueError as e:  # ConfigError: a hand-edited config.json
+    raise cli.UsageError(str(e)) from None
+
+
+def _enable_compilation_cache(directory: str) -> None:
+  """JAX's persistent compilation cache: a second run with the same shapes skips compiling."""
+  if not directory:
+    return
+  import jax  # pylint: disable=import-outside-toplevel
+  try:
+    path = os.path.expanduser(directory)
+    os.makedirs(path, exist_ok=True)
+    jax.config.update('jax_compilation_cache_dir', path)
+    jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)
+  except Exception as e:  # noqa: BLE001  # a cache is only an optimisation
+    _warn(f'no compilation cache ({e})')

@@ -1,0 +1,152 @@
+"""decode.py's three runs, after its flags were checked (`inference.decode_cli`): translate,
+score references, generate. Each writes its outputs as they are ready and one summary line.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from inference import streaming
+from training import cli
+
+
+def _info(message: str) -> None:
+  print(message, file=sys.stderr, flush=True)
+
+
+def _chunks(lines, batch_size: int):
+  """(first line index, lines): the whole input at once, or a stream's waiting lines."""
+  if lines is not None:
+    return [(0, lines)]
+  return streaming.LineReader().batches(batch_size)
+
+
+def _rate(count: int, unit: str, seconds: float) -> str:
+  return f'{count / max(seconds, 1e-9):.1f} {unit}/s'
+
+
+def translate(F, session, plan, lines, references) -> None:
+  """Translations (or n-best lists, or samples) of every input line, in order."""
+  from tqdm import tqdm  # pylint: disable=import-outside-toplevel
+  batch_size = F.batch_size or session.config.decode.get('batch_size', 64)
+  if lines is not None:  # a file: no more rows than sentences
+    batch_size = min(batch_size, max(1, sum(bool(line.strip()) for line in lines)))
+  settings = dict(beam_size=F.beam_size, alpha=F.alpha, max_len=F.max_len,
+                  batch_size=batch_size, nbest=F.nbest)
+  if plan.sampling:
+    settings.update(sample=True, beam_size=None, temperature=F.temperature, top_k=F.top_k,
+                    top_p=F.top_p, seed=F.seed)
+  translator = session.translator(**settings)
+  scores = F.output_format == 'jsonl' or F.nbest > 1
+  out, texts, plotted = streaming.Output(F.output_file), [], []
+  seconds, count, tokens = 0.0, 0, 0
+  total = None if lines is None else sum(bool(line.strip()) for line in lines)
+  with tqdm(total=total, file=sys.stderr, unit='sent', desc='decoding', dynamic_ncols=True,
+            disable=lines is None or total <= batch_size) as bar:
+    for first, chunk in _chunks(lines, batch_size):
+      sources = session.encode(chunk, first_line=first + 1)
+      started = time.perf_counter()
+      found = translator.search(sources, progress=bar.update, scores=scores,
+                                line_ids=range(first, first + len(chunk)),
+                                fixed_rows=lines is not None)
+      seconds += time.perf_counter() - started
+      for i, (line, source, hyps) in enumerate(zip(chunk, sources, found, strict=True)):
+        hyps = session.with_text(hyps)
+        out.write(streaming.format_hypotheses(first + i, line, hyps, F.output_format, F.nbest))
+        texts.append(hyps[0].text if hyps else '')
+        count += source is not None
+        tokens += sum(len(h.tokens) for h in hyps[:1])
+        if F.attention_plot and source is not None and hyps:
+          plotted.append((first + i, source, hyps[0].tokens))
+  out.close()
+  if plan.sampling:
+    search = f'sampling, {F.nbest} per sentence' if F.nbest > 1 else 'sampling'
+  else:
+    search = (f'beam {translator.beam_size}, alpha {translator.alpha}'
+              if translator.beam_size > 1 else 'greedy')
+  excluded = '; attention plots not included' if F.attention_plot else ''
+  _info(f'translated {count} sentence(s) ({search}) in {seconds:.1f}s: '
+        f'{_rate(count, "sentences", seconds)}, {tokens / max(seconds, 1e-9):.0f} tokens/s '
+        f'(compilation included{excluded})')
+  if references is not None:
+    from training import evaluation  # pylint: disable=import-outside-toplevel
+    for line in evaluation.score_report(texts, references, lowercase_bleu=F.lowercase_bleu):
+      _info(line)
+  if F.attention_plot:
+    plot(F, session, plotted)
+
+
+def score(F, session, lines, references) -> None:
+  """log P(reference | source) of every line pair (forced decoding)."""
+  started = time.perf_counter()
+  try:
+    log_probs = session.score(lines, references, batch_size=F.batch_size)
+  except ValueError as e:  # a reference longer than the model's positions
+    raise cli.UsageError(str(e)) from None
+  seconds = time.perf_counter() - started
+  out = streaming.Output(F.output_file)
+  for line, reference, log_prob in zip(lines, references, log_probs, strict=True):
+    tokens = session.tokenizer.encode(reference) if log_prob is not None else []
+    out.write(streaming.format_reference_score(line, reference, tokens, log_prob,
+                                               F.output_format))
+  out.close()
+  count = sum(p is not None for p in log_probs)
+  _info(f'scored {count} reference(s) in {seconds:.1f}s: {_rate(count, "sentences", seconds)} '
+        f'(compilation included)')
+
+
+def generate(F, session, lines) -> None:
+  """A language model's continuation of `--prompt` or of each input line (a stream: each
+  as it arrives); `\\n` in a prompt is a newline. An empty line gives an empty line."""
+  out, plotted = streaming.Output(F.output_file), []
+  seconds, total, prompts = 0.0, 0, 0
+  for first, chunk in _chunks(lines, 1):
+    for i, line in enumerate(chunk):
+      number = first + i + 1
+      if F.prompt is None and not line.strip():
+        out.write('\n' if F.output_format == 'text' else
+                  streaming.format_generation(line, '', [], F.output_format))
+        continue
+      prompt = line.replace('\\n', '\n')
+      started = time.perf_counter()
+      try:
+        ids, new = session.generate_ids(prompt, num_tokens=F.num_tokens,
+                                        temperature=F.temperature, top_k=F.top_k,
+                                        top_p=F.top_p, seed=F.seed + number - 1)
+      except ValueError as e:  # a character outside the vocabulary
+        raise cli.UsageError(f'prompt {number}: {e}') from None
+      seconds += time.perf_counter() - started
+      total, prompts = total + len(new), prompts + 1
+      out.write(streaming.format_generation(prompt, session.tokenizer.decode(new), new,
+                                            F.output_format))
+      if F.attention_plot:
+        plotted.append((number - 1, None, (ids + new)[:session.module.config.max_len - 1]))
+  out.close()
+  excluded = '; attention plots not included' if F.attention_plot else ''
+  _info(f'generated {total} tokens for {prompts} prompt(s) in {seconds:.1f}s '
+        f'({total / max(seconds, 1e-9):.0f} tokens/s, compilation included{excluded})')
+  if F.attention_plot:
+    plot(F, session, plotted)
+
+
+def plot(F, session, plotted) -> None:
+  """Attention heatmaps of the first `--attention_plot_max` (index, source ids or None,
+  output ids), teacher-forced on the outputs, with a progress bar and their time."""
+  from tqdm import tqdm  # pylint: disable=import-outside-toplevel
+
+  from inference import plotting  # pylint: disable=import-outside-toplevel
+  limit = F.attention_plot_max
+  chosen = plotted[:limit] if limit > 0 else plotted
+  started = time.perf_counter()
+  piece = lambda i: session.tokenizer.id_to_piece(int(i))  # noqa: E731
+  with tqdm(total=len(chosen), file=sys.stderr, unit='sent', desc='plotting',
+            dynamic_ncols=True) as bar:
+    written = plotting.plot_lines(session.module, session.params, piece, chosen,
+                                  F.attention_plot, heads=F.attention_plot_heads,
+                                  progress=bar.update)
+  more = ''
+  if limit and len(plotted) > limit:
+    more = f' (the first {limit} sentences; --attention_plot_max=0 plots all)'
+  _info(f'wrote {written} attention heatmaps to {F.attention_plot} in '
+        f'{time.perf_counter() - started:.1f}s{more}')

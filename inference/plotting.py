@@ -1,0 +1,255 @@
+"""Attention heatmaps (PNG, matplotlib Agg) from the weights the model itself records.
+
+Every `MultiHeadAttention` sows its weights `[batch, heads, q_len, kv_len]` into the
+`intermediates` collection on the reference attention path. `collect_attention` runs a
+teacher-forced forward pass with that collection mutable and returns them by name:
+
+    maps = collect_attention(module, params, inputs, targets)   # encoder-decoder
+    maps = collect_attention(module, params, None, tokens)      # decoder-only
+    # {'encoder/layer_0/self_attention': [batch, heads, src, src],
+    #  'decoder/layer_0/self_attention': [batch, heads, tgt, tgt],
+    #  'decoder/layer_0/cross_attention': [batch, heads, tgt, src], ...}
+
+`save_sentence_plots` then writes one PNG per attention module, layer and head plus the
+head average, with the sub-word pieces on the axes: rows are the target tokens being
+predicted (queries), columns the source tokens (cross-attention) or the decoder inputs
+(`<s>` then the previous target tokens; decoder self-attention).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from inference.decode_loop import decoding_model
+from model import transformer
+from model.kinds import kind_of
+
+START_LABEL = '<s>'
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _forward_with_weights(module, params, inputs, targets):
+  _, state = kind_of(module).teacher_forced(module, {'params': params}, inputs, targets,
+                                            mutable=['intermediates'])
+  return state['intermediates']
+
+
+def attention_maps(intermediates) -> dict[str, np.ndarray]:
+  """Flattens the `intermediates` collection -> {'decoder/layer_0/cross_attention': weights}."""
+  maps = {}
+
+  def walk(node, path):
+    if isinstance(node, dict) or hasattr(node, 'items'):
+      for key, value in node.items():
+        walk(value, path + (str(key),))
+    elif path and path[-1] == 'attention_weights':
+      value = node[0] if isinstance(node, (tuple, list)) else node
+      maps['/'.join(path[:-1])] = np.asarray(value, np.float32)
+
+  walk(intermediates, ())
+  return maps
+
+
+def collect_attention(module, params, inputs, targets) -> dict[str, np.ndarray]:
+  """Teacher-forced forward pass -> attention weights by module path, `[batch, heads, q, k]`.
+
+  `inputs` `[batch, src_len]` (None for a decoder-only model) and `targets`
+  `[batch, tgt_len]` (for a decoder-only model, the tokens), right-padded with 0.
+  """
+  module, params = decoding_model(module, params)  # weights are sown per layer
+  # The reference attention path is the one that sows the weights.
+  module = transformer.with_options(module, attention_impl='reference', remat=False)
+  inputs = None if inputs is None else jnp.asarray(inputs, jnp.int32)
+  intermediates = _forward_with_weights(module, params, inputs, jnp.asarray(targets, jnp.int32))
+  return attention_maps(intermediates)
+
+
+def _layer_sort_key(name: str):
+  return [int(p) if p.isdigit() else p for p in re.split(r'(\d+)', name)]
+
+
+def _safe(text: str) -> str:
+  return re.sub(r'[^A-Za-z0-9_.-]+', '_', text).strip('_')
+
+
+class _Heatmap:
+  """One labelled heatmap figure; `save` redraws it with new weights (the axes, tick labels
+  and layout are built once per attention module, not once per head: matplotlib spends
+  most of its time there)."""
+
+  def __init__(self, rows: Sequence[str], cols: Sequence[str], *, xlabel: str, ylabel: str):
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    self._plt = plt
+    width = min(30.0, 2.5 + 0.32 * len(cols))
+    height = min(30.0, 1.8 + 0.30 * len(rows))
+    self.fig, ax = plt.subplots(figsize=(width, height), dpi=100)
+    self.image = ax.imshow(np.zeros((len(rows), len(cols))), cmap='viridis', vmin=0.0, vmax=1.0,
+                           aspect='auto', interpolation='nearest')
+    ax.set_xticks(range(len(cols)))
+    ax.set_xticklabels(list(cols), rotation=90, fontsize=8)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels(list(rows), fontsize=8)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    self.title = ax.set_title(' ', fontsize=9)
+    self.fig.colorbar(self.image, ax=ax, fraction=0.046, pad=0.04)
+    self.fig.tight_layout()
+
+  def save(self, weights: np.ndarray, title: str, path: str) -> str:
+    self.image.set_data(weights)
+    self.image.set_clim(0.0, max(float(weights.max()), 1e-6))
+    self.title.set_text(title)
+    self.fig.savefig(path)
+    return path
+
+  def close(self):
+    self._plt.close(self.fig)
+
+
+def plot_heatmap(weights: np.ndarray, row_labels: Sequence[str], col_labels: Sequence[str],
+                 title: str, path: str, *, xlabel: str = 'keys', ylabel: str = 'queries') -> str:
+  """One heatmap `weights` `[rows, cols]` (rows sum to 1) with labelled axes -> PNG at `path`."""
+  figure = _Heatmap(row_labels, col_labels, xlabel=xlabel, ylabel=ylabel)
+  try:
+    return figure.save(np.asarray(weights), title, path)
+  finally:
+    figure.close()
+
+
+def _panels(maps, index, source_pieces, target_pieces):
+  """(name, weights `[heads, rows, cols]`, row labels, col labels, xlabel, ylabel) of every
+  attention module of sentence `index`, in layer order, cut to the sentence's lengths."""
+  tgt = list(target_pieces)
+  decoder_inputs = [START_LABEL] + tgt[:-1]
+  encoder_first = lambda name: (not name.startswith('encoder'), _layer_sort_key(name))  # noqa: E731
+  for name in sorted(maps, key=encoder_first):
+    if source_pieces is None and (name.startswith('encoder') or name.endswith('cross_attention')):
+      continue
+    if name.startswith('encoder'):
+      rows = cols = list(source_pieces)
+      xlabel, ylabel = 'source (keys)', 'source (queries)'
+    elif name.endswith('cross_attention'):
+      rows, cols = tgt, list(source_pieces)
+      xlabel, ylabel = 'source', 'target (predicted token)'
+    else:
+      rows, cols = tgt, decoder_inputs
+      xlabel, ylabel = 'decoder input (previous tokens)', 'target (predicted token)'
+    yield name, maps[name][index][:, :len(rows), :len(cols)], rows, cols, xlabel, ylabel
+
+
+def save_overview(panels, title: str, path: str) -> str:
+  """One PNG of a sentence's attention: a row per attention module (layers and kinds), a
+  column per head and the heads' average. The file to open first."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  heads = max(p[1].shape[0] for p in panels)
+  fig, axes = plt.subplots(len(panels), heads + 1, squeeze=False, dpi=80,
+                           figsize=(min(40.0, 2.2 * (heads + 1)), min(60.0, 2.0 * len(panels))))
+  for r, (name, weights, *_) in enumerate(panels):
+    columns = [('average', weights.mean(axis=0))]
+    columns += [(f'head {h}', weights[h]) for h in range(weights.shape[0])]
+    for c, ax in enumerate(axes[r]):
+      ax.set_xticks([])
+      ax.set_yticks([])
+      if c >= len(columns):
+        ax.axis('off')
+        continue
+      label, w = columns[c]
+      ax.imshow(w, cmap='viridis', vmin=0.0, vmax=max(float(w.max()), 1e-6), aspect='auto',
+                interpolation='nearest')
+      if r == 0:
+        ax.set_title(label, fontsize=9)
+      if c == 0:
+        ax.set_ylabel(name.replace('/', '\n'), fontsize=7)
+  fig.suptitle(title, fontsize=10)
+  fig.tight_layout()
+  fig.savefig(path)
+  plt.close(fig)
+  return path
+
+
+def save_sentence_plots(maps: dict[str, np.ndarray], index: int, out_dir: str, *,
+                        source_pieces: Sequence[str] | None, target_pieces: Sequence[str],
+                        heads: str = 'all', folder: str | None = None,
+                        title: str | None = None) -> list[str]:
+  """PNG heatmaps of one sentence (row `index` of every map) into `out_dir/<folder>/`:
+  `overview.png` (every module and head in one grid), then one labelled file per attention
+  module and head plus the head average.
+
+  `folder` defaults to `sentence_NNNN` (the index), `title` to `sentence N`.
+
+  `source_pieces`: the source sub-words (None for a decoder-only model); `target_pieces`:
+  the target sub-words (the decoder's predictions, EOS included). Weights are cut to these
+  lengths (the batch was padded). `heads='all'` writes every head and the average,
+  `'average'` only the average. Returns the written paths.
+  """
+  directory = os.path.join(out_dir, folder or f'sentence_{index:04d}')
+  title = title or f'sentence {index}'
+  os.makedirs(directory, exist_ok=True)
+  panels = list(_panels(maps, index, source_pieces, target_pieces))
+  written = [save_overview(panels, title, os.path.join(directory, 'overview.png'))]
+  for name, weights, rows, cols, xlabel, ylabel in panels:
+    base = _safe(name.replace('/', '_'))
+    figures = [('average', weights.mean(axis=0))]
+    if heads == 'all':
+      figures += [(f'head_{h}', weights[h]) for h in range(weights.shape[0])]
+    figure = _Heatmap(rows, cols, xlabel=xlabel, ylabel=ylabel)
+    try:
+      for label, w in figures:
+        path = os.path.join(directory, f'{base}_{label}.png')
+        text = f'{title}: {name} ({label.replace("_", " ")})'
+        written.append(figure.save(w, text, path))
+    finally:
+      figure.close()
+  return written
+
+
+def plot_lines(module, params, piece, items, out_dir: str, *, heads: str = 'all',
+               progress: Callable[[int], None] | None = None) -> int:
+  """Attention heatmaps of `items`, `(index, source ids or None, output ids)` each, teacher-forced
+  on the output ids (a decoder-only model takes no source). `piece(id)` labels the axes; item
+  `index` goes to `out_dir/line_<index+1>/`; `progress(1)` after each sentence. Returns the
+  number of PNGs."""
+  has_source = kind_of(module).has_source
+  os.makedirs(out_dir, exist_ok=True)
+  bucket = lambda n: -(-max(n, 1) // 16) * 16  # noqa: E731  (few padded shapes: few compilations)
+  written = 0
+  for start in range(0, len(items), 8):
+    batch = items[start:start + 8]
+    targets = np.zeros((len(batch), bucket(max(len(o) for _, _, o in batch))), np.int32)
+    inputs = None
+    if has_source:
+      inputs = np.zeros((len(batch), bucket(max(len(s) for _, s, _ in batch))), np.int32)
+    for row, (_, source, output) in enumerate(batch):
+      targets[row, :len(output)] = output
+      if has_source:
+        inputs[row, :len(source)] = source
+    maps = collect_attention(module, params, inputs, targets)
+    for row, (index, source, output) in enumerate(batch):
+      written += len(save_sentence_plots(
+          maps, row, out_dir, source_pieces=[piece(t) for t in source] if has_source else None,
+          target_pieces=[piece(t) for t in output], heads=heads, folder=f'line_{index + 1:05d}',
+          title=f'line {index + 1}'))
+      if progress is not None:
+        progress(1)
+  return written
+
+
+def plot_sequences(module, params, piece, sources, outputs, out_dir: str, *, limit: int,
+                   heads: str) -> int:
+  """`plot_lines` of the first `limit` (0 = all) non-empty outputs: `sources[i]` the source ids
+  of line i (None: an empty line, skipped; ignored by a decoder-only model), `outputs[i]` its
+  output ids."""
+  chosen = [(i, s, outputs[i]) for i, s in enumerate(sources) if s is not None and outputs[i]]
+  return plot_lines(module, params, piece, chosen[:limit] if limit > 0 else chosen, out_dir,
+                    heads=heads)

@@ -1,0 +1,172 @@
+"""Text in and out for `decode.py`: whole files, lines from a pipe as they arrive, and the
+output formats.
+
+A file is read whole (then sorted by length and decoded in full batches). A pipe or a terminal
+is read by a thread as lines arrive (`LineReader`): the decoder takes every line already
+waiting (up to a batch) and never waits for more, so each line is answered as soon as it can
+be, in input order. `Output` writes and flushes each piece as it is ready.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import queue
+import stat
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+
+
+class InputError(ValueError):
+  """An input that cannot be read (missing, not UTF-8, ...): one line naming file and line."""
+
+
+def decode_line(raw: bytes, number: int, what: str, name: str) -> str:
+  """One line's bytes (without or with its `\\n`, `\\r\\n`) -> text; not UTF-8 -> InputError."""
+  raw = raw[:-1] if raw.endswith(b'\n') else raw
+  raw = raw[:-1] if raw.endswith(b'\r') else raw
+  try:
+    return raw.decode('utf-8')
+  except UnicodeDecodeError as e:
+    raise InputError(f'{what} {name} line {number} is not valid UTF-8 (byte '
+                     f'0x{raw[e.start]:02x} at column {e.start + 1})') from None
+
+
+def read_lines(path: str | None, what: str = 'input') -> list[str]:
+  """UTF-8 lines of `path` (stdin when None or '-'; `.gz` files are decompressed) without
+  their newlines."""
+  stdin = path in (None, '-')
+  name = '<stdin>' if stdin else path
+  try:
+    if stdin:
+      data = sys.stdin.buffer.read()
+    else:
+      with open(path, 'rb') as f:
+        data = f.read()
+      if path.endswith('.gz'):
+        data = gzip.decompress(data)
+  except (OSError, EOFError) as e:
+    reason = getattr(e, 'strerror', None) or e
+    raise InputError(f'cannot read {what} file {name}: {reason}') from None
+  raw = data.split(b'\n')
+  if raw and raw[-1] == b'':
+    raw.pop()
+  return [decode_line(line, number, what, name) for number, line in enumerate(raw, start=1)]
+
+
+def stdin_is_stream() -> bool:
+  """Whether stdin is a pipe or a terminal (read as lines arrive), not a redirected file."""
+  try:
+    return not stat.S_ISREG(os.fstat(sys.stdin.fileno()).st_mode)
+  except (OSError, ValueError, AttributeError):
+    return True
+
+
+class LineReader:
+  """Lines of a binary stream, read by a daemon thread as they arrive.
+
+  `batches(limit)` yields `(first_index, lines)`: at least one line (waiting for it), plus
+  every line already read, up to `limit`; a line never waits for more input.
+  """
+
+  def __init__(self, stream=None, what: str = 'input', name: str = '<stdin>'):
+    self._queue: queue.Queue = queue.Queue()
+    self.what, self.name = what, name
+    self._count = 0
+    stream = stream if stream is not None else sys.stdin.buffer
+    threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+  def _read(self, stream) -> None:
+    try:
+      for raw in iter(stream.readline, b''):
+        self._queue.put(raw)
+    except (OSError, ValueError) as e:  # a closed or unreadable stream ends the input
+      self._queue.put(InputError(f'cannot read {self.what} {self.name}: {e}'))
+    self._queue.put(None)
+
+  def _next(self, block: bool):
+    item = self._queue.get(block=block)
+    if isinstance(item, Exception):
+      raise item
+    return item
+
+  def batches(self, limit: int) -> Iterator[tuple[int, list[str]]]:
+    while True:
+      raws = [self._next(block=True)]
+      while raws[-1] is not None and len(raws) < limit:
+        try:
+          raws.append(self._next(block=False))
+        except queue.Empty:
+          break
+      ended = raws[-1] is None
+      raws = raws[:-1] if ended else raws
+      if raws:
+        first = self._count
+        self._count += len(raws)
+        yield first, [decode_line(r, first + i + 1, self.what, self.name)
+                      for i, r in enumerate(raws)]
+      if ended:
+        return
+
+
+class Output:
+  """Text to `path` (stdout when None), flushed after each `write`; the file (and its
+  directory) is created at the first write."""
+
+  def __init__(self, path: str | None):
+    self.path, self._file = path, None
+
+  def write(self, text: str) -> None:
+    if not text:
+      return
+    if self._file is None:
+      self._file = sys.stdout if self.path is None else self._open()
+    self._file.write(text)
+    self._file.flush()
+
+  def _open(self):
+    try:
+      os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+      return open(self.path, 'w', encoding='utf-8')  # noqa: SIM115  # closed by close()
+    except OSError as e:
+      raise InputError(f'cannot write --output_file {self.path}: {e.strerror or e}') from None
+
+  def close(self) -> None:
+    if self._file is not None and self._file is not sys.stdout:
+      self._file.close()
+
+
+def format_hypotheses(index: int, source: str, hypotheses: Sequence, fmt: str, nbest: int) -> str:
+  """One input line's output. `text`: the best text on one line (newlines folded), or with
+  `nbest > 1` one `index<TAB>score<TAB>text` line per hypothesis (index: the input line,
+  from 0; none for an empty line); `jsonl`: `{"source", "hypotheses": [{"text", "score",
+  "log_prob", "tokens"}, ...]}`, best first."""
+  if fmt == 'jsonl':
+    return json.dumps({'source': source, 'hypotheses': [h.as_dict() for h in hypotheses]},
+                      ensure_ascii=False) + '\n'
+  fold = lambda text: ' '.join(text.split('\n'))  # noqa: E731
+  if nbest == 1:
+    return (fold(hypotheses[0].text) if hypotheses else '') + '\n'
+  return ''.join(f'{index}\t{h.score:.4f}\t{fold(h.text)}\n' for h in hypotheses)
+
+
+def format_reference_score(source: str, reference: str, tokens, log_prob: float | None,
+                           fmt: str) -> str:
+  """`--score_reference`'s line: `log_prob<TAB>reference` (an empty line for an empty source),
+  or jsonl `{"source", "reference", "log_prob", "tokens"}` (log_prob null for an empty one)."""
+  if fmt == 'jsonl':
+    return json.dumps({'source': source, 'reference': reference, 'log_prob': log_prob,
+                       'tokens': list(tokens) if log_prob is not None else []},
+                      ensure_ascii=False) + '\n'
+  return '\n' if log_prob is None else f'{log_prob:.4f}\t{" ".join(reference.split(chr(10)))}\n'
+
+
+def format_generation(prompt: str, text: str, tokens, fmt: str) -> str:
+  """A language model's output for one prompt: the prompt and its continuation, newlines kept
+  (as `--prompt` prints it), or jsonl `{"prompt", "text" (the continuation), "tokens"}`."""
+  if fmt == 'jsonl':
+    return json.dumps({'prompt': prompt, 'text': text, 'tokens': list(tokens)},
+                      ensure_ascii=False) + '\n'
+  return prompt + text + '\n'

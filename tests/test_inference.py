@@ -1,0 +1,218 @@
+"""The inference package in-process, on tiny random models (no training): the Session API
+(n-best, scores, sampling, forced decoding, generation), its refusals, streaming input and the
+output formats. decode.py end to end is in tests/test_decode_cli.py."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import types
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+import inference
+from inference import decoding, streaming
+from model import ModelConfig, build_model
+from model.kinds import kind_of
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ALPHABET = 'abcdefghijklmnopqrstuvwxyz '
+
+
+class _Tokenizer:
+  """Characters as ids 3.. and EOS = 1 (as sentencepiece's pad=0, eos=1, unk=2)."""
+  eos_id = 1
+
+  def encode(self, text):
+    if any(c not in ALPHABET for c in text):
+      raise ValueError(f'{text!r} has a character outside the vocabulary')
+    return [3 + ALPHABET.index(c) for c in text] + [self.eos_id]
+
+  def decode(self, ids):
+    return ''.join(ALPHABET[i - 3] for i in ids if 3 <= i < 3 + len(ALPHABET))
+
+  def id_to_piece(self, i):
+    return '</s>' if i == 1 else ALPHABET[i - 3] if i >= 3 else f'<{i}>'
+
+
+def _session(kind='encoder_decoder', **decode):
+  cfg = ModelConfig(kind=kind, vocab_size=3 + len(ALPHABET), num_encoder_layers=1,
+                    num_decoder_layers=2, d_model=32, num_heads=4, d_ff=64, dropout_rate=0.0,
+                    max_len=24)
+  module = build_model(cfg)
+  params = module.init(jax.random.PRNGKey(0), *kind_of(module).example_inputs(4))['params']
+  params = jax.tree.map(lambda x: x * 2.0, params)  # peakier, more varied distributions
+  settings = dict(beam_size=3, alpha=0.6, max_len=8, batch_size=4, temperature=1.0, top_k=0)
+  config = ml_collections.ConfigDict({'decode': {**settings, **decode}})
+  restored = types.SimpleNamespace(config=config, module=module, params=params,
+                                   tokenizer=_Tokenizer(), step=0, kind=kind, seconds=0.0)
+  return inference.Session(restored, warn=lambda message: None)
+
+
+@pytest.fixture(scope='module')
+def mt():
+  return _session()
+
+
+LINES = ['a dog runs', '', 'two men', 'x']
+
+
+def _forced(session, line, tokens):
+  source = np.array([session.tokenizer.encode(line)], np.int32)
+  return float(inference.forced_log_probs(session.module, session.params, source,
+                                          np.array([tokens], np.int32))[0])
+
+
+def test_public_names():
+  from model import decoding as contract  # pylint: disable=import-outside-toplevel
+  for name in ('greedy_decode', 'beam_search_decode', 'sample', 'sequence_log_probs'):
+    assert getattr(contract, name) is getattr(decoding, name) is getattr(inference, name)
+  assert callable(inference.load) and inference.Session and inference.Hypothesis
+  # The moved modules still import, with a DeprecationWarning (model.decoding: none).
+  code = ('import warnings; warnings.simplefilter("error"); import model.decoding\n'
+          'for name in ("model.inference", "model.plotting", "model.beam_search", '
+          '"model.decode_loop", "training.restore"):\n'
+          '  try:\n    __import__(name)\n  except DeprecationWarning:\n    print(name)')
+  out = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True,
+                       check=True, env={**os.environ, 'JAX_PLATFORMS': 'cpu'}).stdout.split()
+  assert out == ['model.inference', 'model.plotting', 'model.beam_search', 'model.decode_loop',
+                 'training.restore']
+
+
+def test_nbest_is_best_first_with_consistent_scores(mt):
+  found = mt.hypotheses(LINES, nbest=3)
+  assert [len(h) for h in found] == [3, 0, 3, 3]  # an empty line has no hypothesis
+  assert [h[0].text if h else '' for h in found] == mt.translate(LINES)
+  for line, hyps in zip(LINES, found, strict=True):
+    assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+    assert len({tuple(h.tokens) for h in hyps}) == len(hyps)
+    for h in hyps:  # score = log_prob / GNMT penalty; log_prob = forced decoding's
+      penalty = ((5 + len(h.tokens)) / 6) ** 0.6
+      np.testing.assert_allclose(h.log_prob, h.score * penalty, rtol=1e-6)
+      np.testing.assert_allclose(h.log_prob, _forced(mt, line, h.tokens), rtol=1e-4, atol=1e-4)
+      assert h.text == mt.tokenizer.decode(h.tokens)
+      assert set(h.as_dict()) == {'text', 'score', 'log_prob', 'tokens'}
+
+
+def test_greedy_scores_are_the_log_probs(mt):
+  (best,), = mt.hypotheses(['two men'], beam_size=1)
+  assert best.score == best.log_prob
+  np.testing.assert_allclose(best.log_prob, _forced(mt, 'two men', best.tokens), rtol=1e-5)
+
+
+def test_sampling_is_reproducible_and_independent_of_the_batch(mt):
+  settings = dict(nbest=2, sample=True, temperature=1.5, seed=3)
+  first = mt.hypotheses(LINES, **settings)
+  assert mt.hypotheses(LINES, **settings) == first
+  assert [len(h) for h in first] == [2, 0, 2, 2]
+  # A line's samples depend on the seed and its line number only, not on its batch.
+  translator = mt.translator(batch_size=4, **settings)
+  alone = translator.search([mt.encode(['two men'])[0]], line_ids=[2], fixed_rows=False)
+  assert [h.tokens for h in alone[0]] == [h.tokens for h in first[2]]
+  other = mt.hypotheses(LINES, **{**settings, 'seed': 4})
+  assert [[h.tokens for h in hs] for hs in other] != [[h.tokens for h in hs] for hs in first]
+  for line, hyps in zip(LINES, first, strict=True):
+    for h in hyps:  # best first, the model's (untempered) log-probability
+      np.testing.assert_allclose(h.log_prob, _forced(mt, line, h.tokens), rtol=1e-5)
+    assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+
+
+def test_settings_that_do_not_apply_are_refused(mt):
+  lm = _session('decoder_only')
+  cases = [
+      (lambda: mt.hypotheses(['a'], nbest=4), 'nbest=4 is more than the beam size 3'),
+      (lambda: mt.translate(['a'], sample=True, beam_size=3), 'beam_size and alpha do not'),
+      (lambda: mt.translate(['a'], temperature=0.5), 'pass sample=True'),
+      (lambda: mt.generate('a'), 'needs a language model'),
+      (lambda: lm.translate(['a']), 'needs a model with a source'),
+      (lambda: lm.score(['a'], ['b']), 'needs a model with a source'),
+      (lambda: mt.score(['a'], ['b', 'c']), '1 sources but 2 references'),
+      (lambda: mt.score(['a'], ['z' * 30]), 'reference line 1 has 31 tokens'),
+  ]
+  for call, message in cases:
+    with pytest.raises(ValueError, match=message):
+      call()
+
+
+def test_score_references_is_forced_decoding(mt):
+  sources, references = ['a dog runs', '', 'two men'], ['ein hund', 'x', 'zwei']
+  scores = mt.score(sources, references)
+  assert scores[1] is None  # an empty source line
+  for i in (0, 2):
+    assert scores[i] == pytest.approx(
+        _forced(mt, sources[i], mt.tokenizer.encode(references[i])), rel=1e-5)
+
+
+def test_generate_continues_the_prompt():
+  lm = _session('decoder_only', temperature=0.0)
+  text = lm.generate('ab', num_tokens=6)
+  assert text.startswith('ab') and lm.generate('ab', num_tokens=6) == text
+  assert lm.generate('ab', num_tokens=6, include_prompt=False) == text[2:]
+  ids, new = lm.generate_ids('ab', num_tokens=6)
+  assert ids == [3, 4] and 0 < len(new) <= 6  # the prompt's EOS is dropped: it continues
+  sampled = {lm.generate('ab', num_tokens=6, temperature=1.0, seed=s) for s in range(4)}
+  assert len(sampled) > 1
+
+
+def _pipe_reader():
+  read, write = os.pipe()
+  return streaming.LineReader(os.fdopen(read, 'rb')), os.fdopen(write, 'wb')
+
+
+def _next_within(iterator, seconds=60):
+  """next(iterator), failing (instead of hanging the suite) if it has not come in `seconds`."""
+  box = []
+
+  def take():
+    try:
+      box.append(next(iterator, 'END'))
+    except Exception as e:  # noqa: BLE001  # raised again in the test's thread
+      box.append(e)
+  thread = threading.Thread(target=take, daemon=True)
+  thread.start()
+  thread.join(seconds)
+  assert box, 'the reader waited for more input than the line it had'
+  if isinstance(box[0], Exception):
+    raise box[0]
+  return box[0]
+
+
+def test_line_reader_gives_each_line_without_waiting_for_more():
+  reader, pipe = _pipe_reader()
+  batches = reader.batches(limit=8)
+  pipe.write(b'first line\r\n')
+  pipe.flush()
+  assert _next_within(batches) == (0, ['first line'])  # the pipe is still open
+  pipe.write(b'\nthird\n')
+  pipe.flush()
+  got = _next_within(batches)
+  lines = got[1] if got[1] == ['', 'third'] else got[1] + _next_within(batches)[1]
+  assert lines == ['', 'third'] and got[0] == 1
+  pipe.write(b'ok\n\xff bad\n')
+  pipe.close()
+  with pytest.raises(streaming.InputError, match=r'input <stdin> line 5 is not valid UTF-8'):
+    while _next_within(batches) != 'END':
+      pass
+
+
+def test_output_formats():
+  hyps = [inference.Hypothesis([5, 1], -0.5, -0.75, 'a\nb'),
+          inference.Hypothesis([6, 1], -1.0, -1.5, 'c')]
+  assert streaming.format_hypotheses(3, 'src', hyps, 'text', 1) == 'a b\n'
+  assert streaming.format_hypotheses(3, 'src', [], 'text', 1) == '\n'
+  assert (streaming.format_hypotheses(3, 'src', hyps, 'text', 2)
+          == '3\t-0.5000\ta b\n3\t-1.0000\tc\n')
+  line = streaming.format_hypotheses(3, 'src', hyps, 'jsonl', 2)
+  assert line.endswith('\n') and line.count('\n') == 1
+  assert json.loads(line) == {'source': 'src', 'hypotheses': [
+      {'text': 'a\nb', 'score': -0.5, 'log_prob': -0.75, 'tokens': [5, 1]},
+      {'text': 'c', 'score': -1.0, 'log_prob': -1.5, 'tokens': [6, 1]}]}
+  assert streaming.format_reference_score('s', 'r', [4, 1], -2.5, 'text') == '-2.5000\tr\n'
+  assert streaming.format_reference_score('', 'r', [], None, 'text') == '\n'
+  assert json.loads(streaming.format_reference_score('s', 'r', [4, 1], -2.5, 'jsonl')) == {
+      'source': 's', 'reference': 'r', 'log_prob': -2.5, 'tokens': [4, 1]}
+  assert streaming.format_generation('a\nb', 'c\n', [1], 'text') == 'a\nbc\n\n'
