@@ -195,6 +195,18 @@ def main(argv: list[str]) -> None:
     _fail(e, code=1)
   except user_errors as e:  # bad config/workdir/checkpoint/data: one line, no traceback
     _fail(e, code=getattr(e, 'exit_code', 2))  # 1: damaged files (a tokenizer checksum)
+  except KeyboardInterrupt:  # a second Ctrl-C (the first saves and stops), or one in the setup
+    _interrupted(checkpoint.list_steps(FLAGS.workdir) if FLAGS.workdir else [])
+
+
+def _interrupted(steps: list[int]) -> None:
+  """One line and exit status 130 at once: no waiting for background writes (a checkpoint
+  being written is left unfinished, and removed by the next run), no traceback."""
+  where = (f'{FLAGS.workdir} resumes from checkpoint {steps[-1]}' if steps else
+           f'{FLAGS.workdir} has no checkpoint yet')
+  print(f'train.py: error: interrupted: stopped at once; {where}', file=sys.stderr, flush=True)
+  sys.stdout.flush()
+  os._exit(130)  # pylint: disable=protected-access
 
 
 def _dry_run(config) -> None:

@@ -4,7 +4,10 @@ nothing behind, full disks end in one line, a second Ctrl-C stops at once."""
 import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
+import time
 
 import pytest
 import test_train_synthetic as syn
@@ -120,3 +123,57 @@ def test_a_write_failing_inside_orbax_is_one_line(tmp_path, monkeypatch, capfd):
   finally:
     monkeypatch.undo()
     subprocess.run(['umount', '-l', str(mount)], check=False)  # -l: an open event file
+
+
+_SLOW_STOP = '''
+import runpy, signal, sys, time
+from training import checkpoint
+close = checkpoint.Checkpointer.close
+
+def slow_close(self):  # the run's last wait for its checkpoint, after the first Ctrl-C: held up
+  handler = signal.getsignal(signal.SIGINT)
+  if getattr(getattr(handler, '__self__', None), 'signum', None) is not None:
+    print('saving after the first Ctrl-C', file=sys.stderr, flush=True)
+    time.sleep(300)  # the second Ctrl-C comes meanwhile
+  return close(self)
+
+checkpoint.Checkpointer.close = slow_close
+sys.argv[0] = 'train.py'
+runpy.run_path('train.py', run_name='__main__')
+'''
+
+
+def test_a_second_ctrl_c_stops_at_once_in_one_line(text_files, tmp_path):
+  """The first Ctrl-C saves and stops; a second one while it saves stops at once: one line,
+  exit 130, and the workdir resumes from its last committed checkpoint."""
+  workdir = str(tmp_path / 'w')
+  args = _text_args(text_files, workdir, '--config.train.num_steps=100000',
+                    '--config.train.checkpoint_every_steps=3',
+                    '--config.train.eval_every_steps=1000')
+  proc = subprocess.Popen([sys.executable, '-c', _SLOW_STOP, *args], cwd=syn.REPO,
+                          env=syn.subprocess_env(1), stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True)
+  try:
+    deadline = time.time() + 600
+    while not checkpoint.list_steps(workdir) and proc.poll() is None and time.time() < deadline:
+      time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    lines = []
+    for line in proc.stderr:
+      lines.append(line.rstrip('\n'))
+      if line.startswith('saving after the first Ctrl-C'):
+        break
+    proc.send_signal(signal.SIGINT)
+    lines += proc.communicate(timeout=120)[1].splitlines()
+  finally:
+    proc.kill()
+  steps = checkpoint.list_steps(workdir)
+  assert proc.returncode == 130 and steps, lines
+  assert 'Traceback' not in '\n'.join(lines), lines
+  resumes = re.fullmatch(rf'train.py: error: interrupted: stopped at once; {re.escape(workdir)} '
+                         r'resumes from checkpoint (\d+)', lines[-1])
+  assert resumes and int(resumes.group(1)) in steps, lines  # the last committed one
+  assert 'received SIGINT' in lines[-3] and lines[-2] == 'saving after the first Ctrl-C', lines
+  assert all(checkpoint_files.verify_checksums(checkpoint.step_dir(workdir, s)) is None
+             for s in steps)
+  assert checkpoint.restore_params(workdir)[1] == steps[-1]
