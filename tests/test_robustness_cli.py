@@ -59,15 +59,22 @@ def _text_args(files, workdir, *extra, eval_files=True):
 
 def test_a_refused_run_writes_no_config_and_a_missing_split_is_found_at_start(text_files,
                                                                              tmp_path):
+  """Issue 27 item 12: refused after taking the lock (in the tokenizer's training, then after
+  it was trained and saved), a run leaves the filesystem as it found it: no DIR/, no
+  train.lock, no tokenizer/ (a tokenizer trained on the refused setup is not kept)."""
   workdir = str(tmp_path / 'w')
   proc = _run_cli('train.py', *_text_args(text_files, workdir, '--config.data.vocab_size=3'))
   assert 'config.data.vocab_size=3 is too small' in _one_error_line(proc, 'train.py: error: ')
-  assert not os.path.exists(os.path.join(workdir, 'config.json'))
+  assert os.listdir(tmp_path) == []
   proc = _run_cli('train.py', *_text_args(text_files, workdir, eval_files=False))
   line = _one_error_line(proc, 'train.py: error: ')
   assert "has no split 'validation'" in line and 'eval_files' in line
-  assert not os.path.exists(os.path.join(workdir, 'config.json'))
-  assert not os.path.exists(os.path.join(workdir, 'checkpoints'))
+  assert os.listdir(tmp_path) == []
+  os.makedirs(os.path.join(workdir, 'tokenizer'))  # a folder of the user's: kept, as it was
+  proc = _run_cli('train.py', *_text_args(text_files, workdir, eval_files=False))
+  assert "has no split 'validation'" in _one_error_line(proc, 'train.py: error: ')
+  assert os.listdir(workdir) == ['tokenizer']
+  assert os.listdir(os.path.join(workdir, 'tokenizer')) == []
 
 
 def test_disk_full_through_train_py(text_files, tmp_path):
