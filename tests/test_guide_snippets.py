@@ -12,6 +12,7 @@ import io
 import os
 import re
 
+import export_workdirs
 import pytest
 import test_train_synthetic as syn
 
@@ -66,12 +67,14 @@ def _train(workdir: str, config) -> None:
 
 @pytest.fixture(scope='module')
 def site(tmp_path_factory):
-  """A directory like the repository's root (its `data/` linked), with runs/default and
-  runs/shakespeare: the tiny presets trained 2 steps on the bundled data (in this process)."""
-  from configs import default, shakespeare_char  # pylint: disable=import-outside-toplevel
+  """A directory like the repository's root (its `data/` linked), with runs/default (linked to
+  the small translation model the export tests share, trained once per session; nothing here
+  writes into it) and runs/shakespeare (the tiny preset trained 2 steps, in this process)."""
+  from configs import shakespeare_char  # pylint: disable=import-outside-toplevel
   root = tmp_path_factory.mktemp('guide')
   os.symlink(os.path.join(REPO, 'data'), root / 'data')
-  _train(str(root / 'runs' / 'default'), default.get_config('tiny'))
+  (root / 'runs').mkdir()
+  os.symlink(export_workdirs.trained(tmp_path_factory, 'mt'), root / 'runs' / 'default')
   _train(str(root / 'runs' / 'shakespeare'), shakespeare_char.get_config('tiny'))
   return root
 
