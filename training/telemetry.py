@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import jax
 import jax.monitoring

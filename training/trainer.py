@@ -22,12 +22,21 @@ import numpy as np
 import inference
 from model import build_model
 from model.kinds import kind_of
-from training import accelerator, checkpoint as ckpt_lib
-from training import config_io, evaluation, memory, metrics as metrics_lib, optim, steps
-from training import progress as progress_lib, telemetry
-from training import mesh as mesh_lib
-from training import state as state_lib
-from training import workdir_lock
+from training import (
+  accelerator,
+  checkpoint as ckpt_lib,
+  config_io,
+  evaluation,
+  memory,
+  mesh as mesh_lib,
+  metrics as metrics_lib,
+  optim,
+  progress as progress_lib,
+  state as state_lib,
+  steps,
+  telemetry,
+  workdir_lock,
+)
 from training.metrics import log
 
 
@@ -105,8 +114,8 @@ class _Run:
     self.datasets = datasets if datasets is not None else _get_datasets(config, workdir)
     vocab = getattr(self.datasets.tokenizer, 'vocab_size', None)
     if vocab is not None and vocab > self.model_config.vocab_size:
-      raise config_io.ConfigError(
-          f'the tokenizer has {vocab} ids but config.model.vocab_size={self.model_config.vocab_size}')
+      raise config_io.ConfigError(f'the tokenizer has {vocab} ids but '
+                                  f'config.model.vocab_size={self.model_config.vocab_size}')
     if datasets is None:  # every split the run reads, found now rather than at the first eval
       self.datasets.num_eval_batches()
     # Written only once the config, data and tokenizer passed: a refused run leaves no
