@@ -11,7 +11,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from model.config import ModelConfig
-from training import mesh as mesh_lib
+from model.partitioning import DEFAULT_RULES
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -107,6 +107,6 @@ def _mesh() -> ml_collections.ConfigDict:
   m.fsdp = 1  # parameters, gradients and optimizer state split along 'embed'
   m.tensor = 1  # heads, feed-forward units and vocabulary split (Megatron style)
   # Logical axis name -> mesh axes ('' none, 'data,fsdp' both), e.g. --config.mesh.rules.vocab=''
-  m.rules = ml_collections.ConfigDict(dict(mesh_lib.DEFAULT_RULES))
+  m.rules = ml_collections.ConfigDict(dict(DEFAULT_RULES))
   return m
 

@@ -6,6 +6,8 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
+import jax
+
 from input_pipeline import pipeline, sources, tokenizers
 from input_pipeline.errors import DataError
 
@@ -20,6 +22,7 @@ class Datasets:
       arrays `[batch_size // process_count, length]`) with `get_state()` /
       `set_state(state)`.
     batch_size: rows per batch on this process.
+    layout: the batches' layout, one of `pipeline.LAYOUTS`.
   """
 
   tokenizer: tokenizers.Tokenizer
@@ -29,10 +32,11 @@ class Datasets:
   process_index: int
   process_count: int
   _streams: dict = dataclasses.field(default_factory=dict, repr=False)
+  layout: str = pipeline.SENTENCE_PAIRS
 
   @property
   def is_language_model(self) -> bool:
-    return self.config.model.kind == 'decoder_only'
+    return self.layout == pipeline.TEXT_BLOCKS
 
   def _split(self, split: str | None) -> str:
     return split or self.config.data.eval_split
@@ -84,13 +88,12 @@ class Datasets:
     out = []
     for i in range(len(source)):
       example = source[i]
-      out.append({n: sources.as_str(example[k]) for n, k in zip(names, keys)})
+      out.append({n: sources.as_str(example[k]) for n, k in zip(names, keys, strict=True)})
     return out
 
 
 def _process(process_index, process_count) -> tuple[int, int]:
   if process_index is None or process_count is None:
-    import jax  # pylint: disable=g-import-not-at-top
     process_index = jax.process_index() if process_index is None else process_index
     process_count = jax.process_count() if process_count is None else process_count
   if not 0 <= process_index < process_count:
@@ -98,14 +101,18 @@ def _process(process_index, process_count) -> tuple[int, int]:
   return process_index, process_count
 
 
-def get_datasets(config, *, workdir: str | None, process_index: int | None = None,
-                 process_count: int | None = None) -> Datasets:
+def get_datasets(config, *, workdir: str | None, layout: str | None = None,
+                 process_index: int | None = None, process_count: int | None = None
+                 ) -> Datasets:
   """Builds (and on first use prepares) the data of `config` for one process.
 
   Args:
     config: the full config (`config.data`, `config.train.batch_size` global,
-      `config.train.seed`, `config.model.kind`).
+      `config.train.seed`).
     workdir: where the tokenizer is saved / loaded (`workdir/tokenizer/`).
+    layout: one of `pipeline.LAYOUTS`, the batches the model trains on (its kind's
+      `model.kinds` adapter says which); a dataset of another layout is refused. None: the
+      dataset's own (a text dataset gives text blocks, a translation dataset sentence pairs).
     process_index, process_count: default to jax.process_index() / count().
   """
   process_index, process_count = _process(process_index, process_count)
@@ -115,25 +122,20 @@ def get_datasets(config, *, workdir: str | None, process_index: int | None = Non
     raise DataError(f'config.train.batch_size={global_batch} is not divisible by the '
                     f'{process_count} processes')
   batch_size = global_batch // process_count
+  keys = sources.text_keys(data)
+  layout = _check_layout(layout, keys, config)
   tokenizer = tokenizers.get_tokenizer(data, workdir)
   seed = config.train.seed
   train_source = sources.get_source(data, 'train')
-  keys = sources.text_keys(data)
   info = {'dataset': data.dataset, 'process_index': process_index,
           'process_count': process_count, 'batch_size': batch_size,
           'max_length': data.max_length, 'seed': seed}
   streams = {}
-  if config.model.kind == 'decoder_only':
-    if len(keys) != 1:
-      raise DataError(f'config.model.kind=decoder_only needs a text dataset; '
-                      f'{data.dataset!r} is a translation dataset')
+  if layout == pipeline.TEXT_BLOCKS:
     streams['train'] = pipeline.lm_stream(train_source, tokenizer, keys[0])
     train = pipeline.lm_train(streams['train'], max_length=data.max_length,
                               batch_size=batch_size, seed=seed, process_index=process_index)
   else:
-    if len(keys) != 2:
-      raise DataError(f'config.model.kind={config.model.kind} needs a translation dataset; '
-                      f'{data.dataset!r} has only text')
     info['packing'] = bool(data.packing)
     train = pipeline.translation_train(
         train_source, tokenizer, keys, max_length=data.max_length, batch_size=batch_size,
@@ -143,4 +145,18 @@ def get_datasets(config, *, workdir: str | None, process_index: int | None = Non
         num_workers=data.get('num_workers') or 0)
   return Datasets(tokenizer=tokenizer, train_iter=pipeline.TrainIterator(train, info),
                   batch_size=batch_size, config=config, process_index=process_index,
-                  process_count=process_count, _streams=streams)
+                  process_count=process_count, _streams=streams, layout=layout)
+
+
+def _check_layout(layout: str | None, keys: tuple[str, ...], config) -> str:
+  """The layout to build: `layout`, which must be the dataset's own (one text field: text
+  blocks; a source and a target: sentence pairs), or the dataset's when None."""
+  own = pipeline.TEXT_BLOCKS if len(keys) == 1 else pipeline.SENTENCE_PAIRS
+  if layout is None or layout == own:
+    return own
+  if layout not in pipeline.LAYOUTS:
+    raise DataError(f'layout={layout!r} is not one of {list(pipeline.LAYOUTS)}')
+  what = {pipeline.TEXT_BLOCKS: 'a text dataset', pipeline.SENTENCE_PAIRS: 'a translation dataset'}
+  kind = config.get('model', {}).get('kind')
+  raise DataError(f'config.model.kind={kind} needs {what[layout]}; {config.data.dataset!r} is '
+                  f'{what[own]}')

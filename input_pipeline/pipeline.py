@@ -1,12 +1,14 @@
-"""Grain pipelines: training iterators and evaluation batches.
+"""Grain pipelines: training iterators and evaluation batches, in one of two `LAYOUTS`.
 
-Translation (`config.model.kind == 'encoder_decoder'`), batches of
-`[batch, max_length]` int32 arrays, token id 0 = pad:
+The pipeline knows layouts, not model kinds: each kind's adapter (`model.kinds`) names the
+layout it trains on, and the trainer passes it to `get_datasets`.
+
+'sentence_pairs' (translation), batches of `[batch, max_length]` int32 arrays, token id 0 = pad:
   inputs, targets                 token ids, EOS (1) last; longer examples are
                                   truncated to max_length keeping EOS last
   *_segmentation, *_position      (packed training batches only) segment ids
                                   1, 2, ... (0 = pad); positions restart at 0
-Language model (`decoder_only`), `[batch, max_length + 1]`:
+'text_blocks' (language model), `[batch, max_length + 1]`:
   targets                         contiguous blocks of the token stream
   targets_weights  float32        0.0 at position 0 (nothing predicts it) and
                                   on padding, 1.0 elsewhere
@@ -29,9 +31,14 @@ from typing import Any
 
 import grain
 import numpy as np
+from absl import flags
 
+from common import tokens
 from input_pipeline import packing, sources
 from input_pipeline.errors import DataError
+
+SENTENCE_PAIRS, TEXT_BLOCKS = 'sentence_pairs', 'text_blocks'
+LAYOUTS = (SENTENCE_PAIRS, TEXT_BLOCKS)  # see the module docstring
 
 log = logging.getLogger(__name__)
 
@@ -99,10 +106,7 @@ class EncodeTranslation:
     self.max_length = max_length
 
   def _truncate(self, ids: list[int]) -> np.ndarray:
-    if len(ids) > self.max_length:
-      eos = self.tokenizer.eos_id
-      ids = ids[: self.max_length - 1] + [eos] if eos is not None else ids[: self.max_length]
-    return np.asarray(ids, np.int32)
+    return np.asarray(tokens.truncate(ids, self.max_length, self.tokenizer.eos_id), np.int32)
 
   def __call__(self, raws: Sequence[dict[str, Any]]) -> list[dict[str, np.ndarray]]:
     src_key, tgt_key = self.keys
@@ -111,7 +115,7 @@ class EncodeTranslation:
     srcs = encode([sources.as_str(r[src_key]) for r in raws])
     tgts = encode([sources.as_str(r[tgt_key]) for r in raws])
     return [{'inputs': self._truncate(s), 'targets': self._truncate(t)}
-            for s, t in zip(srcs, tgts)]
+            for s, t in zip(srcs, tgts, strict=True)]
 
 
 class PackWindow:
@@ -150,7 +154,6 @@ _READ_OPTIONS = grain.ReadOptions(num_threads=1, prefetch_buffer_size=2)
 
 def _to_iter(ds: grain.MapDataset, num_workers: int) -> grain.IterDataset:
   if num_workers:
-    from absl import flags  # pylint: disable=g-import-not-at-top
     if not flags.FLAGS.is_parsed():  # Grain's worker processes read absl flags
       flags.FLAGS.mark_as_parsed()
     return ds.to_iter_dataset(_READ_OPTIONS).mp_prefetch(

@@ -20,6 +20,8 @@ import json
 import os
 import sys
 
+from common import lock_file
+from common.atomic_file import atomic_write
 from input_pipeline.errors import DataFileError
 
 CHECKSUMS = 'checksums.json'
@@ -38,7 +40,6 @@ def _sha256(data: bytes) -> str:
 
 def _atomic_write(path: str, data: bytes) -> None:
   """Whole or not at all, with the umask's mode (readable from a shared workdir)."""
-  from training.atomic_file import atomic_write  # pylint: disable=import-outside-toplevel
   os.makedirs(os.path.dirname(path), exist_ok=True)
   try:
     atomic_write(path, data)
@@ -112,15 +113,14 @@ def check(directory: str, meta: dict, files: dict[str, bytes]) -> None:
 def lock(path: str):
   """An exclusive flock on `path` (created with its folder if missing) for the block. A
   symlink there is refused (`UnsafeLockFileError`), never followed."""
-  from training import workdir_lock as locks  # pylint: disable=import-outside-toplevel
   os.makedirs(os.path.dirname(path), exist_ok=True)
   while True:
     try:
-      fd, _ = locks.open_lock_file(path)
+      fd, _ = lock_file.open_lock_file(path)
     except OSError as e:
       raise DataFileError(f'cannot open {path}: {e.strerror or e}') from None
     fcntl.flock(fd, fcntl.LOCK_EX)
-    if locks.still_linked(fd, path):
+    if lock_file.still_linked(fd, path):
       break
     os.close(fd)  # removed by a refused run while we waited: lock the file there now
   try:

@@ -29,7 +29,8 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 import sentencepiece as spm
 
-from input_pipeline import tokenizer_files
+from common.tokens import EOS_ID, PAD_ID, UNK_ID
+from input_pipeline import sources, tokenizer_files
 from input_pipeline.errors import DataError, DataFileError
 from input_pipeline.tokenizer_files import TokenizerChecksumError  # noqa: F401  (public)
 
@@ -38,7 +39,6 @@ log = logging.getLogger(__name__)
 TOKENIZER_DIR = 'tokenizer'
 _META = 'tokenizer.json'
 _SPM_MODEL = 'spm.model'
-PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 
 
 class SentencePieceTokenizer:
@@ -221,8 +221,6 @@ def _training_texts(data_config, max_sentences: int, whole_documents: bool = Fal
 
   At most `max_sentences` examples, evenly strided over the split (deterministic).
   """
-  from input_pipeline import sources  # pylint: disable=g-import-not-at-top
-
   source = sources.get_source(data_config, 'train')
   keys = sources.text_keys(data_config)
   n = len(source)

@@ -1,18 +1,44 @@
-"""Scaled dot-product attention and its masks, as pure functions (no Flax, no state).
+"""Scaled dot-product attention and its masks, as pure functions (no Flax, no state), and
+`IMPLEMENTATIONS`: the table of the ways to compute it (`config.model.attention_impl`).
 
 Layout: arrays are `[batch..., length, heads, head_dim]`. Masks are boolean,
 `True` = may attend, broadcastable to `[batch..., heads, q_len, kv_len]`.
 
 The paper's equation (1):  Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V.
+
+The masks (`model.masks`), dropout (`model.dropout`) and the memory-efficient path
+(`model.chunked_attention`) live in modules of their own; their public names are here too.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from model.chunked_attention import chunked_dot_product_attention
+from model.dropout import DROPOUT_RNGS, dropout, hashed_bits
+from model.masks import (
+  FactoredMask,
+  causal_mask,
+  combine_masks,
+  dense_mask,
+  padding_mask,
+  segment_mask,
+)
+
+__all__ = [
+    'dot_product_attention_weights', 'dot_product_attention', 'fused_dot_product_attention',
+    'cudnn_dot_product_attention', 'chunked_dot_product_attention',
+    'heads_major_dot_product_attention', 'causal_mask', 'padding_mask', 'segment_mask',
+    'combine_masks', 'FactoredMask', 'dense_mask', 'DROPOUT_RNGS', 'dropout', 'hashed_bits',
+    'split_heads', 'merge_heads', 'sinusoidal_positions', 'rotary_embedding', 'AttentionImpl',
+    'IMPLEMENTATIONS', 'select_implementation',
+]
 
 Array = jax.Array
 
@@ -76,6 +102,29 @@ def dot_product_attention(query: Array, key: Array, value: Array, *, mask: Array
   return (out, weights) if return_weights else out
 
 
+def heads_major_dot_product_attention(query: Array, key: Array, value: Array, *,
+                                      mask: Array | None = None, **kwargs):
+  """`dot_product_attention(..., return_weights=True)` computed with (batch, heads) as its
+  batch dimensions; query `[batch, q_len, heads, head_dim]`, key/value `[batch, kv_len, heads,
+  head_dim]`, mask `[batch|1, heads|1, q_len, kv_len]`.
+
+  For decoding: the KV caches are heads-major (`key`/`value` are transposed views of them),
+  and a query of a few tokens makes each head's products tiny. Handing the attention
+  `[batch, heads, len, 1, head_dim]` operands (one "head" per batch entry) lets XLA emit plain
+  batched matmuls on the caches as they are; with the `[batch, len, heads, ...]` views it
+  emitted transposed, matrix-vector-like products (~3x slower per decoder step). Same
+  arithmetic, hence the same values.
+  """
+  def as_batch(x):  # [b, len, h, d] -> [b, h, len, 1, d]
+    return jnp.swapaxes(x, 1, 2)[:, :, :, None]
+
+  if mask is not None:
+    mask = mask[:, :, None]  # [b|1, h|1, q, k] -> [b|1, h|1, 1, q, k]
+  out, weights = dot_product_attention(as_batch(query), as_batch(key), as_batch(value),
+                                       mask=mask, return_weights=True, **kwargs)
+  return jnp.swapaxes(out[:, :, :, 0], 1, 2), weights[:, :, 0]
+
+
 def fused_dot_product_attention(query: Array, key: Array, value: Array, *,
                                 mask: Array | None = None, scale: float | None = None) -> Array:
   """Same result as `dot_product_attention` (no bias, no dropout) through
@@ -102,22 +151,17 @@ def cudnn_dot_product_attention(query: Array, key: Array, value: Array, *,
 
   query `[batch, q_len, heads, head_dim]`, key/value `[batch, kv_len, heads, head_dim]`, in
   bfloat16 or float16. cuDNN takes a mask only as "causal" plus per-row valid lengths, so
-  `mask` must be a `FactoredMask` without segment ids; anything else raises a ValueError
-  rather than being approximated. Its validity vectors are read as lengths (padding at the
-  end): a row whose padding is not at the end gets NaN outputs, never a wrong value. Rows
-  with no valid query or no valid key give zeros, as in `dot_product_attention`.
+  `mask` must be a `FactoredMask` without segment ids; anything else (see the 'cudnn' row of
+  `IMPLEMENTATIONS`) raises a ValueError rather than being approximated. Its validity vectors
+  are read as lengths (padding at the end): a row whose padding is not at the end gets NaN
+  outputs, never a wrong value. Rows with no valid query or no valid key give zeros, as in
+  `dot_product_attention`.
   """
-  if query.dtype not in (jnp.bfloat16, jnp.float16):
-    raise ValueError(f'cudnn_dot_product_attention: cuDNN computes in bfloat16/float16, got '
-                     f'{query.dtype}; use dot_product_attention for float32')
-  if mask is not None and not isinstance(mask, FactoredMask):
-    raise ValueError('cudnn_dot_product_attention: cuDNN cannot take an arbitrary boolean mask '
-                     'exactly; pass a FactoredMask (causal + padding)')
+  problem = IMPLEMENTATIONS['cudnn'].refusal('cudnn_dot_product_attention', dtype=query.dtype,
+                                              mask=mask, head_dim=query.shape[-1])
+  if problem:
+    raise ValueError(problem)
   mask = mask or FactoredMask()
-  if mask.query_segment_ids is not None or mask.key_segment_ids is not None:
-    raise ValueError('cudnn_dot_product_attention: packed sequences (segment ids) cannot be '
-                     'masked through jax.nn.dot_product_attention; use the reference or '
-                     'chunked attention for packed batches')
   (batch, q_len), kv_len = query.shape[:2], key.shape[1]
   if mask.causal and q_len != kv_len:
     raise ValueError(f'cudnn_dot_product_attention: causal needs q_len == kv_len, '
@@ -145,133 +189,6 @@ def _valid_lengths(valid: Array | None, batch: int, length: int) -> tuple[Array,
   lengths = jnp.sum(valid, axis=-1, dtype=jnp.int32)
   prefix = jnp.all(valid == (jnp.arange(length)[None, :] < lengths[:, None]), axis=-1)
   return lengths, prefix
-
-
-# ----------------------------------------------------------------------------- dropout
-
-DROPOUT_RNGS = ('hash', 'threefry')
-
-
-def dropout(x: Array, rate: float, rng: Array, *, rng_impl: str = 'hash') -> Array:
-  """Inverted dropout: zero each element with probability `rate`, scale the rest by 1/(1-rate).
-
-  `rng_impl` picks the random bits: 'threefry' draws them with `jax.random.bits` (16 per
-  element; the reference), 'hash' with `hashed_bits` (32 per element, computed inside the
-  elementwise fusion, never stored). On CPU, JAX's threefry runs as a rolled XLA loop whose
-  bits are written to memory and copied every round: that was ~20% of a small model's train
-  step, against ~1% for the hash.
-  """
-  if rng_impl == 'threefry':
-    keep = jax.random.bits(rng, x.shape, jnp.uint16) < jnp.uint16(
-        min(round((1.0 - rate) * 2 ** 16), 2 ** 16 - 1))
-  elif rng_impl == 'hash':
-    keep = hashed_bits(rng, x.shape) < jnp.uint32(min(round((1.0 - rate) * 2 ** 32), 2 ** 32 - 1))
-  else:
-    raise ValueError(f'dropout: rng_impl={rng_impl!r} is not one of {list(DROPOUT_RNGS)}')
-  return jnp.where(keep, x * jnp.asarray(1.0 / (1.0 - rate), x.dtype), jnp.zeros((), x.dtype))
-
-
-def hashed_bits(rng: Array, shape: tuple[int, ...], *, max_counter: int = 2 ** 32) -> Array:
-  """32 random bits per element, uint32 `shape`: a keyed integer hash of each element's index.
-
-  A counter-based generator, like threefry and Philox, with a cheaper mixing function: two
-  rounds of `_mix32`, keyed by two words drawn from `rng` with `jax.random.bits`, so distinct
-  keys give unrelated streams. Tensors of `max_counter` elements or more (more than a uint32
-  index can count) hash their leading index into the key, so no two elements share a counter.
-  """
-  seed = jax.random.bits(rng, (2,), jnp.uint32)
-  size = int(np.prod(shape))
-  if size < max_counter or len(shape) < 2:
-    counter, stream = jax.lax.iota(jnp.uint32, size).reshape(shape), seed[1]
-  else:
-    rows = int(np.prod(shape[1:]))
-    counter = jax.lax.iota(jnp.uint32, rows).reshape((1, *shape[1:]))
-    row = jax.lax.broadcasted_iota(jnp.uint32, (shape[0], *(1,) * (len(shape) - 1)), 0)
-    stream = _mix32(row ^ seed[1])
-  return _mix32(_mix32(counter ^ seed[0]) + stream)
-
-
-def _mix32(x: Array) -> Array:
-  """A bijective 32-bit integer hash with full avalanche ("lowbias32", C. Wellons'
-  hash-prospector: xor-shift / multiply rounds)."""
-  x = (x ^ (x >> 16)) * jnp.uint32(0x7FEB352D)
-  x = (x ^ (x >> 15)) * jnp.uint32(0x846CA68B)
-  return x ^ (x >> 16)
-
-
-# ----------------------------------------------------------------------------- masks
-
-def causal_mask(length: int) -> Array:
-  """`[1, 1, length, length]`, True on and below the diagonal (position i sees j <= i)."""
-  return jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))[None, None]
-
-
-def padding_mask(query_valid: Array, key_valid: Array) -> Array:
-  """`[batch, 1, q_len, kv_len]` from boolean `[batch, q_len]` and `[batch, kv_len]` validity."""
-  return jnp.logical_and(query_valid[:, None, :, None], key_valid[:, None, None, :])
-
-
-def segment_mask(query_segment_ids: Array, key_segment_ids: Array) -> Array:
-  """`[batch, 1, q_len, kv_len]`, True where the (packed) segment ids are equal."""
-  return jnp.equal(query_segment_ids[:, None, :, None], key_segment_ids[:, None, None, :])
-
-
-def combine_masks(*masks: Array | None) -> Array | None:
-  """Logical AND of the masks that are not None; None when all are None."""
-  present = [m for m in masks if m is not None]
-  if not present:
-    return None
-  combined = present[0]
-  for m in present[1:]:
-    combined = jnp.logical_and(combined, m)
-  return combined
-
-
-
-@dataclasses.dataclass(frozen=True)
-class FactoredMask:
-  """A mask kept as its factors: causal AND padding(query_valid, key_valid) AND
-  segment(query_segment_ids, key_segment_ids), each factor optional.
-
-  `dense(q_len, kv_len)` is the boolean `[batch|1, 1, q_len, kv_len]` mask (`combine_masks`
-  of `causal_mask`, `padding_mask`, `segment_mask`). The fast attention paths read the
-  factors instead: chunked attention builds one key block at a time, cuDNN takes causal +
-  lengths, so the `[q_len, kv_len]` matrix never needs to exist.
-  """
-  causal: bool = False  # query i sees key j <= i
-  query_valid: Array | None = None  # bool [batch, q_len]
-  key_valid: Array | None = None  # bool [batch, kv_len]
-  query_segment_ids: Array | None = None  # int [batch, q_len]
-  key_segment_ids: Array | None = None  # int [batch, kv_len]
-
-  def dense(self, q_len: int, kv_len: int, key_start: Array | int = 0) -> Array | None:
-    """Boolean `[batch|1, 1, q_len, kv_len]` over keys `key_start .. key_start + kv_len - 1`
-    (all keys by default; None when there is no factor)."""
-    def keys(x):  # [batch, len] -> the keys' slice
-      if x.shape[-1] == kv_len:
-        return x
-      return jax.lax.dynamic_slice_in_dim(x, key_start, kv_len, axis=-1)
-
-    causal = None
-    if self.causal:
-      key_pos = key_start + jnp.arange(kv_len)
-      causal = (jnp.arange(q_len)[:, None] >= key_pos[None, :])[None, None]
-    query_valid = None if self.query_valid is None else self.query_valid[:, None, :, None]
-    key_valid = None if self.key_valid is None else keys(self.key_valid)[:, None, None, :]
-    segments = None
-    if self.query_segment_ids is not None:
-      segments = segment_mask(self.query_segment_ids, keys(self.key_segment_ids))
-    return combine_masks(causal, query_valid, key_valid, segments)
-
-
-jax.tree_util.register_dataclass(
-    FactoredMask, data_fields=['query_valid', 'key_valid', 'query_segment_ids', 'key_segment_ids'],
-    meta_fields=['causal'])
-
-
-def dense_mask(mask: Array | FactoredMask | None, q_len: int, kv_len: int) -> Array | None:
-  """A boolean mask array (or None) from a mask array, a `FactoredMask` or None."""
-  return mask.dense(q_len, kv_len) if isinstance(mask, FactoredMask) else mask
 
 
 # ----------------------------------------------------------------------------- heads
@@ -306,7 +223,8 @@ def sinusoidal_positions(length: int, d_model: int) -> Array:
 
 
 def rotary_embedding(x: Array, positions: Array, *, base: float = 10000.0) -> Array:
-  """Rotary position embedding (RoFormer) of `x` `[batch, len, heads, head_dim]` at `positions` `[batch, len]`.
+  """Rotary position embedding (RoFormer) of `x` `[batch, len, heads, head_dim]` at
+  `positions` `[batch, len]`.
 
   Rotates pairs (x[..., i], x[..., i + head_dim/2]) by angle `position / base^(2i/head_dim)`,
   so `q . k` depends only on the distance between the positions.
@@ -320,5 +238,121 @@ def rotary_embedding(x: Array, positions: Array, *, base: float = 10000.0) -> Ar
   return rotated.astype(x.dtype)
 
 
-# The memory-efficient path lives in its own module; imported last (it uses the above).
-from model.chunked_attention import chunked_dot_product_attention  # noqa: E402,F401
+# ----------------------------------------------------------------------------- implementations
+
+@dataclasses.dataclass(frozen=True)
+class AttentionImpl:
+  """One row of `IMPLEMENTATIONS`: an attention function and what it computes exactly.
+
+  `fn(query, key, value, *, mask, dropout_rate, dropout_rng, dropout_rng_impl,
+  deterministic)` -> (out `[batch, q_len, heads, v_head_dim]`, weights `[batch, heads, q_len,
+  kv_len]` or None); `mask` is a boolean array, a `FactoredMask` or None. `decode_fn` (same
+  call) serves decoding steps, a few queries over the KV cache. What a row cannot compute is
+  refused by `refusal` (one message per constraint, for the config, the layer and a direct
+  call alike), never approximated; `fallback` names the row that takes calls with attention
+  dropout this one cannot draw, and a row without `decode_fn` hands decoding steps to the
+  reference row (nothing quadratic there, and beam search's masks are not causal + lengths).
+  """
+  fn: Callable
+  decode_fn: Callable | None = None
+  dtypes: tuple[str, ...] = ()  # compute dtypes it takes; () = any
+  dropout_rngs: tuple[str, ...] | None = None  # dropout bits it draws (DROPOUT_RNGS); None = any
+  fallback: str | None = None  # the row for the dropout it cannot draw; None: refused
+  dense_masks: bool = True  # any boolean mask array (False: `FactoredMask`s only)
+  packed: bool = True  # masks with segment ids (packed sequences)
+  head_dim_multiple: int = 1
+  max_head_dim: int | None = None
+  backends: tuple[str, ...] = ()  # `jax.default_backend()` names it runs on; () = any
+
+  def draws(self, dropout_rng_impl: str) -> bool:
+    return self.dropout_rngs is None or dropout_rng_impl in self.dropout_rngs
+
+  def refusal(self, subject: str, *, dtype=None, dropout_rng_impl: str | None = None,
+              mask=None, head_dim: int | None = None, backend: str | None = None) -> str | None:
+    """Why this row cannot compute a call (or a config) with these facts, or None. `subject`
+    starts the message (e.g. "config.model.attention_impl='cudnn'"); a fact left None is not
+    checked. `dropout_rng_impl`: the bit generator of attention dropout, None without it."""
+    dtype = None if dtype is None else jnp.dtype(dtype).name
+    if self.dtypes and dtype is not None and dtype not in self.dtypes:
+      return (f'{subject} computes in {" or ".join(self.dtypes)} only, got {dtype}: use '
+              f"config.model.dtype='{self.dtypes[0]}' or another attention_impl")
+    if (dropout_rng_impl is not None and not self.draws(dropout_rng_impl)
+        and self.fallback is None):
+      if not self.dropout_rngs:
+        return (f'{subject} cannot apply attention dropout exactly: set config.model.'
+                f'attention_dropout_rate=0 or use attention_impl={_able("dropout_rngs")}')
+      return (f'{subject} draws attention dropout bits with {" or ".join(self.dropout_rngs)} '
+              f"only: set config.model.dropout_rng_impl='{self.dropout_rngs[0]}' (got "
+              f'{dropout_rng_impl!r}) or attention_dropout_rate=0')
+    if mask is not None and not self.dense_masks and not isinstance(mask, FactoredMask):
+      return (f'{subject} cannot take an arbitrary boolean mask exactly; it needs a '
+              f'FactoredMask (causal + padding)')
+    if isinstance(mask, FactoredMask) and mask.packed and not self.packed:
+      return (f'{subject} cannot mask packed batches (segment ids) exactly: set '
+              f'config.data.packing=False or use attention_impl={_able("packed")}')
+    if head_dim is not None and (head_dim % self.head_dim_multiple
+                                 or head_dim > (self.max_head_dim or head_dim)):
+      most = f' and at most {self.max_head_dim}' if self.max_head_dim else ''
+      return (f'{subject} needs a head size (d_model/num_heads) that is a multiple of '
+              f'{self.head_dim_multiple}{most}, got {head_dim}')
+    if self.backends and backend is not None and backend not in self.backends:
+      return f'{subject} runs on {" or ".join(self.backends)} only, not {backend}'
+    return None
+
+
+def _reference(query, key, value, *, mask, heads_major=False, **kwargs):
+  mask = dense_mask(mask, query.shape[-3], key.shape[-3])
+  if heads_major:
+    return heads_major_dot_product_attention(query, key, value, mask=mask, **kwargs)
+  return dot_product_attention(query, key, value, mask=mask, return_weights=True, **kwargs)
+
+
+def _xla(query, key, value, *, mask, **unused):
+  del unused  # no dropout: `fallback` takes calls with dropout
+  mask = dense_mask(mask, query.shape[-3], key.shape[-3])
+  return fused_dot_product_attention(query, key, value, mask=mask), None
+
+
+def _cudnn(query, key, value, *, mask, **unused):
+  del unused  # no dropout: refused
+  return cudnn_dot_product_attention(query, key, value, mask=mask), None
+
+
+def _chunked(query, key, value, *, mask, dropout_rate, dropout_rng, deterministic, **unused):
+  del unused  # dropout_rng_impl: the row draws 'hash' bits only
+  return chunked_dot_product_attention(query, key, value, mask=mask, dropout_rate=dropout_rate,
+                                       dropout_rng=dropout_rng, deterministic=deterministic), None
+
+
+# A new variant is one row here plus its function (and a test equal to the reference).
+IMPLEMENTATIONS: dict[str, AttentionImpl] = {
+    # `dot_product_attention`; the only row that returns the weights (attention plots).
+    'reference': AttentionImpl(_reference, decode_fn=functools.partial(_reference,
+                                                                      heads_major=True)),
+    # jax.nn.dot_product_attention(implementation='xla'): XLA may fuse it.
+    'xla': AttentionImpl(_xla, decode_fn=_xla, dropout_rngs=(), fallback='reference'),
+    # cuDNN's fused flash attention: causal + padding masks as lengths only.
+    'cudnn': AttentionImpl(_cudnn, dtypes=('bfloat16', 'float16'), dropout_rngs=(),
+                           dense_masks=False, packed=False, head_dim_multiple=8,
+                           max_head_dim=128, backends=('gpu',)),  # (256 on Hopper)
+    # `chunked_dot_product_attention`: online softmax over key blocks, O(len x block) memory.
+    'chunked': AttentionImpl(_chunked, dropout_rngs=('hash',)),
+}
+
+
+def _able(constraint: str) -> str:
+  """The rows that meet `constraint` (a field that is truthy or None), for a message."""
+  return ' or '.join(repr(name) for name, row in IMPLEMENTATIONS.items()
+                     if getattr(row, constraint) is None or getattr(row, constraint))
+
+
+def select_implementation(name: str, *, decode: bool = False,
+                          dropout_rng_impl: str | None = None) -> AttentionImpl:
+  """The row that computes a call to `name`'s attention: its own, or the one it hands the call
+  to (decoding steps without `decode_fn`; dropout it cannot draw, with a `fallback`)."""
+  row = IMPLEMENTATIONS[name]
+  if decode and row.decode_fn is None:
+    return IMPLEMENTATIONS['reference']
+  if dropout_rng_impl is not None and not row.draws(dropout_rng_impl) and row.fallback:
+    return IMPLEMENTATIONS[row.fallback]
+  return row

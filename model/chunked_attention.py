@@ -20,9 +20,9 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from model import attention as attn
+from model.dropout import hashed_bits_block, keep_threshold
+from model.masks import FactoredMask, combine_masks
 
 Array = jax.Array
 _MIN = float(jnp.finfo(jnp.float32).min)
@@ -37,11 +37,11 @@ class _Static(NamedTuple):
 
 
 def chunked_dot_product_attention(query: Array, key: Array, value: Array, *,
-                                  mask: Array | attn.FactoredMask | None = None,
+                                  mask: Array | FactoredMask | None = None,
                                   bias: Array | None = None, scale: float | None = None,
                                   dropout_rate: float = 0.0, dropout_rng: Array | None = None,
                                   deterministic: bool = True, block_size: int = 512) -> Array:
-  """`dot_product_attention`'s result with O(q_len x block_size) memory instead of O(q_len x kv_len).
+  """`dot_product_attention`'s result with O(q_len x block_size) memory, not O(q_len x kv_len).
 
   Args:
     query `[batch..., q_len, heads, head_dim]`, key `[batch..., kv_len, heads, head_dim]`,
@@ -63,11 +63,11 @@ def chunked_dot_product_attention(query: Array, key: Array, value: Array, *,
   weights_shape = (*query.shape[:-3], query.shape[-2], query.shape[-3], kv_len)
   static = _Static(float(scale), rate, block, kv_len, weights_shape)
   key, value = (_pad_axis(x, x.ndim - 3, padded_len, 0) for x in (key, value))
-  if isinstance(mask, attn.FactoredMask):
-    mask = attn.FactoredMask(mask.causal, mask.query_valid,
-                             _pad_axis(mask.key_valid, -1, padded_len, False),
-                             mask.query_segment_ids,
-                             _pad_axis(mask.key_segment_ids, -1, padded_len, -1))
+  if isinstance(mask, FactoredMask):
+    mask = FactoredMask(mask.causal, mask.query_valid,
+                        _pad_axis(mask.key_valid, -1, padded_len, False),
+                        mask.query_segment_ids,
+                        _pad_axis(mask.key_segment_ids, -1, padded_len, -1))
   else:
     mask = _pad_axis(_full_rank(mask, query.ndim), -1, padded_len, False)
   bias = _pad_axis(_full_rank(bias, query.ndim), -1, padded_len, 0)
@@ -101,12 +101,12 @@ def _block_logits(st: _Static, scaled_query, key, bias, mask, i):
   if bias is not None:
     logits = logits + _key_block(bias, start, st.block).astype(jnp.float32)
   q_len = scaled_query.shape[-3]
-  if isinstance(mask, attn.FactoredMask):
+  if isinstance(mask, FactoredMask):
     allowed = mask.dense(q_len, st.block, start)
   else:
     allowed = None if mask is None else _key_block(mask, start, st.block)
   if st.kv_len % st.block:  # the padding keys of the last block
-    allowed = attn.combine_masks(allowed, start + jnp.arange(st.block) < st.kv_len)
+    allowed = combine_masks(allowed, start + jnp.arange(st.block) < st.kv_len)
   if allowed is not None:
     logits = jnp.where(allowed, logits, _MIN)
   return logits, allowed
@@ -116,37 +116,13 @@ def _dropout_scale(st: _Static, rng, i):
   """Inverted-dropout factors of block `i`, `[batch..., heads, q_len, block]`: 0 or 1/(1-rate),
   from the same bits as `attention.dropout(weights, rate, rng, rng_impl='hash')`."""
   bits = hashed_bits_block(rng, st.weights_shape, i * st.block, st.block)
-  keep = bits < jnp.uint32(min(round((1.0 - st.dropout_rate) * 2 ** 32), 2 ** 32 - 1))
+  keep = bits < keep_threshold(st.dropout_rate)
   return jnp.where(keep, jnp.float32(1.0 / (1.0 - st.dropout_rate)), jnp.float32(0.0))
 
 
-def hashed_bits_block(rng: Array, shape: tuple[int, ...], start: Array | int, size: int, *,
-                      max_counter: int = 2 ** 32) -> Array:
-  """`attention.hashed_bits(rng, shape)[..., start:start + size]`, computing only that block.
-
-  Each element's counter is its row-major index in `shape` (or, for tensors of `max_counter`
-  elements or more, its index within the leading entry, which is hashed into the key), so a
-  block's bits need no other block's. Columns past `shape[-1]` get bits too (unused).
-  """
-  seed = jax.random.bits(rng, (2,), jnp.uint32)
-  block_shape = (*shape[:-1], size)
-  by_row = int(np.prod(shape)) >= max_counter and len(shape) >= 2
-  strides = np.cumprod((1, *shape[:0:-1]))[::-1]  # row-major strides of `shape`
-  counter = jnp.zeros(block_shape, jnp.uint32)
-  for axis in range(1 if by_row else 0, len(shape)):
-    index = jax.lax.broadcasted_iota(jnp.uint32, block_shape, axis)
-    if axis == len(shape) - 1:
-      index = index + jnp.asarray(start).astype(jnp.uint32)
-    counter = counter + index * jnp.uint32(int(strides[axis]) % 2 ** 32)
-  stream = seed[1]
-  if by_row:
-    row = jax.lax.broadcasted_iota(jnp.uint32, (shape[0], *(1,) * (len(shape) - 1)), 0)
-    stream = attn._mix32(row ^ seed[1])  # pylint: disable=protected-access
-  return attn._mix32(attn._mix32(counter ^ seed[0]) + stream)  # pylint: disable=protected-access
-
-
 def _rows(x):
-  """Per-row statistics `[batch..., heads, q_len]` -> broadcastable to `[batch..., q_len, heads, 1]`."""
+  """Per-row statistics `[batch..., heads, q_len]` -> broadcastable to
+  `[batch..., q_len, heads, 1]`."""
   return jnp.swapaxes(x, -1, -2)[..., None]
 
 
@@ -239,7 +215,7 @@ def _attention_bwd(st, residuals, grad_out):
 
 def _sum_to(x, shape):
   """Sums `x` over the axes where `shape` (same rank) is 1: the gradient of a broadcast."""
-  axes = tuple(a for a, (n, m) in enumerate(zip(x.shape, shape)) if m == 1 and n != 1)
+  axes = tuple(a for a, (n, m) in enumerate(zip(x.shape, shape, strict=True)) if m == 1 and n != 1)
   return jnp.sum(x, axis=axes, keepdims=True) if axes else x
 
 

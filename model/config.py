@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
-from model.attention import DROPOUT_RNGS
+from common.errors import ConfigError
+from model.attention import DROPOUT_RNGS, IMPLEMENTATIONS
+from model.kinds import KINDS
 
 POSITIONAL_ENCODINGS = ('sinusoidal', 'learned', 'rope')
 NORM_POSITIONS = ('post', 'pre')
@@ -23,17 +26,15 @@ DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 # --fp32-residual-connection keep it: in bfloat16 every sub-layer's update is rounded to the
 # stream's 8-bit significand, so updates much smaller than the stream are partly lost.
 RESIDUAL_DTYPES = ('compute', 'float32')
-# 'reference': attention.dot_product_attention; 'xla': jax.nn.dot_product_attention(
-# implementation='xla'); 'cudnn': cuDNN's fused flash attention (GPU, bfloat16, causal +
-# padding masks only); 'chunked': attention.chunked_dot_product_attention (O(len x block) memory).
-ATTENTION_IMPLS = ('reference', 'xla', 'cudnn', 'chunked')
+# attention_impl: the rows of `attention.IMPLEMENTATIONS` ('reference', 'xla', 'cudnn',
+# 'chunked'), each with its function and what it can compute (the refusals come from there).
+ATTENTION_IMPLS = tuple(IMPLEMENTATIONS)
 # How a projection with several input/output axes (the fused [d_model, 3, heads, head_dim]
 # QKV kernel) is multiplied: 'flat' = one 2-D matmul on the flattened kernel (XLA:CPU: see
 # layers.Dense), 'general' = dot_general over the axes as they are (a heads axis split over
 # 'tensor' stays split), 'auto' = 'flat' on CPU unless the heads are split, 'general' on
 # GPU/TPU. Same values.
 PROJECTION_MATMULS = ('auto', 'flat', 'general')
-CUDNN_MAX_HEAD_DIM = 128  # cuDNN flash attention: head_dim <= 128 (256 on Hopper), multiple of 8
 
 
 # Renamed fields: old name -> new name (read from old config.json files).
@@ -46,10 +47,6 @@ class InitStds(NamedTuple):
   kernel: float | None  # every dense kernel but the residual projections
   residual: float | None  # attention output and FFN output kernels
   embedding: float  # token embeddings
-
-
-class ConfigError(ValueError):
-  """A bad configuration value; the message names the field."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +105,7 @@ class ModelConfig:
     return InitStds(None, None, self.d_model ** -0.5)
 
   @classmethod
-  def from_config(cls, model_config: Mapping[str, Any]) -> 'ModelConfig':
+  def from_config(cls, model_config: Mapping[str, Any]) -> ModelConfig:
     """Builds from a ConfigDict/dict (unknown fields are an error) and validates."""
     values = dict(model_config.items())
     for old, new in RENAMED_FIELDS.items():  # a config.json written before the rename
@@ -128,14 +125,13 @@ class ModelConfig:
       if value not in options:
         raise ConfigError(f'config.model.{field}={value!r} is not one of {list(options)}')
 
-    from model.kinds import KINDS  # pylint: disable=import-outside-toplevel  (kinds imports us)
     choice('kind', KINDS)
     choice('positional_encoding', POSITIONAL_ENCODINGS)
     choice('norm_position', NORM_POSITIONS)
     choice('activation', ACTIVATIONS)
     choice('dtype', DTYPES)
     choice('residual_dtype', RESIDUAL_DTYPES)
-    choice('attention_impl', ATTENTION_IMPLS)
+    choice('attention_impl', IMPLEMENTATIONS)
     choice('dropout_rng_impl', DROPOUT_RNGS)
     choice('init', INIT_SCHEMES)
     choice('projection_matmul', PROJECTION_MATMULS)
@@ -146,10 +142,7 @@ class ModelConfig:
       value = getattr(self, field)
       if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ConfigError(f'config.model.{field}={value!r} must be a positive integer')
-    layer_fields = {'encoder_decoder': ('num_encoder_layers', 'num_decoder_layers'),
-                    'decoder_only': ('num_decoder_layers',),
-                    'encoder_only': ('num_encoder_layers',)}[self.kind]
-    for field in layer_fields:
+    for field in KINDS[self.kind].layer_fields:
       value = getattr(self, field)
       if not isinstance(value, int) or value <= 0:
         raise ConfigError(f'config.model.{field}={value!r} must be a positive integer '
@@ -167,21 +160,11 @@ class ModelConfig:
     self._validate_attention_impl()
 
   def _validate_attention_impl(self) -> None:
-    """Refuses attention_impl combinations the fast paths cannot compute exactly."""
-    impl = f'config.model.attention_impl={self.attention_impl!r}'
-    if self.attention_impl == 'cudnn':
-      if self.dtype != 'bfloat16':
-        raise ConfigError(f"{impl} needs config.model.dtype='bfloat16' (cuDNN's fused "
-                          f'attention computes in bfloat16/float16), got {self.dtype!r}')
-      if self.attention_dropout_rate > 0.0:
-        raise ConfigError(f'{impl} cannot apply attention dropout exactly (jax.nn.'
-                          f'dot_product_attention has none): set config.model.'
-                          f'attention_dropout_rate=0 (got {self.attention_dropout_rate}) or '
-                          f"use attention_impl='chunked'")
-      if self.head_dim % 8 or self.head_dim > CUDNN_MAX_HEAD_DIM:
-        raise ConfigError(f'{impl} needs a head size (d_model/num_heads) that is a multiple '
-                          f'of 8 and at most {CUDNN_MAX_HEAD_DIM}, got {self.head_dim}')
-    if (self.attention_impl == 'chunked' and self.attention_dropout_rate > 0.0
-        and self.dropout_rng_impl != 'hash'):
-      raise ConfigError(f"{impl} draws attention dropout bits block by block, which needs "
-                        f"config.model.dropout_rng_impl='hash', got {self.dropout_rng_impl!r}")
+    """Refuses attention_impl combinations its row of `attention.IMPLEMENTATIONS` cannot
+    compute exactly (the masks are checked when the layer sees them)."""
+    dropout = self.dropout_rng_impl if self.attention_dropout_rate > 0.0 else None
+    problem = IMPLEMENTATIONS[self.attention_impl].refusal(
+        f'config.model.attention_impl={self.attention_impl!r}', dtype=self.dtype,
+        dropout_rng_impl=dropout, head_dim=self.head_dim)
+    if problem:
+      raise ConfigError(problem)

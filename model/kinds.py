@@ -14,7 +14,8 @@ language model, the text) and, with a source, `inputs`; packed rows add `*_segme
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +31,10 @@ class ModelKind:
   module_class: type
   has_source: bool  # the model reads `inputs` (a source sentence) besides its tokens
   has_decoder: bool  # it predicts tokens: trains on a loss, decodes
+  layer_fields: tuple[str, ...]  # the config.model fields that count its layers (each > 0)
+  # The training batches it reads, by the input pipeline's name for them
+  # (`input_pipeline.pipeline.LAYOUTS`: the pipeline knows layouts, not kinds).
+  batch_layout: str
 
   def example_inputs(self, length: int = 8, batch: int = 1) -> tuple[Array, ...]:
     """Positional arguments of a forward pass (for `init` and shape checks)."""
@@ -115,6 +120,8 @@ def _logits(c, b: int, t: int) -> int:
 class EncoderDecoderKind(ModelKind):
   name, module_class = 'encoder_decoder', transformer.EncoderDecoder
   has_source, has_decoder = True, True
+  layer_fields = ('num_encoder_layers', 'num_decoder_layers')
+  batch_layout = 'sentence_pairs'
 
   def apply_batch(self, module, variables, batch, *, deterministic, rngs=None, **kwargs):
     return module.apply(
@@ -153,6 +160,8 @@ class EncoderDecoderKind(ModelKind):
 class DecoderOnlyKind(ModelKind):
   name, module_class = 'decoder_only', transformer.DecoderOnly
   has_source, has_decoder = False, True
+  layer_fields = ('num_decoder_layers',)
+  batch_layout = 'text_blocks'
 
   def target_length(self, max_length: int) -> int:
     return max_length + 1  # the decoder reads the start token before the text
@@ -166,6 +175,8 @@ class DecoderOnlyKind(ModelKind):
 class EncoderOnlyKind(ModelKind):
   name, module_class = 'encoder_only', transformer.EncoderOnly
   has_source, has_decoder = False, False
+  layer_fields = ('num_encoder_layers',)
+  batch_layout = 'sentence_pairs'  # (not trained by train.py: it predicts no tokens)
 
   def forward_flops(self, config, shapes):
     b, t = shapes['targets'][:2]

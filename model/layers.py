@@ -6,17 +6,17 @@ Sizes follow the paper: `d_model`, `num_heads` (h), `d_ff`, head size
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from model import attention as attn
-from model import partitioning
+from common.errors import ConfigError
+from model import attention as attn, partitioning
 from model.partitioning import constrain, with_axes
-from model.config import ConfigError
 
 Array = jax.Array
 Dtype = Any
@@ -64,7 +64,10 @@ class Dense(nn.Module):
     inputs = x.shape[x.ndim - self.num_inputs:]
     fan_in, fan_out = int(np.prod(inputs)), int(np.prod(self.features))
     init = dense_init if self.init_std is None else nn.initializers.normal(self.init_std)
-    kernel_init = lambda rng, shape: init(rng, (fan_in, fan_out)).reshape(shape)
+
+    def kernel_init(rng, shape):
+      return init(rng, (fan_in, fan_out)).reshape(shape)
+
     bias_init = nn.initializers.zeros_init()
     if self.axes:
       kernel_init = with_axes(kernel_init, self.axes)
@@ -81,7 +84,8 @@ class Dense(nn.Module):
 
 
 class MultiHeadAttention(nn.Module):
-  """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O with head_i = Attention(Q W^Q_i, K W^K_i, V W^V_i).
+  """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O,
+  head_i = Attention(Q W^Q_i, K W^K_i, V W^V_i).
 
   Self-attention (`kv=None`) projects Q, K, V with one fused matmul; cross-attention
   projects Q from `x` and K, V from `kv`.
@@ -102,7 +106,7 @@ class MultiHeadAttention(nn.Module):
   num_heads: int
   dtype: Dtype = jnp.float32
   attention_dropout_rate: float = 0.0
-  impl: str = 'reference'  # config.ATTENTION_IMPLS
+  impl: str = 'reference'  # a row of attention.IMPLEMENTATIONS
   use_rope: bool = False
   dropout_rng_impl: str = 'hash'  # attention.DROPOUT_RNGS
   init_std: float | None = None  # Q/K/V kernels (ModelConfig.init_stds; None: Glorot)
@@ -125,7 +129,8 @@ class MultiHeadAttention(nn.Module):
     heads = (self.num_heads, head_dim)
 
     if kv is None:
-      qkv = self._dense((3, *heads), 'qkv', (None, 'heads', 'kv'))(x)  # [batch, len, 3, heads, head_dim]
+      # [batch, len, 3, heads, head_dim]
+      qkv = self._dense((3, *heads), 'qkv', (None, 'heads', 'kv'))(x)
       qkv = constrain(qkv, ('batch', None, None, 'heads', 'kv'))
       query, key, value = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
       if self.use_rope:
@@ -151,37 +156,23 @@ class MultiHeadAttention(nn.Module):
                   matmul=self.matmul)
 
   def _attend(self, query, key, value, mask, deterministic, decode):
-    """Attention(Q, K, V) `[batch, q_len, heads, head_dim]` by `impl` (see `ATTENTION_IMPLS`).
-
-    'chunked' and 'cudnn' serve whole sequences (training, evaluation, encoding); decoding
-    steps (a query of one or a few tokens over the cache: nothing quadratic, and beam
-    search's masks are not causal + lengths) take the reference path.
-    """
+    """Attention(Q, K, V) `[batch, q_len, heads, head_dim]` by the row of
+    `attention.IMPLEMENTATIONS` named `impl` (or the one it hands this call to: decoding
+    steps, or dropout it cannot draw); a call the row cannot compute exactly is refused."""
     use_dropout = not deterministic and self.attention_dropout_rate > 0.0
-    dropout_rng = self.make_rng('dropout') if use_dropout else None
-    if self.impl == 'chunked' and not decode:
-      return attn.chunked_dot_product_attention(
-          query, key, value, mask=mask, dropout_rate=self.attention_dropout_rate,
-          dropout_rng=dropout_rng, deterministic=deterministic)
-    if self.impl == 'cudnn' and not decode:
-      if use_dropout:  # ModelConfig refuses this combination; a direct caller gets told too
-        raise ConfigError("attention_impl='cudnn' cannot apply attention dropout exactly")
-      if isinstance(mask, attn.FactoredMask) and mask.query_segment_ids is not None:
-        raise ConfigError(
-            "config.model.attention_impl='cudnn' cannot mask packed batches (segment ids) "
-            "through jax.nn.dot_product_attention; set config.data.packing=False or use "
-            "attention_impl='chunked' or 'reference'")
-      return attn.cudnn_dot_product_attention(query, key, value, mask=mask)
-    mask = attn.dense_mask(mask, query.shape[1], key.shape[1])
-    if self.impl == 'xla' and not use_dropout:
-      return attn.fused_dot_product_attention(query, key, value, mask=mask)
-    attention = _heads_major_attention if decode else attn.dot_product_attention
-    out, weights = attention(
+    rng_impl = self.dropout_rng_impl if use_dropout else None
+    row = attn.select_implementation(self.impl, decode=decode, dropout_rng_impl=rng_impl)
+    problem = row.refusal(f'config.model.attention_impl={self.impl!r}', dtype=query.dtype,
+                          dropout_rng_impl=rng_impl, mask=mask, head_dim=query.shape[-1])
+    if problem:  # ModelConfig refuses what it can see; the masks are seen only here
+      raise ConfigError(problem)
+    out, weights = (row.decode_fn if decode else row.fn)(
         query, key, value, mask=mask, dropout_rate=self.attention_dropout_rate,
-        dropout_rng=dropout_rng, dropout_rng_impl=self.dropout_rng_impl,
-        deterministic=deterministic, return_weights=True)
-    # Stored only when the caller makes 'intermediates' mutable (attention plots).
-    self.sow('intermediates', 'attention_weights', weights)
+        dropout_rng=self.make_rng('dropout') if use_dropout else None,
+        dropout_rng_impl=self.dropout_rng_impl, deterministic=deterministic)
+    if weights is not None:
+      # Stored only when the caller makes 'intermediates' mutable (attention plots).
+      self.sow('intermediates', 'attention_weights', weights)
     return out
 
   def _project_kv(self, kv, heads):
@@ -244,24 +235,6 @@ def _from_cache(x):
   return jnp.transpose(x, (0, 3, 1, 2))
 
 
-def _heads_major_attention(query, key, value, *, mask=None, **kwargs):
-  """`attention.dot_product_attention` computed with (batch, heads) as its batch dimensions.
-
-  For decoding: the cached keys/values are heads-major (`key`/`value` here are transposed
-  views of them), and a query of a few tokens makes each head's products tiny. Handing the
-  attention `[batch, heads, len, 1, head_dim]` operands (one "head" per batch entry) lets XLA
-  emit plain batched matmuls on the caches as they are; with the `[batch, len, heads, ...]`
-  views it emitted transposed, matrix-vector-like products (~3x slower per decoder step).
-  Same arithmetic, hence the same values.
-  """
-  as_batch = lambda x: jnp.swapaxes(x, 1, 2)[:, :, :, None]  # [b, len, h, d] -> [b, h, len, 1, d]
-  if mask is not None:
-    mask = mask[:, :, None]  # [b|1, h|1, q, k] -> [b|1, h|1, 1, q, k]
-  out, weights = attn.dot_product_attention(as_batch(query), as_batch(key), as_batch(value),
-                                            mask=mask, **kwargs)
-  return jnp.swapaxes(out[:, :, :, 0], 1, 2), weights[:, :, 0]
-
-
 class Dropout(nn.Module):
   """`attention.dropout` with the module's 'dropout' RNG stream; identity when deterministic."""
   rate: float
@@ -299,7 +272,8 @@ class LayerNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    return nn.LayerNorm(epsilon=1e-6, dtype=jnp.float32, param_dtype=jnp.float32)(x).astype(self.dtype)
+    norm = nn.LayerNorm(epsilon=1e-6, dtype=jnp.float32, param_dtype=jnp.float32)
+    return norm(x).astype(self.dtype)
 
 
 class Embed(nn.Module):

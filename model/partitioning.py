@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -31,6 +32,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 LOGICAL_AXES = ('vocab', 'embed', 'heads', 'kv', 'mlp', 'layers', 'batch')
 Rules = Sequence[tuple[str, Any]]  # (logical name, mesh axis | tuple of mesh axes | None)
+# The default rules over the mesh axes ('data', 'fsdp', 'tensor'): logical name -> mesh axes
+# ('' = not split; 'a,b' = over both). configs/base.py copies it into config.mesh.rules and
+# training/mesh.py fills unset names from it.
+DEFAULT_RULES = {'batch': 'data,fsdp', 'vocab': 'tensor', 'embed': 'fsdp', 'heads': 'tensor',
+                 'kv': '', 'mlp': 'tensor', 'layers': ''}
 
 _annotating = contextvars.ContextVar('annotating', default=False)
 _activation_rules: contextvars.ContextVar[tuple[Mesh, Rules] | None] = contextvars.ContextVar(
@@ -70,7 +76,7 @@ def mesh_spec(names: Sequence[str | None], rules: Rules, shape: Sequence[int],
   table = dict(rules)
   used: set[str] = set()
   spec = []
-  for name, size in zip(names, shape):
+  for name, size in zip(names, shape, strict=False):  # no names (P()): every dimension whole
     axes = tuple(a for a in _mesh_axes(table, name) if a not in used and mesh.shape[a] > 1)
     count = 1
     for a in axes:

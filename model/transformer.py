@@ -14,15 +14,18 @@ crosses segments and the shift restarts at each segment.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from model import attention as attn
-from model.config import ModelConfig
 from model.layers import AddPositions, Dropout, Embed, FeedForward, LayerNorm, MultiHeadAttention
 from model.partitioning import constrain, with_axes
+
+if TYPE_CHECKING:  # annotations only: model.config validates through model.kinds, which uses us
+  from model.config import ModelConfig
 
 Array = jax.Array
 RESIDUAL_AXES = ('batch', None, None)  # the residual stream [batch, len, d_model] between layers
@@ -71,7 +74,8 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-  """Masked self-attention, encoder-decoder attention (skipped when `encoded` is None), feed-forward."""
+  """Masked self-attention, encoder-decoder attention (skipped when `encoded` is None),
+  feed-forward."""
   config: ModelConfig
   deterministic: bool = True
   decode: bool = False
@@ -322,7 +326,8 @@ class EncoderDecoder(nn.Module):
 
 
 class DecoderOnly(nn.Module):
-  """Language model: `apply(variables, tokens)` -> logits; `logits[:, t]` predicts `tokens[:, t]`."""
+  """Language model: `apply(variables, tokens)` -> logits; `logits[:, t]` predicts
+  `tokens[:, t]`."""
   config: ModelConfig
 
   def setup(self):
@@ -333,7 +338,8 @@ class DecoderOnly(nn.Module):
   def __call__(self, tokens: Array, *, segmentation: Array | None = None,
                positions: Array | None = None, deterministic: bool = True,
                decode: bool = False, decode_mask: Array | None = None) -> Array:
-    """tokens `[batch, len]` -> logits `[batch, len, vocab]` (float32); `decode_mask`: see `Decoder`."""
+    """tokens `[batch, len]` -> logits `[batch, len, vocab]` (float32); `decode_mask`: see
+    `Decoder`."""
     return self.decoder(tokens, segmentation=segmentation, positions=positions,
                         deterministic=deterministic, decode=decode, decode_mask=decode_mask)
 
@@ -352,12 +358,3 @@ class EncoderOnly(nn.Module):
     return self.encoder(tokens, segmentation=segmentation, positions=positions,
                         deterministic=deterministic)
 
-
-def build_model(model_config) -> nn.Module:
-  """The module for `model_config.kind` (a ConfigDict, dict or `ModelConfig`), validated."""
-  if not isinstance(model_config, ModelConfig):
-    model_config = ModelConfig.from_config(model_config)
-  else:
-    model_config.validate()
-  from model.kinds import KINDS  # pylint: disable=import-outside-toplevel  (kinds imports us)
-  return KINDS[model_config.kind].module_class(model_config)

@@ -20,14 +20,11 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from model.config import ConfigError
-from model.partitioning import LOGICAL_AXES, Rules
+from model.partitioning import DEFAULT_RULES, LOGICAL_AXES, Rules
 
 AXES = ('data', 'fsdp', 'tensor')
 DATA_AXIS = 'data'
 BATCH_AXES = ('data', 'fsdp')  # the batch is split over both
-# logical name -> mesh axes ('' = not split; 'a,b' = over both). configs/base.py copies it.
-DEFAULT_RULES = {'batch': 'data,fsdp', 'vocab': 'tensor', 'embed': 'fsdp', 'heads': 'tensor',
-                 'kv': '', 'mlp': 'tensor', 'layers': ''}
 
 
 def mesh_shape(mesh_config=None, num_devices: int | None = None) -> tuple[int, int, int]:

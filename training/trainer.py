@@ -82,7 +82,9 @@ class _StopSignal:
 
 def _get_datasets(config, workdir: str):
   import input_pipeline  # pylint: disable=import-outside-toplevel
-  return input_pipeline.get_datasets(config, workdir=workdir, process_index=jax.process_index(),
+  return input_pipeline.get_datasets(config, workdir=workdir,
+                                     layout=kind_of(config.model).batch_layout,
+                                     process_index=jax.process_index(),
                                      process_count=jax.process_count())
 
 

@@ -1,0 +1,9 @@
+"""The bottom layer: small utilities every package may use (`model`, `input_pipeline`,
+`training`, `inference`, `hf_export`, the command lines). It imports no other package.
+
+  atomic_file   atomic_write(path, data): a file written whole or not at all
+  tokens        PAD_ID, EOS_ID, UNK_ID and `truncate` (a cut sequence keeps its EOS)
+  messages      first_few(items): "a; b; c (+N more)" for one-line errors
+  errors        ConfigError, the one error for a bad configuration value
+  lock_file     open_lock_file(path): a lock file opened without following a symlink
+"""

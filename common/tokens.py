@@ -1,0 +1,25 @@
+"""The token ids every part of the project agrees on, and the one truncation rule.
+
+Token id 0 is padding everywhere (masked as keys, ignored by the loss, the decoder's start
+token); sentencepiece vocabularies use pad=0, eos=1, unk=2 and no BOS. A character
+vocabulary has no EOS (its `eos_id` is None): id 1 is a character there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+PAD_ID = 0
+EOS_ID = 1
+UNK_ID = 2
+
+
+def truncate(ids: Sequence[int], max_len: int, eos_id: int | None) -> list[int]:
+  """At most `max_len` ids; a cut sequence keeps its EOS at the end (when there is one).
+
+  The training pipeline and translation at inference cut sources by this one rule, so a
+  model sees the same kind of input in both."""
+  ids = list(ids)
+  if len(ids) <= max_len:
+    return ids
+  return ids[:max_len - 1] + [eos_id] if eos_id is not None else ids[:max_len]

@@ -1,0 +1,229 @@
+"""The project's import graph: no cycles, and no package imports one above it.
+
+The graph is read from the source (every `import`, at module level or inside a function;
+`if TYPE_CHECKING:` imports are annotations only and do not count), so it needs no imports and
+runs in a moment. `python tests/test_layering.py` prints it with the counts.
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SKIP_DIRS = {'tests', 'data', 'docs', 'runs', '__pycache__'}
+# Lowest first. A package may import packages of lower layers only (never its own layer's
+# others, never a higher one); the command lines and bench/ sit on top.
+LAYERS = (
+    ('common',),
+    ('model', 'input_pipeline'),
+    ('configs',),
+    ('training',),
+    ('inference',),  # restores with training's checkpoint reader, config and mesh code
+    ('hf_export',),
+    ('train', 'decode', 'export'),
+    ('bench',),
+)
+# Upward imports not yet removed, with what still needs them. The test fails on any other,
+# and on one of these once it is gone (delete it here then).
+KNOWN_UPWARD = {
+    # The trainer translates the validation set for BLEU with inference's translator.
+    'training -> inference': 'training.trainer',
+}
+
+def _modules() -> dict[str, str]:
+  """Dotted module name -> file, for every Python file of the project (tests excluded)."""
+  found = {}
+  for directory, dirs, files in os.walk(ROOT):
+    dirs[:] = sorted(d for d in dirs if not d.startswith('.') and d not in SKIP_DIRS
+                     and not d.endswith('.egg-info'))
+    for name in files:
+      if name.endswith('.py'):
+        path = os.path.join(directory, name)
+        dotted = os.path.relpath(path, ROOT)[:-3].replace(os.sep, '.')
+        found[dotted.removesuffix('.__init__')] = path
+  return found
+
+
+def _type_checking_blocks(tree) -> set[int]:
+  """ids of the import nodes under `if TYPE_CHECKING:` (annotations only)."""
+  ids = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.If) and 'TYPE_CHECKING' in ast.unparse(node.test):
+      ids.update(id(sub) for stmt in node.body for sub in ast.walk(stmt))
+  return ids
+
+
+def _is_shim(tree) -> bool:
+  """A module kept only so that a moved module's old name works: imports, `__all__`, a
+  deprecation warning, `sys.modules[__name__] = ...`, nothing else. Its import of the new
+  home is the deprecation path, not a dependency; it is left out of the layer rule."""
+  for stmt in tree.body:
+    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+      continue
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, (ast.Constant, ast.Call)):
+      continue  # the docstring; warnings.warn(...)
+    if isinstance(stmt, ast.Assign) and ast.unparse(stmt.targets[0]) in (
+        '__all__', 'sys.modules[__name__]'):
+      continue
+    return False
+  return True
+
+
+def import_graph():
+  """(edges {module: {imported project module: function-local?}}, function-local imports
+  [(module, line, statement)] of any module, shims {module})."""
+  modules = _modules()
+  edges, local, shims = collections.defaultdict(dict), [], set()
+  for module, path in modules.items():
+    with open(path, encoding='utf-8') as f:
+      tree = ast.parse(f.read(), path)
+    if _is_shim(tree) and not path.endswith('__init__.py'):
+      shims.add(module)
+    skip = _type_checking_blocks(tree)
+    in_function = {id(sub) for node in ast.walk(tree)
+                   if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   for sub in ast.walk(node) if sub is not node}
+    for node in ast.walk(tree):
+      if not isinstance(node, (ast.Import, ast.ImportFrom)) or id(node) in skip:
+        continue
+      if id(node) in in_function:
+        local.append((module, node.lineno, ast.unparse(node)))
+      for target in _targets(node, modules):
+        if target != module:
+          edges[module][target] = edges[module].get(target, False) or id(node) in in_function
+  return edges, local, shims
+
+
+def _targets(node, modules) -> list[str]:
+  """The project modules an import statement loads (`from pkg import sub` loads pkg.sub)."""
+  if isinstance(node, ast.Import):
+    names = [a.name for a in node.names]
+  elif node.level:
+    return []  # the project uses absolute imports only
+  else:
+    subs = [f'{node.module}.{a.name}' for a in node.names]
+    names = [s for s in subs if s in modules]
+    if len(names) < len(subs):
+      names.append(node.module)
+  out = []
+  for name in names:
+    while name and name not in modules:  # `import a.b.c` of a function: its module
+      name = name.rpartition('.')[0]
+    if name:
+      out.append(name)
+  return out
+
+
+def cycles(edges) -> list[list[str]]:
+  """The strongly connected components of more than one module (Tarjan), each sorted."""
+  index, low, stack, on_stack, found = {}, {}, [], set(), []
+  nodes = set(edges) | {t for targets in edges.values() for t in targets}
+
+  def visit(v):
+    index[v] = low[v] = len(index)
+    stack.append(v)
+    on_stack.add(v)
+    for w in edges.get(v, ()):
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on_stack:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      component = []
+      while True:
+        w = stack.pop()
+        on_stack.discard(w)
+        component.append(w)
+        if w == v:
+          break
+      if len(component) > 1:
+        found.append(sorted(component))
+
+  sys.setrecursionlimit(max(sys.getrecursionlimit(), 10 * len(nodes)))
+  for v in sorted(nodes):
+    if v not in index:
+      visit(v)
+  return sorted(found)
+
+
+def package_edges(edges, shims) -> set[tuple[str, str]]:
+  """(importer package, imported package) of the module edges, shims left out."""
+  return {(m.split('.')[0], t.split('.')[0]) for m, targets in edges.items() if m not in shims
+          for t in targets if m.split('.')[0] != t.split('.')[0]}
+
+
+def upward_imports(edges, shims) -> dict[str, list[str]]:
+  """{'a -> b': [importing modules]} for each package edge that does not go down the layers."""
+  layer = {name: i for i, names in enumerate(LAYERS) for name in names}
+  bad = collections.defaultdict(list)
+  for module, targets in sorted(edges.items()):
+    for target in sorted(targets):
+      a, b = module.split('.')[0], target.split('.')[0]
+      if a == b or module in shims:
+        continue
+      if a not in layer or b not in layer:
+        bad[f'{a} -> {b} (a package missing from LAYERS)'].append(module)
+      elif layer[b] >= layer[a]:
+        bad[f'{a} -> {b}'].append(f'{module} imports {target}')
+  return dict(bad)
+
+
+# ----------------------------------------------------------------------------- tests
+
+def test_no_import_cycles_between_modules():
+  edges, _, _ = import_graph()
+  assert cycles(edges) == []
+
+
+def test_no_upward_imports():
+  """Hence no cycle between packages either: every other import goes down the layers."""
+  edges, _, shims = import_graph()
+  found = upward_imports(edges, shims)
+  assert {k: v for k, v in found.items() if k not in KNOWN_UPWARD} == {}
+  assert sorted(set(KNOWN_UPWARD) - set(found)) == []  # removed: delete it from KNOWN_UPWARD
+
+
+def test_bottom_layers_hide_no_import_in_a_function():
+  """In `common`, `model` and `input_pipeline`, an import inside a function is there only to
+  keep a heavy dependency off the import path, and says so on its line."""
+  _, local, _ = import_graph()
+  bottom = {name for names in LAYERS[:2] for name in names}
+  unexplained = [f'{m}:{line}: {stmt}' for m, line, stmt in local
+                 if m.split('.')[0] in bottom and not _has_reason(m, line)]
+  assert unexplained == []
+
+
+def _has_reason(module: str, line: int) -> bool:
+  """Whether the import on `line` carries a comment other than a bare lint directive."""
+  with open(_modules()[module], encoding='utf-8') as f:
+    text = f.read().splitlines()[line - 1]
+  comment = text.partition('#')[2]
+  for directive in ('pylint: disable=import-outside-toplevel',
+                    'pylint: disable=g-import-not-at-top', 'noqa'):
+    comment = comment.replace(directive, '')
+  return bool(comment.strip(' ()'))
+
+
+def test_the_checker_sees_a_cycle_and_an_upward_import():
+  edges = {'model.a': {'model.b': False}, 'model.b': {'model.a': True},
+           'input_pipeline.x': {'training.y': True}}
+  assert cycles(edges) == [['model.a', 'model.b']]
+  assert list(upward_imports(edges, set())) == ['input_pipeline -> training']
+
+
+if __name__ == '__main__':
+  graph, functions, compat = import_graph()
+  print('module cycles:', cycles(graph))
+  for pair in sorted(package_edges(graph, compat)):
+    print('package import: {} -> {}'.format(*pair))
+  for edge, where in upward_imports(graph, compat).items():
+    print(f'upward import {edge}: {"; ".join(where)}')
+  print('compat shims (left out of the layer rule):', sorted(compat))
+  print(f'function-local imports: {len(functions)} '
+        f'({sum(1 for m, _, _ in functions if m.split(".")[0] != "bench")} outside bench/)')
+  for entry in functions if '-v' in sys.argv else ():
+    print('  {}:{} {}'.format(*entry))
