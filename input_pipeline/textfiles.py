@@ -1,8 +1,8 @@
 """Reading local text files (plain or .gz) with clear errors.
 
-Used by the tfds builders to prepare the bundled corpora and user-supplied
-parallel text. Every problem raises `DataError` (or `DataFileError`) with one
-line naming the file.
+Used by the tfds builders to prepare the bundled corpora and user-supplied parallel text, and
+by decode.py for its input and references (`read_utf8_lines`). Every problem raises
+`DataError` (or `DataFileError`) with one line naming the file.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import gzip
 import hashlib
 import logging
 import os
+import sys
 
 from input_pipeline.errors import DataError, DataFileError
 
@@ -27,27 +28,70 @@ def bundled_path(*parts: str) -> str:
   return os.path.join(DATA_ROOT, *parts)
 
 
-def read_text(path: str) -> str:
-  """The whole UTF-8 text of `path` (gunzipped when it ends in `.gz`)."""
+def read_bytes(path: str | None, what: str = 'data') -> bytes:
+  """The bytes of `path` (stdin when None or '-'), gunzipped when it ends in `.gz`.
+
+  Raises DataFileError naming the file (`what` says which: 'data', 'input', 'reference')."""
+  if path in (None, '-'):
+    return _read(sys.stdin.buffer.read, what, '<stdin>')
   path = os.fspath(path)
   if not os.path.exists(path):
-    raise DataFileError(f'data file not found: {path}')
+    raise DataFileError(f'{what} file not found: {path}')
   if not os.path.isfile(path):
-    raise DataFileError(f'data path is not a file: {path}')
+    raise DataFileError(f'{what} path is not a file: {path}')
+  return _read(lambda: _slurp(path), what, path)
+
+
+def _slurp(path: str) -> bytes:
+  with (gzip.open if path.endswith('.gz') else open)(path, 'rb') as f:
+    return f.read()
+
+
+def _read(read, what: str, name: str) -> bytes:
   try:
-    if path.endswith('.gz'):
-      with gzip.open(path, 'rb') as f:
-        raw = f.read()
-    else:
-      with open(path, 'rb') as f:
-        raw = f.read()
+    return read()
   except (OSError, EOFError) as e:  # permissions, corrupt gzip, ...
-    raise DataFileError(f'cannot read data file {path}: {e}') from None
+    raise DataFileError(f'cannot read {what} file {name}: '
+                        f'{getattr(e, "strerror", None) or e}') from None
+
+
+def decode_line(raw: bytes, number: int, what: str = 'data', name: str = '') -> str:
+  """One line's bytes (with or without its `\n` or `\r\n`) -> its text. Not UTF-8: a
+  DataError naming the file, line, byte and column."""
+  raw = raw[:-1] if raw.endswith(b'\n') else raw
+  raw = raw[:-1] if raw.endswith(b'\r') else raw
+  try:
+    return raw.decode('utf-8')
+  except UnicodeDecodeError as e:
+    raise DataError(_not_utf8(what, name, number, raw[e.start], e.start + 1)) from None
+
+
+def _not_utf8(what: str, name: str, line: int, byte: int, column: int) -> str:
+  return (f'{what} {name} line {line} is not valid UTF-8 (byte 0x{byte:02x} at column '
+          f'{column})')
+
+
+def read_utf8_lines(path: str | None, what: str = 'data') -> list[str]:
+  """The UTF-8 lines of `path` (stdin when None or '-'; `.gz` gunzipped) without their
+  newlines: the project's one reader of line files (decode.py's input and references too).
+  Unreadable: DataFileError; not UTF-8: DataError naming the line."""
+  name = '<stdin>' if path in (None, '-') else os.fspath(path)
+  raw = read_bytes(path, what).split(b'\n')
+  if raw and raw[-1] == b'':
+    raw.pop()  # the final newline does not start another line
+  return [decode_line(line, number, what, name) for number, line in enumerate(raw, start=1)]
+
+
+def read_text(path: str) -> str:
+  """The whole UTF-8 text of `path` (gunzipped when it ends in `.gz`), without a BOM.
+  Raises DataError when it is empty or not UTF-8 (naming the line)."""
+  raw = read_bytes(path)
   try:
     text = raw.decode('utf-8')
   except UnicodeDecodeError as e:
-    line = raw[: e.start].count(b'\n') + 1
-    raise DataError(f'data file {path} is not UTF-8 text (line {line}: {e.reason})') from None
+    line_start = raw.rfind(b'\n', 0, e.start) + 1
+    raise DataError(_not_utf8('data file', path, raw.count(b'\n', 0, e.start) + 1,
+                              raw[e.start], e.start - line_start + 1)) from None
   text = text.removeprefix('\ufeff')
   if not text.strip():
     raise DataError(f'data file is empty: {path}')
@@ -55,7 +99,8 @@ def read_text(path: str) -> str:
 
 
 def read_lines(path: str) -> list[str]:
-  """The lines of `path`, each stripped of surrounding whitespace."""
+  """The lines of `path`, each stripped of surrounding whitespace (one file of a parallel
+  corpus: empty files are an error)."""
   text = read_text(path)
   lines = text.split('\n')
   if lines and lines[-1] == '':
@@ -76,7 +121,7 @@ def read_parallel(source_path: str, target_path: str) -> list[tuple[str, str]]:
     raise DataError(
         f'parallel files have different line counts: {source_path} has {len(src)} lines, '
         f'{target_path} has {len(tgt)}')
-  pairs = [(s, t) for s, t in zip(src, tgt) if s and t]
+  pairs = [(s, t) for s, t in zip(src, tgt, strict=True) if s and t]
   skipped = len(src) - len(pairs)
   if skipped:
     log.warning('Skipped %d of %d line pairs with an empty side in %s / %s',

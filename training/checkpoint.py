@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from common.messages import first_few
 from training import checkpoint_files as files
 from training.checkpoint_files import shape_mismatches  # noqa: F401  (public: decode.py)
 
@@ -259,8 +260,7 @@ class Checkpointer:
     if mismatches:
       raise CheckpointError(
           f'checkpoint {step} in {checkpoint_dir(self.workdir)} does not fit the model: '
-          f'{"; ".join(mismatches[:3])}' + (f' (+{len(mismatches) - 3} more)'
-                                            if len(mismatches) > 3 else ''))
+          f'{first_few(mismatches)}')
 
   def _no_data_state(self, step: int, allow_fresh_data: bool) -> None:
     """A step whose parameters are fine but whose data-iterator state is gone: kept; resumed

@@ -23,7 +23,7 @@ from model.kinds import KINDS, kind_of
 from training import mesh as mesh_lib
 from training.atomic_file import atomic_write
 from training.accelerator import MATMUL_PRECISIONS
-from training.optim import WEIGHT_DECAY_MASKS
+from training.optim import OPTIMIZERS, SCHEDULES, WEIGHT_DECAY_MASKS
 from training.telemetry import parse_profile_steps
 
 CONFIG_FILE = 'config.json'
@@ -38,8 +38,6 @@ SHAPE_FIELDS = (
     'data.tokenizer', 'data.vocab_size', 'data.source_lang', 'data.target_lang',
 )
 
-OPTIMIZERS = ('adam', 'adamw')
-SCHEDULES = ('rsqrt', 'cosine', 'constant')
 MIN_MAX_LENGTH = 2  # a token and its EOS
 TRAINABLE_KINDS = tuple(name for name, kind in KINDS.items() if kind.has_decoder)
 

@@ -13,6 +13,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+OPTIMIZERS = ('adam', 'adamw')  # config.optimizer.name (make_optimizer)
+SCHEDULES = ('rsqrt', 'cosine', 'constant')  # config.optimizer.schedule (make_schedule)
+
 
 def rsqrt_schedule(learning_rate: float, d_model: int, warmup_steps: int) -> optax.Schedule:
   """The paper's (Vaswani et al. 2017, eq. 3) schedule, scaled by `learning_rate`."""
@@ -56,7 +59,7 @@ def make_schedule(config) -> optax.Schedule:
                            o.min_learning_rate_ratio)
   if o.schedule == 'constant':
     return constant_schedule(o.learning_rate, o.warmup_steps)
-  raise ValueError(f'config.optimizer.schedule={o.schedule!r} is not one of rsqrt, cosine, constant')
+  raise ValueError(f'config.optimizer.schedule={o.schedule!r} is not one of {list(SCHEDULES)}')
 
 
 # config.optimizer.weight_decay_mask: which parameters AdamW decays.
@@ -90,7 +93,7 @@ def make_optimizer(config, schedule: optax.Schedule | None = None) -> optax.Grad
     opt = optax.adamw(schedule, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay,
                       mask=lambda params: _decay_mask(params, kind))
   else:
-    raise ValueError(f'config.optimizer.name={o.name!r} is not one of adam, adamw')
+    raise ValueError(f'config.optimizer.name={o.name!r} is not one of {list(OPTIMIZERS)}')
   if o.grad_clip_norm:
     return optax.chain(optax.clip_by_global_norm(o.grad_clip_norm), opt)
   return opt
