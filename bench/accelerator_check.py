@@ -31,8 +31,14 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.gpu_targets import (ROOT, TEST2016, decode_bench_cmd,  # noqa: E402
-                               decode_test2016_cmd, json_lines, train_step_cmd)
+from bench.gpu_targets import (  # noqa: E402
+  ROOT,
+  TEST2016,
+  decode_bench_cmd,
+  decode_test2016_cmd,
+  json_lines,
+  train_step_cmd,
+)
 
 
 def run_part(name: str, cmd: list[str], limit_s: float, log_dir: str, env: dict) -> dict:
@@ -108,7 +114,7 @@ def summarize_default_run(train: dict, decode: dict) -> dict:
   if steps:
     out['last_tokens_per_s'] = int(steps[-1][1].replace(',', ''))
   first = re.search(r'(?:first step \(compilation \+ one step\): |compiled the train step in )'
-                    r'([\d.]+)s', train['stdout'])  # the second: train.py since issue 29
+                    r'([\d.]+)s', train['stdout'])  # either wording (older and newer train.py)
   if first:
     out['first_step_s'] = float(first.group(1))
   if decode is not None:
@@ -141,7 +147,7 @@ def plan(args, info: dict, out_dir: str) -> list[tuple[str, list[str], float]]:
 
 def _has_xdist() -> bool:
   try:
-    import xdist  # noqa: F401  # pylint: disable=import-outside-toplevel,unused-import
+    import xdist  # noqa: F401  (an optional test dependency: only whether it is there)
     return True
   except ImportError:
     return False

@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def temp_mib(fn, length: int, heads: int, head_dim: int, dtype) -> float:
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax  # after main() set JAX_PLATFORMS (JAX reads it once, at import)
   x = jax.ShapeDtypeStruct((1, length, heads, head_dim), dtype)
   grad = jax.grad(lambda q, k, v: fn(q, k, v).astype('float32').sum(), argnums=(0, 1, 2))
   compiled = jax.jit(grad).lower(x, x, x).compile()
@@ -42,9 +42,10 @@ def main():
   args = parser.parse_args()
   if args.platform != 'auto':
     os.environ.setdefault('JAX_PLATFORMS', args.platform)
-  import jax  # pylint: disable=import-outside-toplevel
+  # Imported now that JAX_PLATFORMS is set (JAX reads it once, at import; model imports JAX).
+  import jax
 
-  from model import attention as attn  # pylint: disable=import-outside-toplevel
+  from model import attention as attn
   causal = attn.FactoredMask(causal=True)
   for length in (int(n) for n in args.lengths.split(',')):
     shape = (length, args.heads, args.head_dim, args.dtype)

@@ -34,9 +34,7 @@ from absl import logging
 
 from configs import wmt14_base, wmt14_big
 from model import build_model
-from training import checkpoint, checkpoint_files, optim
-from training import mesh as mesh_lib
-from training import state as state_lib
+from training import checkpoint, checkpoint_files, mesh as mesh_lib, optim, state as state_lib
 
 PRESETS = {'base': wmt14_base, 'big': wmt14_big}
 
@@ -52,7 +50,7 @@ def _state(config):
   keys = jax.random.split(jax.random.key(0), len(leaves))
   leaves = [jax.random.normal(k, x.shape, x.dtype) * 0.02
             if jax.numpy.issubdtype(x.dtype, jax.numpy.floating) else x
-            for k, x in zip(keys, leaves)]
+            for k, x in zip(keys, leaves, strict=True)]
   state = jax.tree.unflatten(treedef, leaves)
   abstract = state_lib.abstract_train_state(module, tx, config.train.seed, mesh)
   return state, abstract
@@ -115,7 +113,8 @@ def main() -> None:
       'seconds_without': {k: round(v, 3) for k, v in without.items()},
       'ratio_with_over_without': {k: round(with_[k] / without[k], 3) for k in without},
       'hashing_share': {
-          'checksum_write_over_save_total': round(with_['checksum_write'] / without['save_total'], 3),
+          'checksum_write_over_save_total':
+              round(with_['checksum_write'] / without['save_total'], 3),
           'checksum_verify_over_restore': round(with_['checksum_verify'] / without['restore'], 3),
           'checksum_verify_over_restore_params': round(
               with_['checksum_verify'] / without['restore_params'], 3)},

@@ -10,8 +10,9 @@ JAX's choice); `--batch_size` and `--dtype` size it for an accelerator.
 Prints one JSON object per (config, method): ms per batch (median over timed calls),
 sentences/s, generated tokens/s (best hypothesis: batch x steps; and x beam for all beams).
 
-Setup (as the peers' harness, `../shared/bench/peers/jax_encdec_bench.py`): batch 16 (default), source
-length 32 (random ids in [3, vocab)), `max_len` 32 generated tokens, EOS out of reach, so
+Setup (as the peers' harness, `../shared/bench/peers/jax_encdec_bench.py`): batch 16
+(default), source length 32 (random ids in [3, vocab)), `max_len` 32 generated tokens, EOS
+out of reach, so
 every call runs the full 32 decoder steps (1 before the loop + 31 in it), encoder included.
 `small` = vocab 8192, d_model 256, d_ff 1024, 4 heads, 3+3 layers, shared embeddings, tied
 output (the harness's 'small'); `default` = the model of configs/default.py.
@@ -53,14 +54,13 @@ def _platform_flag(argv) -> str:
 if _platform_flag(sys.argv) != 'auto':
   os.environ.setdefault('JAX_PLATFORMS', _platform_flag(sys.argv))
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+# Imported only now that JAX_PLATFORMS is set: JAX reads it once, at import.
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 
-from model import (
-  build_model,
-  decoding,
-)
+from configs import default  # noqa: E402
+from model import build_model, decoding  # noqa: E402
 
 BATCH, SRC_LEN, MAX_LEN, BEAM = 16, 32, 32, 4
 
@@ -76,7 +76,6 @@ def _model_config(name: str) -> dict:
             'dropout_rate': 0.0, 'max_len': 256, 'share_embeddings': True,
             'logits_via_embedding': True}
   if name == 'default':
-    from configs import default  # pylint: disable=import-outside-toplevel
     return dict(default.get_config().model)
   raise SystemExit(f'unknown config {name!r}; known: small, default')
 
@@ -164,7 +163,8 @@ def _rates(result, beam):
 
 def main():
   global BATCH  # pylint: disable=global-statement  (--batch_size sets the module's setup)
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = argparse.ArgumentParser(description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument('--configs', default='small,default')
   ap.add_argument('--methods', default=f'greedy,beam{BEAM}')
   ap.add_argument('--reps', type=int, default=10)

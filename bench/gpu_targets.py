@@ -1,5 +1,5 @@
-"""Every target of issue 15 (GPU speed), issue 14's one-device sharding check and issue 16's GPU
-results, one process per measurement.
+"""The GPU targets in one command: training and decoding speed, the one-device cost of
+sharding and the GPU presets' quality, one process per measurement.
 
     python bench/gpu_targets.py --flax_wmt_dir=~/peers/flax/examples/wmt \
         --decode_workdir=runs/multi30k > gpu_targets.json
@@ -15,16 +15,16 @@ Runs, one after the other (each bench prints JSON; this collects them):
   decode_cli    decode.py on test2016 (1000 sentences, beam 4, batch 64), no compilation
                 cache, wall time: <= 10 s (needs --decode_workdir, a trained multi30k run)
   shakespeare   train.py --config=configs/shakespeare_char.py:large in bfloat16, wall time
-                and tokens/s over the whole run: >= 2x nanoGPT's 1.09M tok/s (its GPU run,
-                issue 15's table); the run's best validation loss: <= 1.47 (issue 16)
+                and tokens/s over the whole run: >= 2x nanoGPT's 1.09M tok/s (its GPU run);
+                the run's best validation loss: <= 1.47 (nanoGPT's README)
   sharding_1dev bench/sharding_step.py --devices=1 on the base model (batch 256, bf16): the
                 trainer's step on mesh (1,1,1) against the step before sharding (state
                 replicated, no activation constraints, 'flat' projections) in the same
                 process, and mesh (1,1,1) with 'flat' projections: sharding costs nothing on
-                one device, <= 1.03x the old step's time (issue 14)
+                one device, <= 1.03x the old step's time
   multi30k_gpu  bench/multi30k_recipe.py --config=configs/multi30k.py:gpu: train (<= 10 min),
                 decoding tuned on validation (9 points, MULTI30K_GPU_GRID), test2016 once:
-                >= 41 lowercased tokenized BLEU (issue 16); a device call of its own, so
+                >= 41 lowercased tokenized BLEU; a device call of its own, so
                 not in the default set
 `--only=a,b` runs a subset: a lent machine runs one command for at most 10 minutes, so
 split the targets over calls (bench/RESULTS.md, "GPU session plan"). Prints one JSON object
@@ -47,8 +47,8 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NANOGPT_TOKENS_PER_S = 1.09e6  # nanoGPT shakespeare_char on one H100, bf16 (issue 15)
-SHAKESPEARE_BEST_VAL_LOSS = 1.47  # nanoGPT's README figure, 1.4697 (issue 16)
+NANOGPT_TOKENS_PER_S = 1.09e6  # nanoGPT shakespeare_char on one H100, bf16
+SHAKESPEARE_BEST_VAL_LOSS = 1.47  # nanoGPT's README figure, 1.4697
 TEST2016 = os.path.join(ROOT, 'data', 'multi30k', 'test_2016_flickr')  # + .en.gz / .de.gz
 
 
@@ -209,8 +209,8 @@ def target_shakespeare(a) -> dict:
   loss_met = None if loss is None else loss <= SHAKESPEARE_BEST_VAL_LOSS
   return {'wall_s': wall, 'tokens_per_s_whole_run': rate, 'best_val_loss': loss,
           'error': error, 'speed_met': speed_met, 'loss_met': loss_met,
-          'target': f'>= 2x nanoGPT ({NANOGPT_TOKENS_PER_S:.3g} tok/s, issue 15); best val '
-                    f'loss <= {SHAKESPEARE_BEST_VAL_LOSS} (issue 16)',
+          'target': f'>= 2x nanoGPT ({NANOGPT_TOKENS_PER_S:.3g} tok/s); best val '
+                    f'loss <= {SHAKESPEARE_BEST_VAL_LOSS} (nanoGPT)',
           'met': None if speed_met is None or loss_met is None else speed_met and loss_met}
 
 
@@ -223,7 +223,8 @@ def target_sharding_1dev(a) -> dict:
   ratio = raw.get('1x1x1', {}).get('time_ratio_vs_unsharded')
   flat = raw.get('1x1x1/flat', {})
   # '1x1x1' multiplies 'general' on a GPU (auto), the old step 'flat': '1x1x1/flat' is the
-  # same program as the old step if sharding adds nothing (it does on CPU: bench/RESULTS.md).
+  # same program as the old step if sharding adds nothing (it does on CPU:
+  # bench/results/sharding.md).
   return {'raw': raw or None, 'error': error, 'time_ratio_vs_unsharded': ratio,
           'flat_time_ratio_vs_unsharded': flat.get('time_ratio_vs_unsharded'),
           'flat_same_program_as_unsharded': flat.get('same_program_as_unsharded'),
@@ -231,7 +232,7 @@ def target_sharding_1dev(a) -> dict:
           'met': None if ratio is None else ratio <= 1.03}
 
 
-# The validation grid on a GPU: CPU try 3's (bench/RESULTS.md) without what never won there
+# The validation grid on a GPU: CPU try 3's (bench/results/multi30k.md) without what never won there
 # (beam 4 was within noise of 6, alpha 0.6 always last) and with alpha 1.8 beyond its best
 # edge: 9 decodes instead of 24, so train + grid + test fit one 10-minute device call.
 MULTI30K_GPU_GRID = ('--averages=1,5,10', '--beams=6', '--alphas=1.0,1.4,1.8')

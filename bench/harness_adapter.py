@@ -9,7 +9,7 @@ optimizer, loss and timing, so the ratio compares model code only.
 
 import jax.numpy as jnp
 
-from model import build_model
+from model import build_model, decoding
 from training.losses import smoothed_cross_entropy
 
 
@@ -33,10 +33,10 @@ class Harnessed:
 
   def loss(self, logits, targets, label_smoothing):
     weights = (targets > 0).astype(jnp.float32)
-    return (smoothed_cross_entropy(logits, targets, label_smoothing) * weights).sum() / weights.sum()
+    losses = smoothed_cross_entropy(logits, targets, label_smoothing)
+    return (losses * weights).sum() / weights.sum()
 
   def beam_search(self, params, inputs, beam_size, max_decode_len, eos_id):
-    from model import decoding
     tokens, _ = decoding.beam_search_decode(self.module, params, inputs, beam_size=beam_size,
                                             alpha=0.6, max_len=max_decode_len, eos_id=eos_id)
     return tokens

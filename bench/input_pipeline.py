@@ -25,11 +25,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import input_pipeline
 from configs import default, shakespeare_char
+from model.kinds import kind_of
 
 
 def _measure(config, workdir, num_batches):
   start = time.perf_counter()
-  ds = input_pipeline.get_datasets(config, workdir=workdir, process_index=0, process_count=1)
+  ds = input_pipeline.get_datasets(config, workdir=workdir,
+                                  layout=kind_of(config.model).batch_layout,
+                                  process_index=0, process_count=1)
   first = next(ds.train_iter)  # starts the prefetch thread; not timed below
   setup = time.perf_counter() - start
   nonpad = {k: 0 for k in ('inputs', 'targets') if k in first}

@@ -69,7 +69,7 @@ def apply_overrides(config, overrides: list[str]) -> None:
 
 def measure(case: dict) -> dict:
   """Compiles one (preset, mesh) train step on this process's devices -> its figures."""
-  from training import memory  # pylint: disable=import-outside-toplevel  (after XLA_FLAGS)
+  from training import memory  # after main() set XLA_FLAGS (JAX reads them once, at import)
   config = load_config(case['preset'])
   apply_overrides(config, case['set'])
   data, fsdp, tensor = case['mesh']

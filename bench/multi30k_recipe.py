@@ -1,5 +1,5 @@
-"""A Multi30k recipe measured the way issue 16 asks: train, tune decoding on validation only,
-then decode test2016 once with the settings validation chose.
+"""A Multi30k recipe measured without peeking at the test set: train, tune decoding on
+validation only, then decode test2016 once with the settings validation chose.
 
     python bench/multi30k_recipe.py --config=configs/multi30k.py --workdir=runs/multi30k
     python bench/multi30k_recipe.py --config=configs/multi30k.py:gpu --workdir=runs/m30_gpu

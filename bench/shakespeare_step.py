@@ -9,7 +9,7 @@ on random character batches, outside the training loop: `rounds` medians of 10 b
 steps. Prints one JSON object. Run the settings
 alternately, a process each: `--devices` sets `XLA_FLAGS` before JAX starts.
 The full-run comparison with nanoGPT is `train.py --config=configs/shakespeare_char.py`
-(bench/RESULTS.md).
+(bench/results/shakespeare.md).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import json
 import os
 import sys
 import time
+
+import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,11 +36,13 @@ def main():
                              f' --xla_force_host_platform_device_count={args.devices}').strip()
   os.environ.setdefault('JAX_PLATFORMS', 'cpu')
   sys.path.insert(0, ROOT)
-  import jax  # pylint: disable=import-outside-toplevel
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  from configs import shakespeare_char  # pylint: disable=import-outside-toplevel
-  from model import build_model  # pylint: disable=import-outside-toplevel
-  from training import mesh as mesh_lib, optim, state as state_lib, steps  # pylint: disable=import-outside-toplevel
+  # Imported now that XLA_FLAGS and JAX_PLATFORMS are set: JAX reads them once, at import
+  # (and the project's modules import JAX).
+  import jax
+
+  from configs import shakespeare_char
+  from model import build_model
+  from training import mesh as mesh_lib, optim, state as state_lib, steps
 
   config = shakespeare_char.get_config()
   config.model.scan_layers = args.scan_layers
@@ -70,7 +74,8 @@ def main():
       'bench': 'shakespeare_step', 'devices': jax.device_count(),
       'scan_layers': args.scan_layers, 'batch': list(shape),
       'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), 'jax': jax.__version__,
-      'init_and_compile_s': round(first, 2), 'ms_per_step_median': round(float(np.median(times)), 1),
+      'init_and_compile_s': round(first, 2),
+      'ms_per_step_median': round(float(np.median(times)), 1),
       'ms_per_step_min': round(min(times), 1), 'ms_per_step_max': round(max(times), 1),
       'tokens_per_s': round(t.batch_size * config.data.max_length / np.median(times) * 1000)}))
 

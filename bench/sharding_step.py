@@ -34,6 +34,8 @@ import re
 import sys
 import time
 
+import numpy as np
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -59,14 +61,13 @@ def parse_args():
 def contender(name: str, c: dict, batch: dict, args):
   """-> (run closure returning the loss, {'memory': per-device bytes, 'program': `program`},
   parameter count). JAX is imported here, after `main` has set XLA_FLAGS."""
-  import jax  # pylint: disable=import-outside-toplevel
-  import optax  # pylint: disable=import-outside-toplevel
+  # After main() set XLA_FLAGS: JAX reads them once, at import (these modules import JAX).
+  import jax
+  import optax
 
-  from bench import train_step as ts  # pylint: disable=import-outside-toplevel
-  from model import build_model  # pylint: disable=import-outside-toplevel
-  from training import memory, steps  # pylint: disable=import-outside-toplevel
-  from training import mesh as mesh_lib
-  from training import state as state_lib
+  from bench import train_step as ts
+  from model import build_model
+  from training import memory, mesh as mesh_lib, state as state_lib, steps
 
   layout, _, matmul = name.partition('/')
   old = layout == 'unsharded'
@@ -120,9 +121,7 @@ def program(compiled) -> dict:
 
 
 def bench_config(name: str, args, peak: float) -> dict:
-  import numpy as np  # pylint: disable=import-outside-toplevel
-
-  from bench import train_step as ts  # pylint: disable=import-outside-toplevel
+  from bench import train_step as ts  # after main() set XLA_FLAGS (it imports JAX)
   c = dict(ts.CONFIGS[name])
   if args.batch_size:
     c['batch'] = args.batch_size
@@ -158,9 +157,10 @@ def main():
   flags = os.environ.get('XLA_FLAGS', '')
   if 'xla_force_host_platform_device_count' not in flags:
     os.environ['XLA_FLAGS'] = f'{flags} --xla_force_host_platform_device_count={args.devices}'
-  import jax  # pylint: disable=import-outside-toplevel
+  # Only now that XLA_FLAGS holds the device count: JAX reads it once, at import.
+  import jax
 
-  from bench import train_step as ts  # pylint: disable=import-outside-toplevel
+  from bench import train_step as ts
   peak = ts.matmul_gflops(2048 if jax.default_backend() == 'cpu' else 8192, dtype=args.dtype)
   env = {'bench': 'sharding_step', 'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
          'backend': jax.default_backend(), 'devices': jax.device_count(),

@@ -4,7 +4,7 @@
     python bench/train_step.py --config=base --flax_wmt_dir=~/peers/flax/examples/wmt
     python bench/train_step.py --config=base --only=flax_wmt --flax_wmt_dir=...  # its peak RSS
     python bench/train_step.py --config=base --batch_size=256 --dtype=bfloat16 \
-        --attention_impl=cudnn --flax_wmt_dir=...   # the GPU target of issue 15
+        --attention_impl=cudnn --flax_wmt_dir=...   # the GPU speed target
 
 Prints one JSON object: ms/step (median, p10, p90, min, max), target tokens/s, analytic
 train FLOPs (the formula of ../shared/bench/peers/flops.py: 2 per multiply-add, matmuls
@@ -107,8 +107,9 @@ def ours(c, batch, args):
 def random_batch(c, seed: int = 0) -> dict[str, jax.Array]:
   """Random ids in [3, vocab), no padding (the peers' harness recipe), `[batch, len]`."""
   rng = np.random.default_rng(seed)
-  return {'inputs': jnp.asarray(rng.integers(3, c['vocab'], (c['batch'], c['src_len'])), jnp.int32),
-          'targets': jnp.asarray(rng.integers(3, c['vocab'], (c['batch'], c['tgt_len'])), jnp.int32)}
+  def tokens(length):
+    return jnp.asarray(rng.integers(3, c['vocab'], (c['batch'], length)), jnp.int32)
+  return {'inputs': tokens(c['src_len']), 'targets': tokens(c['tgt_len'])}
 
 
 def attention_dropout(args) -> float:
@@ -205,7 +206,7 @@ def parse_args():
                       help="ours only: 'float32' keeps the residual stream float32 (the Flax "
                            "WMT example's stream is in --dtype)")
   parser.add_argument('--batch_size', type=int, default=None, help="sentences per step "
-                      "(default: the config's; the issue's GPU figure: base at 256)")
+                      "(default: the config's; the GPU target's figure: base at 256)")
   parser.add_argument('--length', type=int, default=None,
                       help="source and target length (default: the config's, 32 or 64)")
   parser.add_argument('--attention_impl', default='reference', choices=list(ATTENTION_IMPLS))

@@ -1,4 +1,4 @@
-"""A ~1B-parameter decoder-only language model on LM1B, sized to be sharded (issue 14).
+"""A ~1B-parameter decoder-only language model on LM1B, sized to be sharded over many devices.
 
 GPT-3 XL's width at 18 layers (it has 24): d_model 2048, 16 heads of 128, d_ff 8192, pre-LN,
 GELU, GPT-2 init (normal 0.02, residual projections 0.02/sqrt(2 x layers), no sqrt(d_model)

@@ -4,8 +4,9 @@ The multimodal-MT literature's text-only baseline is a "tiny" Transformer (4+4 l
 d_model 128, d_ff 256, 4 heads; Wu et al. 2021): on 29k sentence pairs a small model that
 sees the data many times beats a wider one that sees it fewer times. At ~0.7 s/step on a
 2-core CPU it trains 4500 steps of 32 packed rows (~20 epochs) in ~54 minutes, twice the
-epochs the default run's 256-wide model reaches in the same hour (bench/RESULTS.md,
-"Multi30k recipes"). Dropout 0.2: the literature's 0.3 is for ~3x longer runs.
+epochs the default run's 256-wide model reaches in the same hour
+(bench/results/multi30k.md, "Multi30k recipes"). Dropout 0.2: the literature's 0.3 is for
+~3x longer runs.
 
 Decode as tuned on the validation split (`bench/multi30k_recipe.py`): the average of the last
 5 checkpoints, beam 6, length penalty 1.4:

@@ -5,7 +5,7 @@ Presets:
           2000 steps, no dropout, lr 1e-3 cosine to 1e-4 with 100 warmup steps, AdamW
           (0.9, 0.99), weight decay 0.1, grad clip 1.0, pre-norm, GELU, learned positions.
   large   nanoGPT's GPU settings: 6 layers, 6 heads, 384 wide, block 256, batch 64, dropout 0.2,
-          5000 steps, and nanoGPT's model choices (issue 16; see the comment in the preset).
+          5000 steps, and nanoGPT's model choices (see the comment in the preset).
   tiny    seconds-long, for tests.
 """
 
@@ -69,18 +69,19 @@ def _large(config) -> None:
   m, d, o, t = config.model, config.data, config.optimizer, config.train
   m.num_decoder_layers, m.num_heads, m.d_model, m.d_ff = 6, 6, 384, 1536
   m.dropout_rate = 0.2
-  # nanoGPT's model.py choices, where ours (the paper's) learned slower (issue 16; the CPU
-  # proxy in bench/RESULTS.md). 'gpt2' init: normal(0.02) kernels and embeddings, residual
-  # projections 0.02/sqrt(2 x layers); no sqrt(d_model) on the token embeddings: with it
-  # the tokens enter at unit size while the learned positions start at 0.02, so the model
-  # is nearly position-blind for its first hundreds of steps; dropout on the attention
-  # weights too; AdamW decays kernels and embeddings only (not the fused Q/K/V bias).
+  # nanoGPT's model.py choices, where ours (the paper's) learned slower on a GPU (the CPU
+  # proxy in bench/results/shakespeare.md). 'gpt2' init: normal(0.02) kernels and
+  # embeddings, residual projections 0.02/sqrt(2 x layers); no sqrt(d_model) on the token
+  # embeddings: with it the tokens enter at unit size while the learned positions start at
+  # 0.02, so the model is nearly position-blind for its first hundreds of steps; dropout on
+  # the attention weights too; AdamW decays kernels and embeddings only (not the fused Q/K/V
+  # bias).
   m.init = 'gpt2'
   m.scale_embeddings = False
   m.attention_dropout_rate = 0.2
   # nanoGPT trains in bfloat16 under torch.autocast, which rounds the matmuls' inputs but keeps
-  # the residual stream float32; ours in bfloat16 (`--config.model.dtype=bfloat16`, the GPU runs
-  # of issue 16) does the same with this (no effect in float32).
+  # the residual stream float32; ours in bfloat16 (`--config.model.dtype=bfloat16`, as on a
+  # GPU) does the same with this (no effect in float32).
   m.residual_dtype = 'float32'
   o.weight_decay_mask = 'matrices'
   m.max_len = 257
