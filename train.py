@@ -150,6 +150,13 @@ def parse_flags(argv: list[str]) -> list[str]:
     _fail('--config did not give a config')
   if not FLAGS.workdir and not FLAGS.config.train.get('dry_run', False):
     _fail('--workdir is required')
+  from training import cli  # pylint: disable=import-outside-toplevel
+  try:  # int flags that become C ints in jax.distributed (the config's: config_io's checks)
+    cli.check_int('num_processes', FLAGS.num_processes, lo=1)
+    most = (FLAGS.num_processes or cli.INT32_MAX) - 1
+    cli.check_int('process_id', FLAGS.process_id, lo=0, hi=most)
+  except cli.UsageError as e:
+    _fail(e)
   return remaining
 
 
@@ -176,7 +183,8 @@ def main(argv: list[str]) -> None:
   if FLAGS.config.train.get('deterministic', False) is True:
     from training import accelerator  # pylint: disable=import-outside-toplevel
     accelerator.request_deterministic_ops()  # XLA reads it when the backend starts
-  if FLAGS.jax_distributed or FLAGS.coordinator_address or os.environ.get('JAX_COORDINATOR_ADDRESS'):
+  if (FLAGS.jax_distributed or FLAGS.coordinator_address
+      or os.environ.get('JAX_COORDINATOR_ADDRESS')):
     _init_distributed()
   # Imported after jax.distributed.initialize (which must precede any other JAX call).
   from model.config import ConfigError  # pylint: disable=import-outside-toplevel

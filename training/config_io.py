@@ -17,19 +17,21 @@ import os
 from typing import Any
 
 import ml_collections
+import numpy as np
 
 from model.config import ConfigError, ModelConfig
 from model.kinds import KINDS, kind_of
 from training import mesh as mesh_lib
-from training.atomic_file import atomic_write
 from training.accelerator import MATMUL_PRECISIONS
-from training.optim import OPTIMIZERS, SCHEDULES, WEIGHT_DECAY_MASKS
+from training.atomic_file import atomic_write
+from training.cli import FLOAT32_MAX, INT32_MAX, UINT32_MAX
+from training.optim import WEIGHT_DECAY_MASKS
 from training.telemetry import parse_profile_steps
 
 CONFIG_FILE = 'config.json'
 
 # Fields that fix the parameter shapes (or what the parameters and token ids mean): a run in a
-# workdir may be resumed with other values of every other field (steps, learning rate, dropout, ...).
+# workdir may be resumed with other values of every other field (steps, learning rate, ...).
 SHAPE_FIELDS = (
     'model.kind', 'model.vocab_size', 'model.num_encoder_layers', 'model.num_decoder_layers',
     'model.d_model', 'model.num_heads', 'model.d_ff', 'model.max_len',
@@ -38,7 +40,16 @@ SHAPE_FIELDS = (
     'data.tokenizer', 'data.vocab_size', 'data.source_lang', 'data.target_lang',
 )
 
+OPTIMIZERS = ('adam', 'adamw')
+SCHEDULES = ('rsqrt', 'cosine', 'constant')
 MIN_MAX_LENGTH = 2  # a token and its EOS
+# Floats are used as float32 (the schedule, the optimizer, decoding): a value must be finite
+# there, and a positive one must not underflow to 0 (nor to a subnormal, which XLA may flush
+# to 0 on CPU/GPU): eps=1e-50 would divide 0 by 0 at a zero gradient.
+FLOAT32_TINY = 1.1754944e-38  # the smallest normal float32
+ALPHA_MAX = 10.0  # decode.py's --alpha bound: ((5 + len) / 6) ** alpha stays finite in float32
+TEMPERATURE_MIN, TEMPERATURE_MAX = 1e-3, 1e3  # decode.py's --temperature bounds (0 = greedy)
+BEAM_SIZE_MAX, DECODE_BATCH_MAX = 1024, 65_536  # decode.py's --beam_size, --batch_size bounds
 TRAINABLE_KINDS = tuple(name for name, kind in KINDS.items() if kind.has_decoder)
 
 
@@ -136,21 +147,39 @@ def _is_number(value) -> bool:
   return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _check_finite(values: dict[str, Any], prefix: str = 'config') -> None:
-  """Every float in the config is finite: `learning_rate=inf` or `alpha=nan` stop here, not at
-  step 2 on a NaN loss (or as empty translations)."""
+def _check_numbers(values: dict[str, Any], prefix: str = 'config') -> None:
+  """Every number in the config fits the type it is used in: floats finite as a float32
+  (`1e308` is finite in Python, inf there: `learning_rate=1e308` would stop at step 2 on a
+  NaN loss), ints within int32 (steps, sizes and indices are int32 arrays; the seed, a uint32,
+  is checked with the train fields)."""
   for key, value in values.items():
+    name = f'{prefix}.{key}'
     if isinstance(value, dict):
-      _check_finite(value, f'{prefix}.{key}')
-    elif isinstance(value, float) and not math.isfinite(value):
-      raise ConfigError(f'{prefix}.{key}={value!r} must be a finite number')
+      _check_numbers(value, name)
+    elif isinstance(value, float) and not (math.isfinite(value) and abs(value) <= FLOAT32_MAX):
+      raise ConfigError(f'{name}={value!r} must be a finite number (as a float32: at most '
+                        f'{FLOAT32_MAX:.4g} in magnitude)')
+    elif _is_int(value) and name != 'config.train.seed' and abs(value) > INT32_MAX:
+      raise ConfigError(f'{name}={value} is out of range: at most {INT32_MAX} (an int32)')
+
+
+def _float32(value) -> float:
+  """`value` as it is in float32 (b2=0.99999999 is 1.0 there)."""
+  return float(np.float32(value))
+
+
+def _in_unit(value, *, closed: bool = False) -> bool:
+  """A number in [0, 1) (or [0, 1] when `closed`), also after rounding to float32."""
+  return (_is_number(value) and 0 <= value and 0 <= _float32(value)
+          and (_float32(value) <= 1 if closed else _float32(value) < 1))
 
 
 def validate_config(config, *, num_devices: int = 1, process_count: int = 1) -> ModelConfig:
-  """Checks every field train.py uses; raises `ConfigError` naming the field. Returns the model config."""
+  """Checks every field train.py uses; raises `ConfigError` naming the field. Returns the
+  model config."""
   for section in ('model', 'data', 'optimizer', 'train', 'decode'):  # 'mesh' may be absent
     _require(section in config, f'config has no {section!r} section (start from configs/base.py)')
-  _check_finite(to_dict(config))
+  _check_numbers(to_dict(config))
   model_config = ModelConfig.from_config(config.model)
   _require(model_config.kind in TRAINABLE_KINDS,
            f'config.model.kind={model_config.kind!r}: train.py trains {list(TRAINABLE_KINDS)}')
@@ -164,20 +193,24 @@ def validate_config(config, *, num_devices: int = 1, process_count: int = 1) -> 
 
 
 def _check_optimizer(o) -> None:
-  _require(o.name in OPTIMIZERS, f'config.optimizer.name={o.name!r} is not one of {list(OPTIMIZERS)}')
+  _require(o.name in OPTIMIZERS,
+           f'config.optimizer.name={o.name!r} is not one of {list(OPTIMIZERS)}')
   _require(o.schedule in SCHEDULES,
            f'config.optimizer.schedule={o.schedule!r} is not one of {list(SCHEDULES)}')
-  _require(_is_number(o.learning_rate) and o.learning_rate > 0,
-           f'config.optimizer.learning_rate={o.learning_rate!r} must be a positive number')
+  _require(_is_number(o.learning_rate) and o.learning_rate >= FLOAT32_TINY,
+           f'config.optimizer.learning_rate={o.learning_rate!r} must be a positive number '
+           f'(at least {FLOAT32_TINY:.4g}, the smallest normal float32)')
   _require(_is_int(o.warmup_steps) and o.warmup_steps >= 0,
            f'config.optimizer.warmup_steps={o.warmup_steps!r} must be an integer >= 0')
   _require(o.schedule != 'rsqrt' or o.warmup_steps > 0,
            'config.optimizer.warmup_steps must be > 0 for schedule=rsqrt')
   for field in ('b1', 'b2'):
     value = o[field]
-    _require(_is_number(value) and 0 <= value < 1,
-             f'config.optimizer.{field}={value!r} must be in [0, 1)')
-  _require(_is_number(o.eps) and o.eps > 0, f'config.optimizer.eps={o.eps!r} must be > 0')
+    _require(_in_unit(value), f'config.optimizer.{field}={value!r} must be in [0, 1) (also as a '
+                              'float32, where 1 - 1e-9 is 1)')
+  _require(_is_number(o.eps) and o.eps >= FLOAT32_TINY,
+           f'config.optimizer.eps={o.eps!r} must be at least {FLOAT32_TINY:.4g} (the smallest '
+           'normal float32; a smaller one is 0 there)')
   for field in ('weight_decay', 'grad_clip_norm'):
     _require(_is_number(o[field]) and o[field] >= 0,
              f'config.optimizer.{field}={o[field]!r} must be a number >= 0')
@@ -186,7 +219,7 @@ def _check_optimizer(o) -> None:
            f'{list(WEIGHT_DECAY_MASKS)}')
   _require(o.name == 'adamw' or not o.weight_decay,
            f'config.optimizer.weight_decay={o.weight_decay!r} needs config.optimizer.name=adamw')
-  _require(_is_number(o.min_learning_rate_ratio) and 0 <= o.min_learning_rate_ratio <= 1,
+  _require(_in_unit(o.min_learning_rate_ratio, closed=True),
            f'config.optimizer.min_learning_rate_ratio={o.min_learning_rate_ratio!r} '
            'must be in [0, 1]')
 
@@ -196,7 +229,9 @@ def _check_train(t, process_count: int) -> None:
                 'checkpoint_every_steps', 'max_checkpoints', 'log_every_steps'):
     _require(_is_int(t[field]) and t[field] > 0,
              f'config.train.{field}={t[field]!r} must be a positive integer')
-  _require(_is_int(t.seed), f'config.train.seed={t.seed!r} must be an integer')
+  _require(_is_int(t.seed) and 0 <= t.seed <= UINT32_MAX,
+           f'config.train.seed={t.seed!r} must be an integer in [0, {UINT32_MAX}] (a 32-bit PRNG '
+           'seed)')
   _require(t.num_eval_batches is None or (_is_int(t.num_eval_batches) and t.num_eval_batches > 0),
            f'config.train.num_eval_batches={t.num_eval_batches!r} must be a positive integer '
            'or None (the whole split)')
@@ -209,8 +244,9 @@ def _check_train(t, process_count: int) -> None:
     parse_profile_steps(t.get('profile_steps', ''))
   except ValueError as e:
     raise ConfigError(f'config.train.profile_steps: {e}') from None
-  _require(_is_number(t.label_smoothing) and 0 <= t.label_smoothing < 1,
-           f'config.train.label_smoothing={t.label_smoothing!r} must be in [0, 1)')
+  _require(_in_unit(t.label_smoothing),
+           f'config.train.label_smoothing={t.label_smoothing!r} must be in [0, 1) (also as a '
+           'float32)')
   _require(t.batch_size % process_count == 0,
            f'config.train.batch_size={t.batch_size} must be divisible by the number of '
            f'processes ({process_count})')
@@ -229,10 +265,21 @@ def _check_data(d, model_config: ModelConfig) -> None:
 
 
 def _check_decode(dec) -> None:
-  for field in ('beam_size', 'max_len', 'batch_size'):
-    _require(_is_int(dec[field]) and dec[field] > 0,
-             f'config.decode.{field}={dec[field]!r} must be a positive integer')
+  """The validation BLEU's decoding settings, and decode.py's defaults: decode.py's bounds."""
+  bounds = {'beam_size': BEAM_SIZE_MAX, 'max_len': INT32_MAX, 'batch_size': DECODE_BATCH_MAX}
+  for field, most in bounds.items():
+    _require(_is_int(dec[field]) and 0 < dec[field] <= most,
+             f'config.decode.{field}={dec[field]!r} must be an integer in [1, {most}]')
   _require(_is_int(dec.num_eval_sentences) and dec.num_eval_sentences >= 0,
            f'config.decode.num_eval_sentences={dec.num_eval_sentences!r} must be an integer >= 0')
-  _require(_is_number(dec.alpha) and dec.alpha >= 0,
-           f'config.decode.alpha={dec.alpha!r} must be a number >= 0')
+  _require(_is_number(dec.alpha) and 0 <= dec.alpha <= ALPHA_MAX,
+           f'config.decode.alpha={dec.alpha!r} must be a number in [0, {ALPHA_MAX:g}] (the '
+           'length penalty ((5 + len) / 6) ** alpha must stay finite in float32)')
+  temperature = dec.get('temperature', 1.0)
+  _require(_is_number(temperature) and (
+      temperature == 0 or TEMPERATURE_MIN <= temperature <= TEMPERATURE_MAX),
+           f'config.decode.temperature={temperature!r} must be 0 (greedy) or in '
+           f'[{TEMPERATURE_MIN:g}, {TEMPERATURE_MAX:g}] (logits / temperature in float32)')
+  top_k = dec.get('top_k', 0)
+  _require(_is_int(top_k) and top_k >= 0,
+           f'config.decode.top_k={top_k!r} must be an integer >= 0 (0 = no top-k)')
