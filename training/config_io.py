@@ -25,7 +25,7 @@ from training import mesh as mesh_lib
 from training.accelerator import MATMUL_PRECISIONS
 from training.atomic_file import atomic_write
 from training.cli import FLOAT32_MAX, INT32_MAX, UINT32_MAX
-from training.optim import WEIGHT_DECAY_MASKS
+from training.optim import OPTIMIZERS, SCHEDULES, WEIGHT_DECAY_MASKS
 from training.telemetry import parse_profile_steps
 
 CONFIG_FILE = 'config.json'
@@ -40,8 +40,6 @@ SHAPE_FIELDS = (
     'data.tokenizer', 'data.vocab_size', 'data.source_lang', 'data.target_lang',
 )
 
-OPTIMIZERS = ('adam', 'adamw')
-SCHEDULES = ('rsqrt', 'cosine', 'constant')
 MIN_MAX_LENGTH = 2  # a token and its EOS
 # Floats are used as float32 (the schedule, the optimizer, decoding): a value must be finite
 # there, and a positive one must not underflow to 0 (nor to a subnormal, which XLA may flush
