@@ -171,7 +171,7 @@ def main(argv) -> None:
   try:
     decode_cli.run(FLAGS)
   except cli.UsageError as e:
-    cli.fail(PROG, e)
+    cli.fail(PROG, e, code=getattr(e, 'exit_code', 2))  # 1: a damaged tokenizer file
   except KeyboardInterrupt:
     cli.fail(PROG, 'interrupted', code=130)
 

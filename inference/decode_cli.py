@@ -182,7 +182,9 @@ def restore(workdir: str, step: int | None, average_last: int, mesh=None):
   try:
     session = Session(restore_lib.Restored(workdir, step, average_last, mesh), warn=_warn)
   except (restore_lib.RestoreError, ValueError) as e:
-    raise cli.UsageError(str(e)) from None
+    error = cli.UsageError(str(e))
+    error.exit_code = getattr(e, 'exit_code', 2)  # 1: damaged files (a tokenizer checksum)
+    raise error from None
   averaged = f' (average of the last {average_last})' if average_last > 1 else ''
   where = '' if mesh is None else f' onto mesh (data, fsdp, tensor)={tuple(mesh.shape.values())}'
   _info(f'restored {session.kind} step {session.step}{averaged} from {workdir}{where} '

@@ -130,7 +130,9 @@ class Restored:
     try:
       self.tokenizer = tokenizers.load_tokenizer(workdir)
     except Exception as e:  # noqa: BLE001  # DataError/DataFileError: one line already
-      raise RestoreError(str(e)) from None
+      error = RestoreError(str(e))
+      error.exit_code = getattr(e, 'exit_code', 2)  # 1: a tokenizer file fails its checksum
+      raise error from None
     if not checkpoint.list_steps(workdir):
       raise RestoreError(f'no checkpoint in {checkpoint.checkpoint_dir(workdir)}: train first '
                          f'(python train.py --workdir={workdir})')

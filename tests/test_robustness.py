@@ -17,7 +17,7 @@ import pytest
 import test_train_synthetic as syn
 
 from input_pipeline import tokenizers
-from training import checkpoint, checkpoint_files, config_io, workdir_lock
+from training import checkpoint, checkpoint_files, workdir_lock
 
 compilation_cache = pytest.fixture(scope='module', autouse=True)(syn.compilation_cache_fixture)
 
@@ -258,22 +258,29 @@ def test_tokenizer_is_not_retrained_next_to_checkpoints(tmp_path):
 
 # -- 5/6. decode.py flags -----------------------------------------------------------------------
 
-@pytest.mark.parametrize('flag,message', [
-    ('--alpha=nan', '--alpha=nan must be a number in [0, 10] (finite as a float32)'),
-    ('--temperature=nan', '--temperature=nan must be 0 (greedy) or a number in [0.001, 1000]'),
-    ('--temperature=inf', '--temperature=inf must be 0 (greedy) or a number in [0.001, 1000]'),
-    ('--top_p=nan', '--top_p=nan must be a number in (0, 1] (finite as a float32)'),
-])
-def test_decode_rejects_non_finite_floats(trained, flag, message):
+@pytest.mark.parametrize('flag', ['--alpha=nan', '--temperature=nan', '--temperature=inf',
+                                  '--top_p=nan', '--alpha=1e308', '--temperature=1e308'])
+def test_decode_rejects_non_finite_floats(trained, flag):
+  """One line naming the flag (its wording is decode.py's: tests/test_decode_modes.py)."""
   proc = _run_cli('decode.py', f'--workdir={trained[0]}', flag, '--compilation_cache=')
-  assert _one_error_line(proc, 'decode.py: error: ') == f'decode.py: error: {message}'
+  line = _one_error_line(proc, f'decode.py: error: {flag.split("=")[0]}=')
+  assert 'must be' in line, line
 
 
-def test_config_rejects_non_finite_floats():
-  config = syn.tiny_config('encoder_decoder', **{'optimizer.learning_rate': float('inf')})
-  with pytest.raises(config_io.ConfigError,
-                     match=r'config.optimizer.learning_rate=inf must be a finite number'):
-    config_io.validate_config(config)
+def test_a_damaged_tokenizer_stops_decode_in_one_line(trained, tmp_path):
+  """Issue 27 item 3: a changed tokenizer file (here the character vocabulary, still valid
+  JSON) is one line naming the file, exit 1, instead of silently other tokens."""
+  workdir = _copy(trained, tmp_path)
+  meta = os.path.join(workdir, 'tokenizer', 'tokenizer.json')
+  with open(meta) as f:
+    text = f.read()
+  with open(meta, 'w') as f:
+    f.write(text.replace('"b"', '"B"'))
+  proc = _run_cli('decode.py', f'--workdir={workdir}', '--compilation_cache=', timeout=120)
+  line = _one_error_line(proc, 'decode.py: error: ', code=1)
+  assert line == (f'decode.py: error: tokenizer file {meta} does not match its checksum in '
+                  f'{workdir}/tokenizer/checksums.json: it was changed or damaged (restore it '
+                  'from a backup, or use a new workdir)')
 
 
 def test_output_file_may_not_be_an_input(trained, tmp_path):

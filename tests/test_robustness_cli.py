@@ -184,3 +184,23 @@ def test_a_second_ctrl_c_stops_at_once_in_one_line(text_files, tmp_path):
   assert all(checkpoint_files.verify_checksums(checkpoint.step_dir(workdir, s)) is None
              for s in steps)
   assert checkpoint.restore_params(workdir)[1] == steps[-1]
+
+
+def test_a_damaged_tokenizer_stops_train_py_in_one_line(text_files, tmp_path):
+  """Issue 27 item 3: a flipped bit in tokenizer/spm.model would change how every sentence is
+  tokenised; the run stops in one line naming the file (exit 1) and leaves the workdir as it
+  was (the tokenizer is kept for the user to restore)."""
+  from input_pipeline import tokenizers  # pylint: disable=import-outside-toplevel
+  workdir = tmp_path / 'w'
+  texts = ['A man is riding a bike.', 'Two dogs play in the snow.'] * 20
+  tokenizers.train_sentencepiece(texts, 300).save(str(workdir / 'tokenizer'))
+  model = workdir / 'tokenizer' / 'spm.model'
+  data = bytearray(model.read_bytes())
+  data[len(data) // 2] ^= 1
+  model.write_bytes(bytes(data))
+  before = {p.name: p.read_bytes() for p in (workdir / 'tokenizer').iterdir()}
+  proc = _run_cli('train.py', *_text_args(text_files, str(workdir)))
+  line = _one_error_line(proc, 'train.py: error: ', code=1)
+  assert line.startswith(f'train.py: error: tokenizer file {model} does not match its checksum')
+  assert os.listdir(workdir) == ['tokenizer']
+  assert {p.name: p.read_bytes() for p in (workdir / 'tokenizer').iterdir()} == before
