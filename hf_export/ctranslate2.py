@@ -42,6 +42,7 @@ import numpy as np
 
 from hf_export import targets
 from model import attention as attn
+from model.kinds import kind_of
 
 LAYER_NORM_EPS = 1e-6  # model/layers.py: LayerNorm
 NEVER = -1e9  # output bias of tokens that are never generated (exp underflows to exactly 0)
@@ -51,7 +52,7 @@ UNK = '<unk>'
 def check(cfg, tokenizer_kind=None) -> None:
   """Raises `UnsupportedConfig` (one line) for a model CTranslate2 cannot run."""
   del tokenizer_kind  # both tokenizers are plain vocabularies here
-  if cfg.kind not in ('encoder_decoder', 'decoder_only'):
+  if not kind_of(cfg).has_decoder:
     raise targets.UnsupportedConfig(
         f'config.model.kind={cfg.kind} cannot be exported to CTranslate2: it has no '
         'generation head (Translator and Generator need a decoder)')
@@ -175,7 +176,7 @@ def model_spec(params, cfg, tokenizer):
   source = _rows(params['embed']['embedding'], n)
   target = source if cfg.share_embeddings or 'target_embed' not in params else _rows(
       params['target_embed']['embedding'], n)
-  if cfg.kind == 'encoder_decoder':
+  if kind_of(cfg).has_source:
     spec = ts.TransformerSpec(ts.TransformerEncoderSpec(cfg.num_encoder_layers, cfg.num_heads,
                                                         **kwargs),
                               ts.TransformerDecoderSpec(cfg.num_decoder_layers, cfg.num_heads,
@@ -201,7 +202,7 @@ def model_spec(params, cfg, tokenizer):
 def decoding_options(cfg, tokenizer, decode_config) -> dict:
   """The options that make CTranslate2 decode as decode.py does (for export_info.json)."""
   max_len = min(int(decode_config.get('max_len', cfg.max_len)), cfg.max_len)
-  if cfg.kind == 'encoder_decoder':
+  if kind_of(cfg).has_source:
     return {'class': 'ctranslate2.Translator', 'input': 'the tokenizer\'s pieces, no EOS',
             'translate_batch': {'beam_size': int(decode_config.get('beam_size', 4)),
                                 'length_penalty': 0.0, 'max_decoding_length': max_len,
@@ -240,7 +241,7 @@ class FORMAT:  # noqa: N801  # the format object `hf_export.writer` dispatches t
     if tokenizer.kind == 'sentencepiece':  # what makes the pieces: users need it to tokenize
       with open(os.path.join(directory, 'spm.model'), 'wb') as f:
         f.write(tokenizer.model_proto)
-    what = 'Translator' if cfg.kind == 'encoder_decoder' else 'Generator'
+    what = 'Translator' if kind_of(cfg).has_source else 'Generator'
     return f'a CTranslate2 {what} model', {
         'ctranslate2': decoding_options(cfg, tokenizer, config.decode),
         'tokenizer': tokenizer.kind, 'max_len': cfg.max_len}
