@@ -216,3 +216,28 @@ def test_output_formats():
   assert json.loads(streaming.format_reference_score('s', 'r', [4, 1], -2.5, 'jsonl')) == {
       'source': 's', 'reference': 'r', 'log_prob': -2.5, 'tokens': [4, 1]}
   assert streaming.format_generation('a\nb', 'c\n', [1], 'text') == 'a\nbc\n\n'
+
+
+def test_attention_plots_have_token_labels_and_report_progress(mt, tmp_path):
+  from inference import plotting  # pylint: disable=import-outside-toplevel
+  tok = mt.tokenizer
+  items = [(0, tok.encode('a dog'), tok.encode('ein hund')), (4, tok.encode('x'), [5, 1])]
+  done = []
+  written = plotting.plot_lines(mt.module, mt.params, tok.id_to_piece, items, str(tmp_path),
+                                heads='average', progress=done.append)
+  # Per sentence: the overview, then the head average of 1 encoder and 2 x 2 decoder modules.
+  assert done == [1, 1] and written == 2 * (1 + 1 + 2 * 2)
+  names = sorted(os.listdir(tmp_path / 'line_00005'))
+  assert 'overview.png' in names and 'decoder_layer_1_cross_attention_average.png' in names
+  # The overview's average column carries the tokens: queries on the left, keys below.
+  maps = plotting.collect_attention(mt.module, mt.params, np.array([items[0][1]]),
+                                    np.array([items[0][2]]))
+  pieces = lambda ids: [tok.id_to_piece(i) for i in ids]  # noqa: E731
+  panels = list(plotting._panels(maps, 0, pieces(items[0][1]), pieces(items[0][2])))
+  fig = plotting._overview_figure(panels, 'line 1')
+  cross = [ax for ax in fig.axes if 'cross' in ax.get_ylabel()][0]
+  assert [t.get_text() for t in cross.get_xticklabels()] == pieces(items[0][1])
+  assert [t.get_text() for t in cross.get_yticklabels()] == pieces(items[0][2])
+  decoder_self = [ax for ax in fig.axes if 'decoder\nlayer_0\nself' in ax.get_ylabel()][0]
+  assert [t.get_text() for t in decoder_self.get_xticklabels()] == ['<s>'] + pieces(
+      items[0][2])[:-1]

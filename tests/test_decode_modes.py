@@ -1,0 +1,216 @@
+"""decode.py's modes end to end on the suite's tiny trained workdirs (`workdirs`, conftest.py):
+streaming stdin (each line answered before the next is written), n-best and jsonl, forced
+decoding of references, sampled translations, and the flags it refuses."""
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SENTENCES = ['A man rides a bike.', '', 'Two dogs play in the snow.', 'A woman is singing.']
+
+
+def _env():
+  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''))
+  env.pop('XLA_FLAGS', None)
+  env.setdefault('JAX_PLATFORMS', 'cpu')
+  return env
+
+
+def _start(*args, stdin=subprocess.PIPE):
+  cmd = [sys.executable, os.path.join(ROOT, 'decode.py'), *args]
+  return subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdin=stdin, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE)
+
+
+def _run(*args, stdin=None):
+  """(returncode, stdout, stderr) of `decode.py ARGS` (args may start several at once)."""
+  proc = _start(*args)
+  out, err = proc.communicate(stdin, timeout=600)
+  return proc.returncode, out.decode(), err.decode()
+
+
+class _Conversation:
+  """decode.py on a pipe: `ask(line)` writes one line and returns the first output line,
+  before anything else is written (failing, not hanging, if none comes)."""
+
+  def __init__(self, *args):
+    self.proc = _start(*args)
+    self.lines: queue.Queue = queue.Queue()
+    threading.Thread(target=self._read, daemon=True).start()
+
+  def _read(self):
+    for line in iter(self.proc.stdout.readline, b''):
+      self.lines.put(line.decode())
+    self.lines.put(None)
+
+  def ask(self, line: str) -> str:
+    self.proc.stdin.write(line.encode() + b'\n')
+    self.proc.stdin.flush()
+    try:
+      answer = self.lines.get(timeout=300)
+    except queue.Empty:
+      self.proc.kill()
+      raise AssertionError(f'no answer to {line!r} while the input stays open') from None
+    assert answer is not None, self.proc.stderr.read().decode()[-3000:]
+    return answer
+
+  def close(self) -> str:
+    self.proc.stdin.close()
+    assert self.proc.wait(timeout=300) == 0
+    assert self.lines.get(timeout=60) is None  # nothing more was written
+    return self.proc.stderr.read().decode()
+
+
+def test_translation_stream_is_answered_line_by_line(workdirs):
+  talk = _Conversation(f'--workdir={workdirs["mt"]}', '--beam_size=1', '--max_len=6',
+                       '--compilation_cache=')
+  first = talk.ask('A man rides a bike.')
+  assert first.endswith('\n') and first.strip()
+  assert talk.ask('') == '\n'  # an empty line gives an empty line
+  assert talk.ask('A man rides a bike.') == first
+  err = talk.close()
+  assert 'translated 2 sentence(s) (greedy)' in err and 'Traceback' not in err
+  import inference  # pylint: disable=import-outside-toplevel  # the same from Python
+  session = inference.load(workdirs['mt'])
+  assert session.translate(['A man rides a bike.'], beam_size=1, max_len=6) == [first[:-1]]
+
+
+def test_language_model_stream_is_answered_prompt_by_prompt(workdirs):
+  talk = _Conversation(f'--workdir={workdirs["lm"]}', '--num_tokens=5', '--temperature=0',
+                       '--output_format=jsonl', '--compilation_cache=')
+  first = json.loads(talk.ask('ROMEO:'))
+  assert first['prompt'] == 'ROMEO:' and len(first['tokens']) == 5
+  assert json.loads(talk.ask('JULIET:\\nO'))['prompt'] == 'JULIET:\nO'  # \n is a newline
+  assert json.loads(talk.ask('ROMEO:')) == first  # greedy: the same continuation
+  assert 'generated 15 tokens for 3 prompt(s)' in talk.close()
+
+
+def test_nbest_text_and_jsonl(workdirs, tmp_path):
+  source = tmp_path / 'src.txt'
+  source.write_text('\n'.join(SENTENCES) + '\n', encoding='utf-8')
+  common = (f'--workdir={workdirs["mt"]}', f'--input_file={source}', '--beam_size=3',
+            '--nbest=3', '--alpha=0.6', '--max_len=8', '--compilation_cache=')
+  procs = [_start(*common, '--output_format=jsonl', stdin=subprocess.DEVNULL),
+           _start(*common, stdin=subprocess.DEVNULL)]
+  (jsonl, code), (text, _) = [(p.communicate(timeout=600)[0].decode(), p.returncode)
+                              for p in procs]
+  assert code == 0 and procs[1].returncode == 0
+  objects = [json.loads(line) for line in jsonl.splitlines()]
+  assert [o['source'] for o in objects] == SENTENCES  # one object per input line, in order
+  assert [len(o['hypotheses']) for o in objects] == [3, 0, 3, 3]
+  rows = []
+  for index, o in enumerate(objects):
+    scores = [h['score'] for h in o['hypotheses']]
+    assert scores == sorted(scores, reverse=True)  # best first
+    for h in o['hypotheses']:
+      assert set(h) == {'text', 'score', 'log_prob', 'tokens'}
+      penalty = ((5 + len(h['tokens'])) / 6) ** 0.6
+      assert h['log_prob'] == pytest.approx(h['score'] * penalty, rel=1e-5)
+      rows.append(f'{index}\t{h["score"]:.4f}\t{h["text"]}')
+  assert text.splitlines() == rows  # index<TAB>score<TAB>text, N lines per input
+
+
+def test_score_reference_is_the_models_log_probability(workdirs, tmp_path):
+  source, reference = tmp_path / 'src.txt', tmp_path / 'ref.txt'
+  source.write_text('A man rides a bike.\n\nTwo dogs.\n', encoding='utf-8')
+  reference.write_text('Ein Mann fährt Rad.\nX\nZwei Hunde.\n', encoding='utf-8')
+  common = (f'--workdir={workdirs["mt"]}', f'--input_file={source}',
+            f'--score_reference={reference}', '--compilation_cache=')
+  code, text, err = _run(*common)
+  assert code == 0, err
+  assert 'scored 2 reference(s)' in err
+  lines = text.split('\n')
+  assert len(lines) == 4 and lines[1] == '' and lines[3] == ''  # empty source: empty line
+  import inference  # pylint: disable=import-outside-toplevel
+  expected = inference.load(workdirs['mt']).score(['A man rides a bike.', '', 'Two dogs.'],
+                                                   ['Ein Mann fährt Rad.', 'X', 'Zwei Hunde.'])
+  assert lines[0] == f'{expected[0]:.4f}\tEin Mann fährt Rad.'
+  assert lines[2] == f'{expected[2]:.4f}\tZwei Hunde.' and expected[1] is None
+  code, jsonl, err = _run(*common, '--output_format=jsonl')
+  assert code == 0, err
+  first = json.loads(jsonl.splitlines()[0])
+  assert first['reference'] == 'Ein Mann fährt Rad.' and first['tokens'][-1] == 1  # EOS
+  assert first['log_prob'] == pytest.approx(expected[0], abs=1e-4)
+
+
+def test_sampled_translations_are_reproducible(workdirs, tmp_path):
+  source = tmp_path / 'src.txt'
+  source.write_text('\n'.join(SENTENCES) + '\n', encoding='utf-8')
+  args = (f'--workdir={workdirs["mt"]}', '--sample', '--nbest=2', '--max_len=6',
+          '--temperature=0.9', '--compilation_cache=')
+  procs = [_start(*args, f'--input_file={source}', '--seed=5', stdin=subprocess.DEVNULL),
+           _start(*args, f'--input_file={source}', '--seed=5', stdin=subprocess.DEVNULL),
+           _start(*args, f'--input_file={source}', '--seed=6', stdin=subprocess.DEVNULL),
+           _start(*args, '--seed=5')]  # a pipe: line by line, in other batches
+  outs = []
+  for p in procs:
+    out, err = p.communicate(source.read_bytes() if p is procs[-1] else None, timeout=600)
+    assert p.returncode == 0, err.decode()[-3000:]
+    outs.append(out.decode())
+  assert 'translated 3 sentence(s) (sampling, 2 per sentence)' in err.decode()
+  assert outs[0] == outs[1] == outs[3]  # same seed, same samples, however they are batched
+  assert outs[0] != outs[2]
+  assert [line.split('\t')[0] for line in outs[0].splitlines()] == ['0', '0', '2', '2', '3', '3']
+
+
+MT_REFUSALS = {
+    '--beam_size=abc': 'flag --beam_size=abc: invalid literal',
+    '--beam_size=1.5': 'flag --beam_size=1.5',
+    '--beam_size=99999999999999999999': '--beam_size=99999999999999999999 must be an integer '
+                                        'in [1, 1024]',
+    '--batch_size=0': '--batch_size=0 must be an integer in [1, 65536]',
+    '--max_len=99999999999999999999': '--max_len=99999999999999999999 must be an integer',
+    '--nbest=99999999999999999999': '--nbest=99999999999999999999 must be an integer',
+    '--average_last=99999999999999999999': '--average_last=99999999999999999999 must be',
+    '--step=-1': '--step=-1 must be an integer in [0, ',
+    '--alpha=1e308': '--alpha=1e+308 must be a number in [0, 10] (finite as a float32)',
+    '--top_p=1e308': '--top_p=1e+308 must be a number in (0, 1]',
+    '--input_file=/': '--input_file / is a directory',
+    '--temperature=0.7': '--temperature applies to sampling, not to beam search (beam size 2): '
+                         'add --sample',
+    '--beam_size=1 --seed=3': '--seed applies to sampling, not to greedy decoding',
+    '--beam_size=1 --alpha=0.5': "--alpha (beam search's length penalty) does not apply to "
+                                 'greedy decoding',
+    '--sample --beam_size=3': '--beam_size=3 does not apply to sampling',
+    '--sample --alpha=0.5': "--alpha (beam search's length penalty) does not apply to sampling",
+    '--nbest=3': '--nbest=3 is more than the beam size 2',
+    '--num_tokens=5': '--num_tokens is for a language model',
+    '--lowercase_bleu': '--lowercase_bleu needs --reference',
+    '--attention_plot_heads=average': '--attention_plot_heads needs --attention_plot',
+    '--score_reference=README.md --beam_size=2': '--beam_size does not apply to '
+                                                 '--score_reference',
+}
+LM_REFUSALS = {
+    '--temperature=1e308': '--temperature=1e+308 must be 0 (greedy) or a number in [0.001, 1000]',
+    '--temperature=1e-9': '--temperature=1e-09 must be 0 (greedy) or a number in [0.001, 1000]',
+    '--seed=99999999999999999999': '--seed=99999999999999999999 must be an integer in [0, '
+                                   '4294967295]',
+    '--num_tokens=99999999999999999999': '--num_tokens=99999999999999999999 must be an integer',
+    '--score_reference=README.md': '--score_reference is for translation',
+    '--beam_size=2': '--beam_size is for translation',
+    '--max_len=5': '--max_len is for translation, but',
+    '--nbest=2': '--nbest is for translation',
+    '--sample': '--sample is for translation',
+    '--temperature=0 --top_k=3': '--top_k applies to sampling, but the temperature is 0',
+    '--prompt=a --input_file=README.md': '--prompt and --input_file both give prompts',
+}
+
+
+def test_flags_out_of_range_or_not_applying_are_one_line(workdirs):
+  procs = {}
+  for kind, cases in (('mt', MT_REFUSALS), ('lm', LM_REFUSALS)):
+    for flags_, message in cases.items():  # all at once: mostly interpreter start-up
+      procs[(kind, flags_)] = (_start(f'--workdir={workdirs[kind]}', *flags_.split(),
+                                      '--compilation_cache=', stdin=subprocess.DEVNULL), message)
+  for name, (proc, message) in procs.items():
+    out, err = proc.communicate(timeout=600)
+    err = err.decode()
+    assert proc.returncode == 2 and out == b'', (name, proc.returncode, err[-2000:])
+    assert err.splitlines() == [err.splitlines()[0]] and 'Traceback' not in err, (name, err)
+    assert err.startswith(f'decode.py: error: {message}'), (name, err)
