@@ -29,6 +29,7 @@ non-UTF-8 line, reference with a different line count, ...) ends with one `decod
 
 from __future__ import annotations
 
+import os
 import sys
 
 from absl import app, flags, logging
@@ -174,6 +175,9 @@ def main(argv) -> None:
     cli.fail(PROG, e, code=getattr(e, 'exit_code', 2))  # 1: a damaged tokenizer file
   except KeyboardInterrupt:
     cli.fail(PROG, 'interrupted', code=130)
+  except BrokenPipeError:  # the reader of stdout went away (`| head`): stop quietly
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit's flush
+    sys.exit(1)
 
 
 if __name__ == '__main__':

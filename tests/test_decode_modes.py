@@ -82,8 +82,8 @@ def test_translation_stream_is_answered_line_by_line(workdirs):
 
 
 def test_language_model_stream_is_answered_prompt_by_prompt(workdirs):
-  talk = _Conversation(f'--workdir={workdirs["lm"]}', '--num_tokens=5', '--temperature=0',
-                       '--output_format=jsonl', '--compilation_cache=')
+  talk = _Conversation(f'--workdir={workdirs["lm"]}', '--input_file=-', '--num_tokens=5',
+                       '--temperature=0', '--output_format=jsonl', '--compilation_cache=')
   first = json.loads(talk.ask('ROMEO:'))
   assert first['prompt'] == 'ROMEO:' and len(first['tokens']) == 5
   assert json.loads(talk.ask('JULIET:\\nO'))['prompt'] == 'JULIET:\nO'  # \n is a newline

@@ -176,13 +176,13 @@ def test_decode_py_with_mesh_decodes_a_2x4x1_checkpoint_as_one_device(runs):
     ('1,0,1', '--mesh=1,0,1 must be three sizes'),
 ])
 def test_bad_mesh_flag_is_one_line(value, message):
-  from training import restore  # pylint: disable=import-outside-toplevel
+  from inference import restore  # pylint: disable=import-outside-toplevel
   with pytest.raises(restore.RestoreError, match='^' + re.escape(message)):
     restore.mesh_from_flag(value)
 
 
 def test_mesh_must_divide_heads_and_feed_forward(tmp_path):
-  from training import restore  # pylint: disable=import-outside-toplevel
+  from inference import restore  # pylint: disable=import-outside-toplevel
   config = syn.tiny_config('encoder_decoder', **{'model.num_heads': 4}).model
   eight = types.SimpleNamespace(shape={'data': 1, 'fsdp': 1, 'tensor': 8})
   with pytest.raises(restore.RestoreError, match=re.escape(
