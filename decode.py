@@ -49,13 +49,19 @@ def _define_flags() -> None:
                       '-): stdin, translated line by line as it arrives when it is a pipe.')
   flags.DEFINE_string('output_file', None, 'Where to write the outputs; default: stdout.')
   flags.DEFINE_enum('output_format', 'text', ['text', 'jsonl'], 'text: one line per input (with '
-                    '--nbest>1, index<TAB>score<TAB>text per hypothesis); jsonl: one object per '
-                    'input, {"source", "hypotheses": [{"text", "score", "log_prob", "tokens"}]}.')
+                    '--nbest>1, a line index<TAB>score<TAB>text per hypothesis, index = the input '
+                    'line from 0, none for an empty line); jsonl: one object per input, {"source", '
+                    '"hypotheses": [{"text", "score", "log_prob", "tokens"}]} best first (score: '
+                    'the search\'s, length-normalised for beam search; log_prob: the sum of the '
+                    'token log-probabilities; a language model writes {"prompt", "text", '
+                    '"tokens"}).')
   flags.DEFINE_string('reference', None, 'Reference translations, one a line: prints sacreBLEU '
                       'BLEU and chrF with their signatures.')
   flags.DEFINE_string('score_reference', None, 'Reference translations, one a line: write each '
                       'one\'s log-probability under the model given its source (forced '
-                      'decoding, as fairseq-generate --score-reference): log_prob<TAB>text.')
+                      'decoding, as fairseq-generate --score-reference; EOS included): '
+                      'log_prob<TAB>reference per line (an empty line for an empty source), or '
+                      'jsonl {"source", "reference", "log_prob", "tokens"}.')
   flags.DEFINE_bool('lowercase_bleu', False, 'With --reference, also print BLEU on lowercased, '
                     'tokenized text (sacreBLEU lowercase=True, tok 13a), as Multi30k papers '
                     'score it, beside the cased detokenized BLEU.')
