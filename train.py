@@ -199,7 +199,11 @@ def main(argv: list[str]) -> None:
     name = 'configs/default.py' if name == DEFAULT_CONFIG else name
     trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir,
                                preset=None if preset is None else (name, preset))
-  except (trainer.NonFiniteLossError, checkpoint.CheckpointWriteError) as e:  # ran, then failed
+  except checkpoint.CheckpointWriteError as e:  # ran, then failed to save
+    print(f'train.py: error: {" ".join(str(e).split())}', file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(1)  # not sys.exit: Orbax's threads of the failed save may wait minutes, then log
+  except trainer.NonFiniteLossError as e:  # ran, then failed
     _fail(e, code=1)
   except user_errors as e:  # bad config/workdir/checkpoint/data: one line, no traceback
     _fail(e, code=getattr(e, 'exit_code', 2))  # 1: damaged files (a tokenizer checksum)

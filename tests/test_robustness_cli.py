@@ -204,3 +204,38 @@ def test_a_damaged_tokenizer_stops_train_py_in_one_line(text_files, tmp_path):
   assert line.startswith(f'train.py: error: tokenizer file {model} does not match its checksum')
   assert os.listdir(workdir) == ['tokenizer']
   assert {p.name: p.read_bytes() for p in (workdir / 'tokenizer').iterdir()} == before
+
+
+_FAILING_SAVE = '''
+import os, runpy, sys
+from training import checkpoint
+checkpoint.files.unlink_planted = lambda *args, **kwargs: ([], [])  # let Orbax meet the link
+save = checkpoint.Checkpointer.save
+
+def save_into_a_link(self, step, state, data_state):  # Orbax fails in the caller's thread
+  if step == 3:
+    os.symlink(sys.argv[-1], os.path.join(checkpoint.checkpoint_dir(self.workdir),
+                                          '3.orbax-checkpoint-tmp'))
+  return save(self, step, state, data_state)
+
+checkpoint.Checkpointer.save = save_into_a_link
+sys.argv = ['train.py'] + sys.argv[1:-1]
+runpy.run_path('train.py', run_name='__main__')
+'''
+
+
+def test_a_save_failing_inside_orbax_ends_in_one_line_without_library_logs(text_files, tmp_path):
+  """Item 9's general case: a save that Orbax gives up on in the caller's thread (here: at a
+  link the safety check is made to miss) is one line, exit 1; Orbax's threads waiting for the
+  abandoned save neither delay the exit nor log their TimeoutError tracebacks afterwards."""
+  workdir, victim = str(tmp_path / 'w'), tmp_path / 'victim'
+  victim.mkdir()
+  (victim / 'notes.txt').write_text('precious\n')
+  args = _text_args(text_files, workdir, '--config.train.num_steps=6',
+                    '--config.train.checkpoint_every_steps=3')
+  proc = subprocess.run([sys.executable, '-c', _FAILING_SAVE, *args, str(victim)], cwd=syn.REPO,
+                        env=syn.subprocess_env(1), capture_output=True, text=True, timeout=240,
+                        check=False)
+  line = _one_error_line(proc, 'train.py: error: cannot write checkpoint 3 in ', code=1)
+  assert line.endswith('there is no earlier checkpoint'), line
+  assert os.listdir(victim) == ['notes.txt'] and (victim / 'notes.txt').read_text() == 'precious\n'
