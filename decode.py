@@ -82,7 +82,17 @@ def _define_flags() -> None:
   flags.DEFINE_integer('attention_plot_max', 5, 'Plot at most this many sentences (0 = all).')
   flags.DEFINE_enum('attention_plot_heads', 'all', ['all', 'average'],
                     'Plot every head and the average, or only the average.')
-  # Language model.
+  _define_generation_flags()
+  flags.DEFINE_string('mesh', None, 'DATA,FSDP,TENSOR device counts (-1 = the remaining '
+                      'devices), e.g. 1,2,4: parameters sharded as in training (config.json\'s '
+                      'mesh.rules), decoding tensor-parallel, same tokens. Default: one device.')
+  flags.DEFINE_string('compilation_cache', '~/.cache/transformer_decode_xla',
+                      'JAX persistent compilation cache directory (\'\' = none): repeated runs '
+                      'with the same shapes start without compiling. Never inside --workdir.')
+
+
+def _define_generation_flags() -> None:
+  """A language model's flags, and sampling's (a translation model samples with --sample)."""
   flags.DEFINE_string('prompt', None, 'Language model: text to continue (\\n = a newline).')
   flags.DEFINE_integer('num_tokens', None, 'Language model: tokens to generate; default '
                        'config.decode.max_len. Longer than the model\'s context is done in '
@@ -95,12 +105,6 @@ def _define_flags() -> None:
                      '(1 = off).')
   flags.DEFINE_integer('seed', 0, 'Random seed for sampling (a line\'s samples depend only on '
                        'the seed and its line number).')
-  flags.DEFINE_string('mesh', None, 'DATA,FSDP,TENSOR device counts (-1 = the remaining '
-                      'devices), e.g. 1,2,4: parameters sharded as in training (config.json\'s '
-                      'mesh.rules), decoding tensor-parallel, same tokens. Default: one device.')
-  flags.DEFINE_string('compilation_cache', '~/.cache/transformer_decode_xla',
-                      'JAX persistent compilation cache directory (\'\' = none): repeated runs '
-                      'with the same shapes start without compiling. Never inside --workdir.')
 
 
 class DecodeError(cli.UsageError):
