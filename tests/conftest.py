@@ -1,4 +1,4 @@
-"""Suite-wide settings, applied before any test imports JAX.
+"""Suite-wide settings, applied before any test imports JAX, and the shared trained workdirs.
 
 Tests that compare two computations for equality (cache vs full pass, packed vs alone, 1 vs
 8 devices, resume vs straight) must not depend on the backend's default matmul precision:
@@ -7,20 +7,128 @@ on GPUs and TPUs a float32 matmul runs by default with TF32/bf16 inputs (relativ
 subprocess it starts, which inherits the environment) runs float32 matmuls at full precision
 and deterministic GPU ops. Reduced-precision behaviour has its own tests
 (tests/test_precision.py), which ask for it explicitly.
+
+XLA compiles are most of the suite's time, and many tests and subprocesses compile the same
+small programs. One persistent compilation cache, new for each test run, is shared by the test
+process, its xdist workers and every subprocess (through the environment). Its key is the
+program, the compile options, the devices and XLA_FLAGS, so a cached program is exactly what
+compiling again would give; starting empty each run means no test depends on an earlier run.
 """
 
+import atexit
+import fcntl
+import json
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 
+import pytest  # (no JAX: nothing imported here may import it before the settings below)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Tests import the project from the checkout, installed or not.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)
 
 SUITE_MATMUL_PRECISION = 'highest'
 DETERMINISTIC_XLA_FLAG = '--xla_gpu_deterministic_ops=true'
+# Set by the run that made the cache directory; its xdist workers inherit it and reuse it.
+_RUN_CACHE_ENV = 'TRANSFORMER_JAX_TEST_RUN_XLA_CACHE'
+# Programs that compile faster than this are not worth a disk write and read.
+CACHE_MIN_COMPILE_SECS = '0.2'
+# A size limit turns on JAX's file lock around cache reads and writes: without it a process
+# can read an entry another one is still writing, and warn on stderr. (Never reached.)
+CACHE_MAX_BYTES = str(16 << 30)
 
 os.environ['JAX_DEFAULT_MATMUL_PRECISION'] = SUITE_MATMUL_PRECISION
 if DETERMINISTIC_XLA_FLAG not in os.environ.get('XLA_FLAGS', ''):
   os.environ['XLA_FLAGS'] = f'{os.environ.get("XLA_FLAGS", "")} {DETERMINISTIC_XLA_FLAG}'.strip()
 
+
+def _run_cache_dir() -> str:
+  """This test run's compilation cache directory (made here, or by the run's xdist controller)."""
+  inherited = os.environ.get(_RUN_CACHE_ENV)
+  if inherited and os.path.isdir(inherited):
+    return inherited
+  path = tempfile.mkdtemp(prefix='transformer-jax-tests-xla-cache-')
+  atexit.register(shutil.rmtree, path, ignore_errors=True)
+  os.environ[_RUN_CACHE_ENV] = path
+  return path
+
+
+XLA_CACHE_DIR = _run_cache_dir()
+os.environ['JAX_COMPILATION_CACHE_DIR'] = XLA_CACHE_DIR
+os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = CACHE_MIN_COMPILE_SECS
+os.environ['JAX_COMPILATION_CACHE_MAX_SIZE'] = CACHE_MAX_BYTES
+
 if 'jax' in sys.modules:  # a plugin imported JAX before us: set it there too
-  sys.modules['jax'].config.update('jax_default_matmul_precision', SUITE_MATMUL_PRECISION)
+  _jax_config = sys.modules['jax'].config
+  _jax_config.update('jax_default_matmul_precision', SUITE_MATMUL_PRECISION)
+  _jax_config.update('jax_compilation_cache_dir', XLA_CACHE_DIR)
+  _jax_config.update('jax_persistent_cache_min_compile_time_secs', float(CACHE_MIN_COMPILE_SECS))
+  _jax_config.update('jax_compilation_cache_max_size', int(CACHE_MAX_BYTES))
+
+
+# ----------------------------------------------------------------------------- shared workdirs
+
+
+def built_once(tmp_path_factory, name: str, build) -> dict:
+  """`build(directory) -> dict` (JSON) run once per test run, whichever xdist worker asks first;
+  the others wait for it and get the same result. Tests must not modify what it made (copy
+  first). A build that fails is retried by the next caller, and fails there too."""
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get('PYTEST_XDIST_WORKER'):
+    root = root.parent  # the run's directory, above each worker's own
+  directory, result = root / name, root / f'{name}.json'
+  with open(root / f'{name}.lock', 'w') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    if not result.exists():
+      shutil.rmtree(directory, ignore_errors=True)
+      directory.mkdir()
+      with open(result.with_suffix('.tmp'), 'w') as f:
+        json.dump(build(directory), f)
+      os.replace(result.with_suffix('.tmp'), result)
+    with open(result) as f:
+      return json.load(f)
+
+
+def train_py(workdir, config: str, *overrides: str, devices: int | None = None):
+  """`python train.py --config=CONFIG --workdir=WORKDIR OVERRIDES` started (not waited for), on
+  `devices` simulated CPU devices (None: the host's), output (both streams) on its stdout."""
+  import test_train_synthetic as syn  # pylint: disable=import-outside-toplevel
+  env = dict(os.environ, XLA_FLAGS=syn.xla_flags(devices),
+             PYTHONPATH=os.pathsep.join([REPO, os.environ.get('PYTHONPATH', '')]))
+  env.setdefault('JAX_PLATFORMS', 'cpu')
+  cmd = [sys.executable, os.path.join(REPO, 'train.py'), f'--config={config}',
+         f'--workdir={workdir}', *overrides]
+  return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+
+
+def _train_workdirs(root) -> dict:
+  """Tiny runs of train.py, trained concurrently: translation (2 checkpoints), char LM, a
+  translation model trained on 8 simulated devices, and one with `scan_layers` (stacked layer
+  params). -> {name: workdir, f'{name}_log': its training log}."""
+  dirs = {name: str(root / name) for name in ('mt', 'lm', 'mt8', 'scan')}
+  quick = ['--config.decode.num_eval_sentences=0', '--config.train.num_eval_batches=1']
+  procs = {
+      'mt': train_py(dirs['mt'], 'configs/default.py:tiny', *quick),
+      'lm': train_py(dirs['lm'], 'configs/shakespeare_char.py:tiny', *quick),
+      'mt8': train_py(dirs['mt8'], 'configs/default.py:tiny', '--config.train.num_steps=2',
+                      *quick, devices=8),
+      # BLEU on 2 validation sentences at the end: the trainer decodes the scanned model.
+      'scan': train_py(dirs['scan'], 'configs/default.py:tiny', '--config.model.scan_layers=True',
+                       '--config.train.num_steps=4', '--config.decode.num_eval_sentences=2',
+                       '--config.train.num_eval_batches=1'),
+  }
+  for name, proc in procs.items():
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, f'training {name} failed:\n{out[-3000:]}'
+    dirs[f'{name}_log'] = out
+  return dirs
+
+
+@pytest.fixture(scope='session')
+def workdirs(tmp_path_factory) -> dict:
+  """The tiny train.py workdirs of `_train_workdirs`, trained once per test run (read-only)."""
+  return built_once(tmp_path_factory, 'train_py_workdirs', _train_workdirs)

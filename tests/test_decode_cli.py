@@ -22,37 +22,7 @@ def _env(devices=None):
   return env
 
 
-def _train(workdir, config, *overrides, devices=None):
-  cmd = [sys.executable, os.path.join(ROOT, 'train.py'), f'--config={config}',
-         f'--workdir={workdir}', *overrides]
-  return subprocess.Popen(cmd, cwd=ROOT, env=_env(devices), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
-
-
-@pytest.fixture(scope='module')
-def workdirs(tmp_path_factory):
-  """Tiny runs, trained concurrently: translation (2 checkpoints), char LM, a translation
-  model trained on 8 simulated devices, and one with `scan_layers` (stacked layer params).
-  Each run's training log is kept in `dirs[f'{name}_log']`."""
-  root = tmp_path_factory.mktemp('decode_cli')
-  dirs = {'mt': str(root / 'mt'), 'lm': str(root / 'lm'), 'mt8': str(root / 'mt8'),
-          'scan': str(root / 'scan')}
-  quick = ['--config.decode.num_eval_sentences=0', '--config.train.num_eval_batches=1']
-  procs = {
-      'mt': _train(dirs['mt'], 'configs/default.py:tiny', *quick),
-      'lm': _train(dirs['lm'], 'configs/shakespeare_char.py:tiny', *quick),
-      'mt8': _train(dirs['mt8'], 'configs/default.py:tiny', '--config.train.num_steps=2', *quick,
-                    devices=8),
-      # BLEU on 2 validation sentences at the end: the trainer decodes the scanned model.
-      'scan': _train(dirs['scan'], 'configs/default.py:tiny', '--config.model.scan_layers=True',
-                     '--config.train.num_steps=4', '--config.decode.num_eval_sentences=2',
-                     '--config.train.num_eval_batches=1'),
-  }
-  for name, proc in procs.items():
-    out, _ = proc.communicate(timeout=900)
-    assert proc.returncode == 0, f'training {name} failed:\n{out[-3000:]}'
-    dirs[f'{name}_log'] = out
-  return dirs
+# `workdirs` (the tiny trained runs: mt, lm, mt8, scan) is a session fixture of conftest.py.
 
 
 def _decode(*args, stdin=None, devices=None, cache=None):

@@ -19,9 +19,11 @@ import numpy as np
 VOCAB = 32
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Compiled programs are shared between the tests and their subprocesses (XLA compiles are
-# most of these tests' time; the cache key is the program, so results are unaffected).
+# most of these tests' time; the cache key is the program, so results are unaffected). Under
+# pytest, conftest.py has set both to this test run's cache; run alone, a per-user directory.
 CACHE_DIR = os.environ.get('JAX_COMPILATION_CACHE_DIR') or os.path.join(
     __import__('tempfile').gettempdir(), f'transformer-jax-tests-xla-cache-{os.getuid()}')
+CACHE_MIN_SECS = float(os.environ.get('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.5'))
 
 
 def _set_cache(directory, min_secs) -> None:
@@ -38,7 +40,7 @@ def _set_cache(directory, min_secs) -> None:
 def enable_compilation_cache() -> None:
   import jax  # pylint: disable=import-outside-toplevel
   if jax.config.jax_compilation_cache_dir != CACHE_DIR:
-    _set_cache(CACHE_DIR, 0.5)
+    _set_cache(CACHE_DIR, CACHE_MIN_SECS)
 
 
 def compilation_cache_fixture():
@@ -51,11 +53,21 @@ def compilation_cache_fixture():
   _set_cache(*before)
 
 
+def xla_flags(num_devices: int | None = None) -> str:
+  """This process's XLA_FLAGS with `num_devices` simulated CPU devices (None: as many as the
+  host has): the other flags are kept, as they are part of the compilation cache's key."""
+  flags = [f for f in os.environ.get('XLA_FLAGS', '').split()
+           if not f.startswith('--xla_force_host_platform_device_count=')]
+  if num_devices:
+    flags.append(f'--xla_force_host_platform_device_count={num_devices}')
+  return ' '.join(flags)
+
+
 def subprocess_env(num_devices: int = 1) -> dict[str, str]:
   env = dict(os.environ)
-  env.update(XLA_FLAGS=f'--xla_force_host_platform_device_count={num_devices}',
+  env.update(XLA_FLAGS=xla_flags(num_devices),
              JAX_PLATFORMS='cpu', JAX_COMPILATION_CACHE_DIR=CACHE_DIR,
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0.5',
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=str(CACHE_MIN_SECS),
              PYTHONPATH=os.pathsep.join([REPO, env.get('PYTHONPATH', '')]).rstrip(os.pathsep))
   return env
 
