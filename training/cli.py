@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from absl import flags

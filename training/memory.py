@@ -64,7 +64,8 @@ def dry_run(config) -> dict[str, Any]:
   schedule = optim.make_schedule(config)
   tx = optim.make_optimizer(config, schedule)
   state = state_lib.abstract_train_state(module, tx, config.train.seed, mesh, rules)
-  step = steps.jit_train_step(module, tx, schedule, mesh, label_smoothing=config.train.label_smoothing,
+  step = steps.jit_train_step(module, tx, schedule, mesh,
+                              label_smoothing=config.train.label_smoothing,
                               grad_accum_steps=config.train.grad_accum_steps, rules=rules)
   started = time.time()
   compiled = step.lower(state, abstract_batch(config, model_config, mesh)).compile()

@@ -32,7 +32,7 @@ def mesh_shape(mesh_config=None, num_devices: int | None = None) -> tuple[int, i
   devices left). No section: every device on 'data'. Raises ConfigError naming the field."""
   n = num_devices or jax.device_count()
   sizes = [(mesh_config or {}).get(a, -1 if a == DATA_AXIS else 1) for a in AXES]
-  for axis, size in zip(AXES, sizes):
+  for axis, size in zip(AXES, sizes, strict=True):
     if not isinstance(size, int) or isinstance(size, bool) or (size < 1 and size != -1):
       raise ConfigError(f'config.mesh.{axis}={size!r} must be a positive integer or -1')
   if sizes.count(-1) > 1:

@@ -12,7 +12,8 @@ that `perplexity = exp(eval loss)`.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -21,9 +22,8 @@ import optax
 from model import partitioning
 from model.kinds import kind_of
 from model.partitioning import Rules
-from training import mesh as mesh_lib
+from training import mesh as mesh_lib, state as state_lib
 from training.losses import cross_entropy_and_accuracy
-from training import state as state_lib
 from training.state import TrainState
 
 Batch = dict[str, jax.Array]
