@@ -6,8 +6,6 @@ import shutil
 import subprocess
 import sys
 
-import pytest
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, 'data', 'multi30k')
 
@@ -62,7 +60,8 @@ def test_translate_file_with_bleu_plots_and_averaging(workdirs, tmp_path):
     f.write('\n'.join(ref) + '\n')
   before = _snapshot(workdirs['mt'])
   result = _decode(f'--workdir={workdirs["mt"]}', f'--input_file={tmp_path / "src.txt"}',
-                   f'--output_file={tmp_path / "out" / "hyp.txt"}', f'--reference={tmp_path / "ref.txt.gz"}',
+                   f'--output_file={tmp_path / "out" / "hyp.txt"}',
+                   f'--reference={tmp_path / "ref.txt.gz"}',
                    '--beam_size=2', '--max_len=12', '--average_last=2', '--batch_size=2',
                    f'--attention_plot={tmp_path / "plots"}', '--attention_plot_max=1',
                    '--lowercase_bleu')

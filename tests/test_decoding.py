@@ -189,7 +189,8 @@ def test_too_long_is_a_clear_error():
 def test_beam_size_one_equals_greedy():
   module, params = _model(eos_boost=1.6)
   src = _sources(batch=4)
-  tokens, scores = decoding.beam_search_decode(module, params, src, beam_size=1, alpha=0.6, max_len=8)
+  tokens, scores = decoding.beam_search_decode(module, params, src, beam_size=1, alpha=0.6,
+                                               max_len=8)
   greedy = decoding.greedy_decode(module, params, src, max_len=8)
   np.testing.assert_array_equal(np.asarray(tokens)[:, 0], np.asarray(greedy))
   assert tokens.shape == (4, 1, 8) and scores.shape == (4, 1)
@@ -343,8 +344,9 @@ def test_scan_layers_model_decodes_like_the_unrolled_model(kind):
     args, kwargs = (_sources(),), {}
   else:
     args, kwargs = (), {'prompt': np.array([[5, 6, 7], [9, 0, 0]], np.int32)}
-  np.testing.assert_array_equal(decoding.greedy_decode(scanned, stacked, *args, max_len=6, **kwargs),
-                                decoding.greedy_decode(module, params, *args, max_len=6, **kwargs))
+  np.testing.assert_array_equal(
+      decoding.greedy_decode(scanned, stacked, *args, max_len=6, **kwargs),
+      decoding.greedy_decode(module, params, *args, max_len=6, **kwargs))
   got = decoding.beam_search_decode(scanned, stacked, *args, beam_size=3, alpha=0.6, max_len=6,
                                     **kwargs)
   want = decoding.beam_search_decode(module, params, *args, beam_size=3, alpha=0.6, max_len=6,
