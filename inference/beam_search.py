@@ -22,7 +22,18 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from inference.decode_loop import EOS_ID, NEG_INF, PAD_ID, forced_tokens, length_penalty, pin, start
+from inference.decode_loop import (
+  EOS_ID,
+  NEG_INF,
+  PAD_ID,
+  forced_tokens,
+  length_penalty,
+  pin,
+  put_rows,
+  start,
+  take_rows,
+  unfinished_first,
+)
 from model.kinds import kind_of
 
 Array = jax.Array
@@ -89,7 +100,11 @@ class _Stepper:
   def __init__(self, prompt, lengths, alpha, k: int, max_len: int, eos_id):
     self.prompt, self.lengths, self.alpha = prompt, lengths, alpha
     self.k, self.max_len, self.eos_id = k, max_len, eos_id
-    self.rows = jnp.arange(prompt.shape[0])[:, None]
+
+  def take(self, rows) -> _Stepper:
+    """The stepper of the batch made of `rows` `[n]` of this one."""
+    return _Stepper(self.prompt[rows], self.lengths[rows], self.alpha, self.k, self.max_len,
+                    self.eos_id)
 
   def candidates(self, t, logits, alive_lp):
     """Log-probs of every (beam, token) extension -> (top 2k values, beam, token, forced)."""
@@ -106,7 +121,7 @@ class _Stepper:
     """`logits` `[batch, k, vocab]` (or `[batch, 1, vocab]` while every beam has the same
     prefix) predict target index t. Rows already done keep their finished hypotheses (a row's
     result does not depend on how long the other rows of its batch run)."""
-    k, rows = self.k, self.rows
+    k, rows = self.k, jnp.arange(beams.done.shape[0])[:, None]
     top_lp, beam, tok, forced = self.candidates(t, logits, beams.alive_lp)
     g = t - self.lengths  # [batch] index among the generated tokens
     seq = jnp.take_along_axis(beams.alive_seq, beam[:, :, None], axis=1)
@@ -136,20 +151,25 @@ class _Stepper:
 
 
 @functools.partial(jax.jit, static_argnames=('module', 'beam_size', 'max_len', 'prefill_len',
-                                             'eos_id', 'reorder_cache'))
+                                             'eos_id', 'reorder_cache', 'compact_rows'))
 def search(module, params, inputs, prompt, lengths, alpha, *, beam_size, max_len,
-           prefill_len, eos_id=EOS_ID, reorder_cache=False):
+           prefill_len, eos_id=EOS_ID, reorder_cache=False, compact_rows=0):
   """-> (tokens `[batch, k, max_len]`, scores `[batch, k]`), best first (arguments prepared
-  by `decode_loop.prepare`)."""
+  by `decode_loop.prepare`). With `compact_rows` > 0 the slot layout's loop goes on with the
+  unfinished sentences only once they are at most that many (`decode_loop.compact_size`)."""
   step = _Stepper(prompt, lengths, alpha, beam_size, max_len, eos_id)
   beams = Beams.initial(prompt.shape[0], beam_size, max_len)
-  run = _reordered_search if reorder_cache else _slot_search
-  beams = run(module, params, inputs, prompt, prefill_len, max_len, beam_size, step, beams)
+  if reorder_cache:
+    beams = _reordered_search(module, params, inputs, prompt, prefill_len, max_len, beam_size,
+                              step, beams)
+  else:
+    beams = _slot_search(module, params, inputs, prompt, prefill_len, max_len, beam_size, step,
+                         beams, compact_rows)
   fin_seq = jnp.where(jnp.isfinite(beams.fin_score)[:, :, None], beams.fin_seq, 0)
   return fin_seq, beams.fin_score
 
 
-def _slot_search(module, params, inputs, prompt, prefill_len, max_len, k, step, beams):
+def _slot_search(module, params, inputs, prompt, prefill_len, max_len, k, step, beams, small):
   """The decoder runs a sentence's k hypotheses as k queries of one batch row (`[batch, k]`).
 
   The self-attention cache of a row holds the keys/values of all its hypotheses: the first
@@ -159,15 +179,30 @@ def _slot_search(module, params, inputs, prompt, prefill_len, max_len, k, step, 
   `visible` `[batch, k, cache_len]` marks the positions holding each hypothesis' ancestors,
   and the attention mask shows each query only those. Reordering `visible` is a gather of
   booleans. The encoder keys/values are also kept once per sentence, not once per beam,
-  and the first call (all beams equal) runs one row per sentence.
+  and the first call (all beams equal) runs one row per sentence. With `small` > 0, once at
+  most `small` sentences are unfinished the loop goes on with those rows only.
   """
-  kind, batch = kind_of(module), prompt.shape[0]
   n0 = 1 + prefill_len
   cache_len = n0 + k * (prompt.shape[1] + max_len - n0)  # the loop's most decoder calls
   logits, cache, encoded, inputs, t0 = start(module, params, inputs, prompt, prefill_len,
                                              max_len, cache_len=cache_len)
   beams = step(t0, logits[:, None], beams)
-  visible = jnp.broadcast_to(jnp.arange(cache_len) < n0, (batch, k, cache_len))
+  visible = jnp.broadcast_to(jnp.arange(cache_len) < n0, (prompt.shape[0], k, cache_len))
+  state = (jnp.asarray(t0, jnp.int32), cache, visible, beams)
+  loop = functools.partial(_slot_loop, module, params, n0, t0)
+  state = loop(step, encoded, inputs, state, small)
+  if not small:
+    return state[3]
+  keep = unfinished_first(state[3].done, small)
+  part = loop(step.take(keep), *take_rows((encoded, inputs), keep), take_rows(state, keep), 0)
+  return put_rows(state[3], keep, part[3])
+
+
+def _slot_loop(module, params, n0, t0, step, encoded, inputs, state, stop_at: int):
+  """`_slot_search`'s decoder steps until at most `stop_at` sentences are unfinished; state
+  (t, cache, visible, beams) of a batch of sentences."""
+  kind = kind_of(module)
+  batch, k, cache_len = state[2].shape
 
   def body(state):
     t, cache, visible, beams = state
@@ -181,8 +216,7 @@ def _slot_search(module, params, inputs, prompt, prefill_len, max_len, k, step, 
     visible = jnp.take_along_axis(mask, beams.origin[:, :, None], axis=1)  # the parents' view
     return t + 1, cache, visible, beams
 
-  state = (jnp.asarray(t0, jnp.int32), cache, visible, beams)
-  return jax.lax.while_loop(lambda s: ~jnp.all(s[3].done), body, state)[3]
+  return jax.lax.while_loop(lambda s: jnp.sum(~s[3].done) > stop_at, body, state)
 
 
 def _reordered_search(module, params, inputs, prompt, prefill_len, max_len, k, step, beams):

@@ -32,6 +32,7 @@ rule and the GNMT length penalty; beam size 1 is exactly greedy decoding. The lo
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +43,7 @@ from inference.decode_loop import (
   EOS_ID,
   NEG_INF,
   PAD_ID,
+  compact_size,
   decoding_model,
   forced_tokens,
   length_penalty,
@@ -49,6 +51,8 @@ from inference.decode_loop import (
   prepare,
   prompt_lengths,
   start,
+  take_rows,
+  unfinished_first,
 )
 from model.kinds import kind_of
 
@@ -63,9 +67,9 @@ __all__ = ['greedy_decode', 'sample', 'beam_search_decode', 'sequence_log_probs'
 def _select(logits, rng, temperature, top_p, *, greedy: bool, top_k: int | None,
             use_top_p: bool):
   """Next token `[batch]` from logits `[batch, vocab]` (pad excluded)."""
-  logits = logits.at[:, PAD_ID].set(NEG_INF)
+  logits = jnp.where(jnp.arange(logits.shape[-1]) == PAD_ID, NEG_INF, logits)
   if greedy:
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return first_argmax(logits)
   logits = logits / temperature
   if top_k is not None:
     kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
@@ -83,6 +87,16 @@ def _select(logits, rng, temperature, top_p, *, greedy: bool, top_k: int | None,
   return jax.random.categorical(rng, logits, axis=-1).astype(jnp.int32)
 
 
+def first_argmax(x):
+  """`jnp.argmax(x, axis=-1)` `[rows]` int32 of `x` `[rows, n]` (the first maximum; the first
+  NaN if any) as two plain reductions: XLA:CPU runs argmax's (value, index) reduction about
+  3x slower than a max and a min over the same array (the greedy step's largest op after the
+  output projection)."""
+  best = jnp.max(x, axis=-1, keepdims=True)
+  hit = (x == best) | jnp.isnan(x)
+  return jnp.min(jnp.where(hit, jnp.arange(x.shape[-1]), x.shape[-1]), axis=-1).astype(jnp.int32)
+
+
 def _per_row(rng) -> bool:
   """Whether `rng` is one key per row (`[batch, 2]` raw keys or `[batch]` typed keys)."""
   typed = jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key)
@@ -96,47 +110,73 @@ def _fold_in(rng, t):
 
 
 @functools.partial(jax.jit, static_argnames=('module', 'max_len', 'prefill_len', 'greedy',
-                                             'top_k', 'use_top_p', 'eos_id'))
+                                             'top_k', 'use_top_p', 'eos_id', 'compact_rows'))
 def _generate(module, params, inputs, prompt, lengths, rng, temperature, top_p, *,
-              max_len, prefill_len, greedy, top_k, use_top_p, eos_id):
-  kind = kind_of(module)
+              max_len, prefill_len, greedy, top_k, use_top_p, eos_id, compact_rows=0):
   logits, cache, encoded, inputs, t0 = start(module, params, inputs, prompt, prefill_len,
                                              max_len)
   batch = prompt.shape[0]
-  positions = jnp.arange(max_len)
-
-  def choose(t, logits, out, done):
-    """Picks (or force-feeds) the token at target index t."""
-    forced, forced_tok = forced_tokens(prompt, lengths, t)
-    chosen = _select(logits, _fold_in(rng, t), temperature, top_p, greedy=greedy,
-                     top_k=top_k, use_top_p=use_top_p)
-    tok = jnp.where(forced, forced_tok, chosen)
-    g = t - lengths  # index among the generated tokens
-    write = (g >= 0) & ~done
-    out = jnp.where((positions[None, :] == g[:, None]) & write[:, None], tok[:, None], out)
-    finished = g >= max_len - 1
-    if eos_id is not None:
-      finished |= write & (tok == eos_id)
-    return tok, out, done | finished
-
-  tok, out, done = choose(t0, logits, jnp.zeros((batch, max_len), jnp.int32),
+  choose = functools.partial(_choose, temperature=temperature, top_p=top_p, greedy=greedy,
+                             top_k=top_k, use_top_p=use_top_p, max_len=max_len, eos_id=eos_id)
+  # The rows' own inputs; one key for the whole batch draws differently for fewer rows.
+  rows = _Rows(encoded, inputs, prompt, lengths, rng if _per_row(rng) else None)
+  tok, out, done = choose(rows, rng, t0, logits, jnp.zeros((batch, max_len), jnp.int32),
                           jnp.zeros((batch,), jnp.bool_))
+  state = (jnp.asarray(t0, jnp.int32), tok, cache, out, done)
+  loop = functools.partial(_generate_loop, module, params, choose, rng)
+  small = compact_rows if greedy or _per_row(rng) else 0
+  state = loop(rows, state, small)
+  if not small:
+    return state[3]
+  keep = unfinished_first(state[4], small)
+  part = loop(take_rows(rows, keep), take_rows(state, keep), 0)
+  return state[3].at[keep].set(part[3])
 
-  def cond(state):
-    return ~jnp.all(state[4])
+
+class _Rows(NamedTuple):
+  """What a decoding loop reads per row (each `[batch, ...]`, or None)."""
+  encoded: Array | None
+  inputs: Array | None
+  prompt: Array
+  lengths: Array
+  rng: Array | None  # one key per row, or None (one key for the batch)
+
+
+def _choose(rows, rng, t, logits, out, done, *, temperature, top_p, greedy, top_k, use_top_p,
+            max_len, eos_id):
+  """Picks (or force-feeds) the token at target index t -> (tok, out, done)."""
+  forced, forced_tok = forced_tokens(rows.prompt, rows.lengths, t)
+  key = _fold_in(rng if rows.rng is None else rows.rng, t)
+  chosen = _select(logits, key, temperature, top_p, greedy=greedy, top_k=top_k,
+                   use_top_p=use_top_p)
+  tok = jnp.where(forced, forced_tok, chosen)
+  g = t - rows.lengths  # index among the generated tokens
+  write = (g >= 0) & ~done
+  positions = jnp.arange(max_len)
+  out = jnp.where((positions[None, :] == g[:, None]) & write[:, None], tok[:, None], out)
+  finished = g >= max_len - 1
+  if eos_id is not None:
+    finished |= write & (tok == eos_id)
+  return tok, out, done | finished
+
+
+def _generate_loop(module, params, choose, rng, rows, state, stop_at: int):
+  """Decoder steps until at most `stop_at` rows are unfinished; state (t, tok, cache, out,
+  done) of `rows`' batch."""
+  kind = kind_of(module)
 
   def body(state):
     t, tok, cache, out, done = state
-    logits, cache = kind.decoder_step(module, params, pin(cache), encoded, inputs, tok[:, None])
-    tok, out, done = choose(t + 1, logits[:, -1], out, done)
+    logits, cache = kind.decoder_step(module, params, pin(cache), rows.encoded, rows.inputs,
+                                      tok[:, None])
+    tok, out, done = choose(rows, rng, t + 1, logits[:, -1], out, done)
     return t + 1, tok, cache, out, done
 
-  state = (jnp.asarray(t0, jnp.int32), tok, cache, out, done)
-  return jax.lax.while_loop(cond, body, state)[3]
+  return jax.lax.while_loop(lambda s: jnp.sum(~s[4]) > stop_at, body, state)
 
 
 def greedy_decode(module, params, inputs=None, *, prompt=None, max_len: int,
-                  eos_id: int | None = EOS_ID) -> Array:
+                  eos_id: int | None = EOS_ID, drop_finished: bool | int = True) -> Array:
   """Greedy decoding -> generated tokens `[batch, max_len]` (EOS kept, zeros after it).
 
   Args:
@@ -149,18 +189,21 @@ def greedy_decode(module, params, inputs=None, *, prompt=None, max_len: int,
     max_len: number of tokens to generate (prompt length + max_len must fit in the
       model's `max_len` positions).
     eos_id: the id that ends a sequence, or None (e.g. character vocabularies).
+    drop_finished: once at most a quarter of the rows (or this many) are unfinished, decode
+      only those (`decode_loop.compact_size`; same tokens). False runs every row to the end
+      of the batch.
   """
   module, params = decoding_model(module, params)
   inputs, prompt, lengths, prefill_len = prepare(module, inputs, prompt, max_len)
   return _generate(module, params, inputs, prompt, lengths, jax.random.PRNGKey(0),
                    jnp.float32(1.0), jnp.float32(1.0), max_len=max_len,
                    prefill_len=prefill_len, greedy=True, top_k=None, use_top_p=False,
-                   eos_id=eos_id)
+                   eos_id=eos_id, compact_rows=compact_size(prompt.shape[0], drop_finished))
 
 
 def sample(module, params, prompt=None, *, inputs=None, rng, max_len: int,
            temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-           eos_id: int | None = EOS_ID) -> Array:
+           eos_id: int | None = EOS_ID, drop_finished: bool | int = True) -> Array:
   """Ancestral sampling -> generated tokens `[batch, max_len]` (EOS kept, zeros after it).
 
   `logits / temperature`, restricted to the `top_k` most likely tokens and/or the nucleus
@@ -168,7 +211,9 @@ def sample(module, params, prompt=None, *, inputs=None, rng, max_len: int,
   the source as `inputs` (a positional argument is taken as the source when `inputs` is
   None). The same `rng` gives the same tokens. `rng` is one key, or one key per row
   (`[batch, 2]`, e.g. from `jax.random.split`): a row's tokens then depend only on its own
-  key and inputs, not on the other rows of the batch or the batch size.
+  key and inputs, not on the other rows of the batch or the batch size. `drop_finished` as in
+  `greedy_decode` (it applies to greedy decoding and to keys per row: one key for the whole
+  batch would draw differently for fewer rows).
   """
   module, params = decoding_model(module, params)
   if kind_of(module).has_source and inputs is None:
@@ -187,14 +232,15 @@ def sample(module, params, prompt=None, *, inputs=None, rng, max_len: int,
                    jnp.float32(temperature if not greedy else 1.0),
                    jnp.float32(1.0 if top_p is None else top_p), max_len=max_len,
                    prefill_len=prefill_len, greedy=greedy, top_k=top_k,
-                   use_top_p=top_p is not None and top_p < 1.0, eos_id=eos_id)
+                   use_top_p=top_p is not None and top_p < 1.0, eos_id=eos_id,
+                   compact_rows=compact_size(prompt.shape[0], drop_finished))
 
 
 # ----------------------------------------------------------------------------- beam search
 
 def beam_search_decode(module, params, inputs=None, *, beam_size: int, alpha: float,
                        max_len: int, prompt=None, eos_id: int | None = EOS_ID,
-                       reorder_cache: bool = False):
+                       reorder_cache: bool = False, drop_finished: bool | int = True):
   """Beam search -> (tokens `[batch, beam, max_len]`, scores `[batch, beam]`), best first.
 
   `scores` are `sum log P(token) / ((5 + len) / 6) ** alpha` of each returned sequence
@@ -203,7 +249,7 @@ def beam_search_decode(module, params, inputs=None, *, beam_size: int, alpha: fl
   `beam_size` distinct sequences exist (tiny vocabularies) the extra entries have score
   -inf and all-zero tokens. Arguments as in `greedy_decode`. `reorder_cache=True` runs the
   reference implementation (one decoder row per hypothesis, caches reordered every step):
-  same results, slower.
+  same results, slower. `drop_finished` as in `greedy_decode` (sentences, not hypotheses).
   """
   module, params = decoding_model(module, params)
   if not isinstance(beam_size, (int, np.integer)) or beam_size <= 0:
@@ -212,7 +258,8 @@ def beam_search_decode(module, params, inputs=None, *, beam_size: int, alpha: fl
   return beam_search.search(module, params, inputs, prompt, lengths, jnp.float32(alpha),
                             beam_size=int(beam_size), max_len=max_len,
                             prefill_len=prefill_len, eos_id=eos_id,
-                            reorder_cache=bool(reorder_cache))
+                            reorder_cache=bool(reorder_cache),
+                            compact_rows=compact_size(prompt.shape[0], drop_finished))
 
 
 # ----------------------------------------------------------------------------- scoring

@@ -98,12 +98,13 @@ class Translator:
 
   `module`/`params` as restored (a `scan_layers` model is unrolled here, once); beam search
   with `beam_size > 1`, else greedy, or sampling with `sampling`; `max_len` generated tokens
-  at most; `batch_size` sentences per decoder call.
+  at most; `batch_size` sentences per decoder call. `drop_finished=False` decodes every
+  sentence of a batch until the batch's last one ends (the plain path, same outputs).
   """
 
   def __init__(self, module, params, *, beam_size: int, alpha: float, max_len: int,
                batch_size: int, eos_id: int | None = decoding.EOS_ID, nbest: int = 1,
-               sampling: Sampling | None = None):
+               sampling: Sampling | None = None, drop_finished: bool | int = True):
     self.module, self.params = decoding_model(module, params)
     if sampling is None and nbest > beam_size:
       raise ValueError(f'nbest={nbest} is more than the beam size {beam_size}')
@@ -112,6 +113,7 @@ class Translator:
     self.beam_size, self.alpha, self.max_len = beam_size, alpha, max_len
     self.batch_size, self.eos_id = batch_size, eos_id
     self.nbest, self.sampling = nbest, sampling
+    self.drop_finished = drop_finished
 
   def __call__(self, sources: Sequence[Sequence[int] | None],
                progress: Callable[[int], None] | None = None) -> list[list[int] | None]:
@@ -158,7 +160,7 @@ class Translator:
     if self.sampling is None and self.beam_size > 1:
       tokens, found = decoding.beam_search_decode(
           self.module, self.params, inputs, beam_size=self.beam_size, alpha=self.alpha,
-          max_len=self.max_len, eos_id=self.eos_id)
+          max_len=self.max_len, eos_id=self.eos_id, drop_finished=self.drop_finished)
       tokens, found = np.asarray(tokens)[:n, :self.nbest], np.asarray(found)[:n, :self.nbest]
       return [[self._beam_hypothesis(t, float(s)) for t, s in zip(tokens[r], found[r], strict=True)
                if np.isfinite(s)] for r in range(n)]
@@ -166,13 +168,13 @@ class Translator:
     rows = np.repeat(inputs, k, axis=0)
     if self.sampling is None:
       tokens = decoding.greedy_decode(self.module, self.params, rows, max_len=self.max_len,
-                                      eos_id=self.eos_id)
+                                      eos_id=self.eos_id, drop_finished=self.drop_finished)
     else:
       s = self.sampling
       tokens = decoding.sample(
           self.module, self.params, inputs=rows, max_len=self.max_len, eos_id=self.eos_id,
           rng=_sample_keys(s.seed, line_ids, k, inputs.shape[0]), temperature=s.temperature,
-          top_k=s.top_k or None, top_p=s.top_p)
+          top_k=s.top_k or None, top_p=s.top_p, drop_finished=self.drop_finished)
     log_probs = (forced_log_probs(self.module, self.params, rows, tokens) if scores
                  else np.full(rows.shape[0], np.nan, np.float32))
     tokens = np.asarray(tokens)
