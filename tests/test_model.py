@@ -21,7 +21,8 @@ def tokens(seed, shape, low=3, high=40):
 
 
 def init(module, *args, **kwargs):
-  return module.init(jax.random.key(0), *args, **kwargs)
+  """`module.init` under jit: one compile instead of an op-by-op run of every initializer."""
+  return jax.jit(functools.partial(module.init, **kwargs))(jax.random.key(0), *args)
 
 
 @pytest.fixture(scope='module')
@@ -332,19 +333,21 @@ def test_scan_layers_equals_unrolled_layers(kind):
     return jnp.sum(module.apply({'params': p}, *args) ** 2) * 1e-3
 
   ref_logits = unrolled.apply({'params': params}, *args)
-  ref_grads = transformer.stack_layer_params(jax.grad(lambda p: loss(unrolled, p))(params))
+  ref_grads = transformer.stack_layer_params(
+      jax.jit(jax.grad(functools.partial(loss, unrolled)))(params))
   for option in ({'scan_layers': True}, {'scan_layers': True, 'remat': True}):
     scanned = build_model({**cfg, **option})
-    # Its own init has the stacked layout.
-    assert (jax.tree.structure(init(scanned, *args)['params'])
-            == jax.tree.structure(stacked))
+    # Its own init has the stacked layout (and the shapes: eval_shape runs nothing).
+    own = jax.eval_shape(functools.partial(init, scanned, *args))['params']
+    assert jax.tree.map(np.shape, own) == jax.tree.map(np.shape, stacked)
     np.testing.assert_allclose(scanned.apply({'params': stacked}, *args), ref_logits, atol=1e-5)
-    grads = jax.grad(functools.partial(loss, scanned))(stacked)
+    grads = jax.jit(jax.grad(functools.partial(loss, scanned)))(stacked)
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads), strict=True):
       np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
   # Dropout draws independent masks in each scanned layer (split RNGs), reproducibly.
   scanned = build_model({**cfg, 'scan_layers': True})
 
+  @jax.jit
   def run(seed):
     return scanned.apply({'params': stacked}, *args, deterministic=False,
                          rngs={'dropout': jax.random.key(seed)})
