@@ -40,6 +40,8 @@ Array = jax.Array
 
 # Cache leaves that hold one row per hypothesis and follow the beams (see layers.py).
 _BEAM_CACHE_LEAVES = ('cached_key', 'cached_value')
+# The slot layout's first steps attend over a cache of this many steps (`_slot_search`).
+FIRST_WINDOW = 16
 
 
 class Beams(NamedTuple):
@@ -151,12 +153,16 @@ class _Stepper:
 
 
 @functools.partial(jax.jit, static_argnames=('module', 'beam_size', 'max_len', 'prefill_len',
-                                             'eos_id', 'reorder_cache', 'compact_rows'))
+                                             'eos_id', 'reorder_cache', 'compact_rows',
+                                             'first_window'))
 def search(module, params, inputs, prompt, lengths, alpha, *, beam_size, max_len,
-           prefill_len, eos_id=EOS_ID, reorder_cache=False, compact_rows=0):
+           prefill_len, eos_id=EOS_ID, reorder_cache=False, compact_rows=(),
+           first_window=FIRST_WINDOW):
   """-> (tokens `[batch, k, max_len]`, scores `[batch, k]`), best first (arguments prepared
-  by `decode_loop.prepare`). With `compact_rows` > 0 the slot layout's loop goes on with the
-  unfinished sentences only once they are at most that many (`decode_loop.compact_size`)."""
+  by `decode_loop.prepare`). With `compact_rows` (a tuple of decreasing row counts) the slot
+  layout's loop goes on with the unfinished sentences only once they are at most that many,
+  in stages (`decode_loop.compact_sizes`);
+  its first `first_window` steps attend over a cache of that many steps (0: the whole cache)."""
   step = _Stepper(prompt, lengths, alpha, beam_size, max_len, eos_id)
   beams = Beams.initial(prompt.shape[0], beam_size, max_len)
   if reorder_cache:
@@ -164,12 +170,13 @@ def search(module, params, inputs, prompt, lengths, alpha, *, beam_size, max_len
                               step, beams)
   else:
     beams = _slot_search(module, params, inputs, prompt, prefill_len, max_len, beam_size, step,
-                         beams, compact_rows)
+                         beams, compact_rows, first_window)
   fin_seq = jnp.where(jnp.isfinite(beams.fin_score)[:, :, None], beams.fin_seq, 0)
   return fin_seq, beams.fin_score
 
 
-def _slot_search(module, params, inputs, prompt, prefill_len, max_len, k, step, beams, small):
+def _slot_search(module, params, inputs, prompt, prefill_len, max_len, k, step, beams, sizes,
+                 window):
   """The decoder runs a sentence's k hypotheses as k queries of one batch row (`[batch, k]`).
 
   The self-attention cache of a row holds the keys/values of all its hypotheses: the first
@@ -179,28 +186,60 @@ def _slot_search(module, params, inputs, prompt, prefill_len, max_len, k, step, 
   `visible` `[batch, k, cache_len]` marks the positions holding each hypothesis' ancestors,
   and the attention mask shows each query only those. Reordering `visible` is a gather of
   booleans. The encoder keys/values are also kept once per sentence, not once per beam,
-  and the first call (all beams equal) runs one row per sentence. With `small` > 0, once at
-  most `small` sentences are unfinished the loop goes on with those rows only.
+  and the first call (all beams equal) runs one row per sentence.
+
+  Each step attends over the whole cache, k positions per step of `max_len`, most of them
+  still empty early on: the first `window` steps run on a cache of `n0 + k * window`
+  positions, then it is padded to full length (on test2016, beam 4, 64 generated tokens at
+  most: 65 positions instead of 253 for the steps most sentences need). Once at most
+  `sizes[0]` sentences are unfinished the loop goes on with those rows only, and so on.
   """
   n0 = 1 + prefill_len
-  cache_len = n0 + k * (prompt.shape[1] + max_len - n0)  # the loop's most decoder calls
+  calls = prompt.shape[1] + max_len - n0  # the loop's most decoder calls
+  window = window if 0 < window < calls else calls
   logits, cache, encoded, inputs, t0 = start(module, params, inputs, prompt, prefill_len,
-                                             max_len, cache_len=cache_len)
+                                             max_len, cache_len=n0 + k * window)
   beams = step(t0, logits[:, None], beams)
-  visible = jnp.broadcast_to(jnp.arange(cache_len) < n0, (prompt.shape[0], k, cache_len))
+  visible = jnp.broadcast_to(jnp.arange(n0 + k * window) < n0, (prompt.shape[0], k,
+                                                                n0 + k * window))
   state = (jnp.asarray(t0, jnp.int32), cache, visible, beams)
   loop = functools.partial(_slot_loop, module, params, n0, t0)
-  state = loop(step, encoded, inputs, state, small)
-  if not small:
+  first = sizes[0] if sizes else 0
+  state = loop(step, encoded, inputs, state, first, window)
+  if window < calls:
+    state = loop(step, encoded, inputs, _grow(state, n0 + k * calls), first, calls)
+  return _compacted(loop, step, encoded, inputs, state, sizes, calls)
+
+
+def _compacted(loop, step, encoded, inputs, state, sizes, calls):
+  """The beams of `state` once each later stage of `sizes` has run on the unfinished
+  sentences of the stage before (`decode_loop.in_stages`, with the slot loop's arguments)."""
+  if not sizes:
     return state[3]
-  keep = unfinished_first(state[3].done, small)
-  part = loop(step.take(keep), *take_rows((encoded, inputs), keep), take_rows(state, keep), 0)
-  return put_rows(state[3], keep, part[3])
+  keep = unfinished_first(state[3].done, sizes[0])
+  step, (encoded, inputs), part = step.take(keep), take_rows((encoded, inputs), keep), \
+      take_rows(state, keep)
+  part = loop(step, encoded, inputs, part, sizes[1] if len(sizes) > 1 else 0, calls)
+  return put_rows(state[3], keep, _compacted(loop, step, encoded, inputs, part, sizes[1:], calls))
 
 
-def _slot_loop(module, params, n0, t0, step, encoded, inputs, state, stop_at: int):
-  """`_slot_search`'s decoder steps until at most `stop_at` sentences are unfinished; state
-  (t, cache, visible, beams) of a batch of sentences."""
+def _grow(state, cache_len: int):
+  """The slot state (t, cache, visible, beams) with its self-attention caches (and `visible`)
+  padded to `cache_len` positions (empty, invisible)."""
+  t, cache, visible, beams = state
+  pad = cache_len - visible.shape[-1]
+
+  def grow(path, x):
+    if getattr(path[-1], 'key', None) not in _BEAM_CACHE_LEAVES:
+      return x
+    return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)])  # positions last (layers.py)
+  cache = jax.tree_util.tree_map_with_path(grow, cache)
+  return t, cache, jnp.pad(visible, ((0, 0), (0, 0), (0, pad))), beams
+
+
+def _slot_loop(module, params, n0, t0, step, encoded, inputs, state, stop_at: int, calls: int):
+  """`_slot_search`'s decoder steps until at most `stop_at` sentences are unfinished or
+  `calls` loop calls are done (the cache is full); state (t, cache, visible, beams)."""
   kind = kind_of(module)
   batch, k, cache_len = state[2].shape
 
@@ -216,7 +255,10 @@ def _slot_loop(module, params, n0, t0, step, encoded, inputs, state, stop_at: in
     visible = jnp.take_along_axis(mask, beams.origin[:, :, None], axis=1)  # the parents' view
     return t + 1, cache, visible, beams
 
-  return jax.lax.while_loop(lambda s: jnp.sum(~s[3].done) > stop_at, body, state)
+  def cond(state):
+    return (jnp.sum(~state[3].done) > stop_at) & (state[0] - t0 < calls)
+
+  return jax.lax.while_loop(cond, body, state)
 
 
 def _reordered_search(module, params, inputs, prompt, prefill_len, max_len, k, step, beams):

@@ -154,21 +154,42 @@ def forced_tokens(prompt, lengths, t):
 
 # ----------------------------------------------------------------------------- finished rows
 
-def compact_size(batch: int, drop_finished: bool | int = True) -> int:
-  """Rows of a decoding loop's second stage, which runs on the unfinished rows only (0: none).
+def compact_sizes(batch: int, drop_finished: bool | int | tuple = True) -> tuple[int, ...]:
+  """Rows of a decoding loop's later stages, each run on the unfinished rows of the stage
+  before it (() : one stage, every row to the end of the batch).
 
   A batch runs until its longest output ends, so once most rows have finished, most of each
   step is spent on rows whose result is final (on test2016, batch 64: about half of all row
   steps). With `drop_finished=True` the loop runs on all rows until at most a quarter are
-  unfinished, then on those; an int n > 0 sets that number of rows; False (or 0): no second
-  stage.
+  unfinished, then on those until at most a quarter of them are, and so on down to 2 rows
+  (64 -> 16 -> 4); an int n > 0 gives one later stage of n rows, a tuple the stages' rows
+  (decreasing); False (or 0): one stage.
   """
   if drop_finished is True:
-    return batch // 4 if batch >= 8 else 0
-  rows = int(drop_finished)
-  if rows < 0:
-    raise ValueError(f'drop_finished must be a bool or a number of rows >= 0, got {rows}')
-  return rows if rows < batch else 0
+    sizes = []
+    while batch >= 8:
+      batch //= 4
+      sizes.append(batch)
+    return tuple(sizes)
+  sizes = tuple(int(n) for n in drop_finished) if isinstance(drop_finished, (tuple, list)) \
+      else (int(drop_finished),)
+  if any(n < 0 for n in sizes):
+    raise ValueError(f'drop_finished must be a bool or numbers of rows >= 0, got {drop_finished}')
+  if any(b >= a for a, b in zip(sizes, sizes[1:], strict=False)):
+    raise ValueError(f'drop_finished stages must decrease, got {drop_finished}')
+  return tuple(n for n in sizes if 0 < n < batch)
+
+
+def in_stages(loop, rows, state, sizes: tuple[int, ...], done, result):
+  """`loop(rows, state, stop_at)` over the whole batch until at most `sizes[0]` rows are
+  unfinished, then over those rows only (and so on for the later sizes) -> `result(state)`
+  with every row's final value. `done(state)` `[batch]` says which rows are finished."""
+  state = loop(rows, state, sizes[0] if sizes else 0)
+  if not sizes:
+    return result(state)
+  keep = unfinished_first(done(state), sizes[0])
+  part = in_stages(loop, take_rows(rows, keep), take_rows(state, keep), sizes[1:], done, result)
+  return put_rows(result(state), keep, part)
 
 
 def unfinished_first(done, n: int):

@@ -43,16 +43,15 @@ from inference.decode_loop import (
   EOS_ID,
   NEG_INF,
   PAD_ID,
-  compact_size,
+  compact_sizes,
   decoding_model,
   forced_tokens,
+  in_stages,
   length_penalty,
   pin,
   prepare,
   prompt_lengths,
   start,
-  take_rows,
-  unfinished_first,
 )
 from model.kinds import kind_of
 
@@ -112,7 +111,7 @@ def _fold_in(rng, t):
 @functools.partial(jax.jit, static_argnames=('module', 'max_len', 'prefill_len', 'greedy',
                                              'top_k', 'use_top_p', 'eos_id', 'compact_rows'))
 def _generate(module, params, inputs, prompt, lengths, rng, temperature, top_p, *,
-              max_len, prefill_len, greedy, top_k, use_top_p, eos_id, compact_rows=0):
+              max_len, prefill_len, greedy, top_k, use_top_p, eos_id, compact_rows=()):
   logits, cache, encoded, inputs, t0 = start(module, params, inputs, prompt, prefill_len,
                                              max_len)
   batch = prompt.shape[0]
@@ -124,13 +123,8 @@ def _generate(module, params, inputs, prompt, lengths, rng, temperature, top_p, 
                           jnp.zeros((batch,), jnp.bool_))
   state = (jnp.asarray(t0, jnp.int32), tok, cache, out, done)
   loop = functools.partial(_generate_loop, module, params, choose, rng)
-  small = compact_rows if greedy or _per_row(rng) else 0
-  state = loop(rows, state, small)
-  if not small:
-    return state[3]
-  keep = unfinished_first(state[4], small)
-  part = loop(take_rows(rows, keep), take_rows(state, keep), 0)
-  return state[3].at[keep].set(part[3])
+  sizes = compact_rows if greedy or _per_row(rng) else ()
+  return in_stages(loop, rows, state, sizes, done=lambda s: s[4], result=lambda s: s[3])
 
 
 class _Rows(NamedTuple):
@@ -189,16 +183,16 @@ def greedy_decode(module, params, inputs=None, *, prompt=None, max_len: int,
     max_len: number of tokens to generate (prompt length + max_len must fit in the
       model's `max_len` positions).
     eos_id: the id that ends a sequence, or None (e.g. character vocabularies).
-    drop_finished: once at most a quarter of the rows (or this many) are unfinished, decode
-      only those (`decode_loop.compact_size`; same tokens). False runs every row to the end
-      of the batch.
+    drop_finished: once at most a quarter of the rows are unfinished, decode only those, and
+      so on (`decode_loop.compact_sizes`: an int or a tuple sets the stages' rows; same
+      tokens). False runs every row to the end of the batch.
   """
   module, params = decoding_model(module, params)
   inputs, prompt, lengths, prefill_len = prepare(module, inputs, prompt, max_len)
   return _generate(module, params, inputs, prompt, lengths, jax.random.PRNGKey(0),
                    jnp.float32(1.0), jnp.float32(1.0), max_len=max_len,
                    prefill_len=prefill_len, greedy=True, top_k=None, use_top_p=False,
-                   eos_id=eos_id, compact_rows=compact_size(prompt.shape[0], drop_finished))
+                   eos_id=eos_id, compact_rows=compact_sizes(prompt.shape[0], drop_finished))
 
 
 def sample(module, params, prompt=None, *, inputs=None, rng, max_len: int,
@@ -233,7 +227,7 @@ def sample(module, params, prompt=None, *, inputs=None, rng, max_len: int,
                    jnp.float32(1.0 if top_p is None else top_p), max_len=max_len,
                    prefill_len=prefill_len, greedy=greedy, top_k=top_k,
                    use_top_p=top_p is not None and top_p < 1.0, eos_id=eos_id,
-                   compact_rows=compact_size(prompt.shape[0], drop_finished))
+                   compact_rows=compact_sizes(prompt.shape[0], drop_finished))
 
 
 # ----------------------------------------------------------------------------- beam search
@@ -259,7 +253,7 @@ def beam_search_decode(module, params, inputs=None, *, beam_size: int, alpha: fl
                             beam_size=int(beam_size), max_len=max_len,
                             prefill_len=prefill_len, eos_id=eos_id,
                             reorder_cache=bool(reorder_cache),
-                            compact_rows=compact_size(prompt.shape[0], drop_finished))
+                            compact_rows=compact_sizes(prompt.shape[0], drop_finished))
 
 
 # ----------------------------------------------------------------------------- scoring

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from inference import decoding
-from inference.decode_loop import compact_size
+from inference import beam_search, decoding
+from inference.decode_loop import compact_sizes, prepare
 from inference.translator import Translator
 from model import ModelConfig, build_model
 from model.kinds import kind_of
@@ -62,11 +62,16 @@ def _greedy_eos(module, params, **inputs) -> int:
                                             drop_finished=False, **inputs))
 
 
-def test_compact_size():
-  assert [compact_size(b) for b in (4, 8, 64)] == [0, 2, 16]
-  assert [compact_size(64, d) for d in (False, 0, 5, 64, 100)] == [0, 0, 5, 0, 0]
-  with pytest.raises(ValueError, match='drop_finished'):
-    compact_size(8, -1)
+STAGES = (ROWS, 4, 2)  # drop_finished=STAGES: then on 4 rows, then on 2
+
+
+def test_compact_sizes():
+  assert [compact_sizes(b) for b in (4, 8, 64, 128)] == [(), (2,), (16, 4), (32, 8, 2)]
+  assert [compact_sizes(64, d) for d in (False, 0, 5, 64, 100)] == [(), (), (5,), (), ()]
+  assert compact_sizes(64, [100, 16, 3]) == (16, 3)
+  for bad in (-1, (8, 8), (4, 8)):
+    with pytest.raises(ValueError, match='drop_finished'):
+      compact_sizes(64, bad)
 
 
 def test_greedy_drops_finished_rows_with_the_same_tokens():
@@ -76,7 +81,7 @@ def test_greedy_drops_finished_rows_with_the_same_tokens():
   kw = {'max_len': MAX_LEN, 'eos_id': eos}
   plain = np.asarray(decoding.greedy_decode(module, params, src, drop_finished=False, **kw))
   assert _second_stage_runs(_steps(plain, eos))
-  for drop in (ROWS, True):  # True: compact_size(BATCH) rows
+  for drop in (ROWS, True, STAGES):  # True: compact_sizes(BATCH) rows
     fast = decoding.greedy_decode(module, params, src, drop_finished=drop, **kw)
     np.testing.assert_array_equal(np.asarray(fast), plain)
 
@@ -87,14 +92,15 @@ def test_beam_search_drops_finished_sentences_with_the_same_results(beam_size):
   src = _sources(seed=1)
   eos = _greedy_eos(module, params, inputs=src)
   kw = {'beam_size': beam_size, 'alpha': 0.6, 'max_len': MAX_LEN, 'eos_id': eos}
-  tokens, scores = decoding.beam_search_decode(module, params, src, drop_finished=ROWS, **kw)
   ref_tokens, ref_scores = decoding.beam_search_decode(module, params, src,
                                                        drop_finished=False, **kw)
   if beam_size == 1:  # beam 1 ends a sentence when greedy decoding ends it
     assert _second_stage_runs(_steps(ref_tokens[:, 0], eos))
-  np.testing.assert_array_equal(np.asarray(tokens), np.asarray(ref_tokens))
-  # Fewer rows may round the matmuls differently (last bits); the tokens are the same.
-  np.testing.assert_allclose(np.asarray(scores), np.asarray(ref_scores), rtol=1e-5, atol=1e-6)
+  for drop in (ROWS, STAGES):
+    tokens, scores = decoding.beam_search_decode(module, params, src, drop_finished=drop, **kw)
+    np.testing.assert_array_equal(np.asarray(tokens), np.asarray(ref_tokens))
+    # Fewer rows may round the matmuls differently (last bits); the tokens are the same.
+    np.testing.assert_allclose(np.asarray(scores), np.asarray(ref_scores), rtol=1e-5, atol=1e-6)
 
 
 def test_decoder_only_prompts_of_different_lengths_drop_finished_rows():
@@ -123,6 +129,27 @@ def test_sampling_with_keys_per_row_drops_finished_rows_with_the_same_samples():
   plain = decoding.sample(module, params, eos_id=eos, drop_finished=False, **kw)
   assert _second_stage_runs(_steps(plain, eos))
   np.testing.assert_array_equal(np.asarray(fast), np.asarray(plain))
+
+
+@pytest.mark.parametrize('kind', ['encoder_decoder', 'decoder_only'])
+def test_beam_search_first_window_gives_the_same_results(kind):
+  """The slot layout's first steps on a shorter cache, then the whole one: same results."""
+  module, params = _model(kind, seed=5)
+  if kind == 'encoder_decoder':
+    inputs, prompt = _sources(seed=5), None
+  else:  # a prefilled prompt prefix (n0 > 1) and force-fed tokens
+    inputs, prompt = None, np.array([[4, 5, 6], [7, 8, 0], [9, 0, 0]] * 4, np.int32)
+  eos = _greedy_eos(module, params, **({'inputs': inputs} if prompt is None else
+                                      {'prompt': prompt}))
+  args = prepare(module, inputs, prompt, MAX_LEN)
+  kw = {'beam_size': 3, 'max_len': MAX_LEN, 'prefill_len': args[3], 'eos_id': eos}
+  found = [beam_search.search(module, params, *args[:3], jnp.float32(0.6), first_window=w,
+                              compact_rows=rows, **kw)
+           for w, rows in ((0, ()), (2, ()), (3, STAGES))]
+  for tokens, scores in found[1:]:
+    np.testing.assert_array_equal(np.asarray(tokens), np.asarray(found[0][0]))
+    np.testing.assert_allclose(np.asarray(scores), np.asarray(found[0][1]), rtol=1e-5,
+                               atol=1e-6)
 
 
 def test_translator_drop_finished_option_gives_the_same_hypotheses():
