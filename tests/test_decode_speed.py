@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from inference import decoding
-from inference.decode_loop import compact_size
-from inference.translator import Translator
+from autoregressive import decoding
+from autoregressive.decode_loop import compact_size
+from autoregressive.translator import Translator
 from model import ModelConfig, build_model
 from model.kinds import kind_of
 
