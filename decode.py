@@ -138,8 +138,8 @@ def restore(workdir: str, step: int | None, average_last: int, mesh=None):
 
 def encode_sources(tokenizer, lines, max_source_len: int):
   """Token ids per line (EOS-terminated); empty lines -> None; long ones truncated (with a
-  warning) by the rule of `inference.translator.truncate`."""
-  from inference import translator  # pylint: disable=import-outside-toplevel
+  warning) by the rule of `autoregressive.translator.truncate`."""
+  from autoregressive import translator  # pylint: disable=import-outside-toplevel
   out = []
   for number, line in enumerate(lines, start=1):
     ids = list(tokenizer.encode(line)) if line.strip() else None

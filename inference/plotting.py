@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from inference.decode_loop import decoding_model
+from autoregressive.decode_loop import decoding_model
 from model import transformer
 from model.kinds import kind_of
 

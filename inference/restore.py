@@ -20,7 +20,7 @@ import time
 
 import jax
 
-from inference.decode_loop import decoding_model
+from autoregressive.decode_loop import decoding_model
 from input_pipeline import tokenizers
 from model import ConfigError, build_model, partitioning
 from model.kinds import kind_of

@@ -22,15 +22,15 @@ from collections.abc import Callable, Sequence
 
 import jax
 
-from inference import restore as restore_lib
-from inference.scoring import score_references
-from inference.translator import (
+from autoregressive.scoring import score_references
+from autoregressive.translator import (
   Hypothesis,
   Sampling,
   Translator,
   generate as generate_ids,
   truncate,
 )
+from inference import restore as restore_lib
 from model.kinds import kind_of
 
 

@@ -1,9 +1,10 @@
-"""Deprecated: moved to `inference.beam_search`;
-everything after training lives in `inference/`. This module is now that one."""
+"""Deprecated: moved to `autoregressive.beam_search`
+(the search over the KV cache); this module is now that one."""
 
 import importlib
 import sys
 import warnings
 
-warnings.warn('model.beam_search moved to inference.beam_search', DeprecationWarning, stacklevel=2)
-sys.modules[__name__] = importlib.import_module('inference.beam_search')
+warnings.warn('model.beam_search moved to autoregressive.beam_search', DeprecationWarning,
+              stacklevel=2)
+sys.modules[__name__] = importlib.import_module('autoregressive.beam_search')

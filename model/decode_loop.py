@@ -1,9 +1,10 @@
-"""Deprecated: moved to `inference.decode_loop`;
-everything after training lives in `inference/`. This module is now that one."""
+"""Deprecated: moved to `autoregressive.decode_loop`
+(the search over the KV cache); this module is now that one."""
 
 import importlib
 import sys
 import warnings
 
-warnings.warn('model.decode_loop moved to inference.decode_loop', DeprecationWarning, stacklevel=2)
-sys.modules[__name__] = importlib.import_module('inference.decode_loop')
+warnings.warn('model.decode_loop moved to autoregressive.decode_loop', DeprecationWarning,
+              stacklevel=2)
+sys.modules[__name__] = importlib.import_module('autoregressive.decode_loop')

@@ -1,7 +1,7 @@
-"""Moved to `inference.decoding` (decoding is part of the inference package); this name is the
+"""Moved to `autoregressive.decoding` (the search over the KV cache); this name is the
 public contract (`model.decoding.greedy_decode`, ...) and keeps working."""
 
-from inference.decoding import (  # noqa: F401
+from autoregressive.decoding import (  # noqa: F401
                                 EOS_ID,
                                 PAD_ID,
                                 beam_search_decode,

@@ -1,9 +1,10 @@
-"""Deprecated: moved to `inference.translator`;
-everything after training lives in `inference/`. This module is now that one."""
+"""Deprecated: moved to `autoregressive.translator`
+(the search over the KV cache); this module is now that one."""
 
 import importlib
 import sys
 import warnings
 
-warnings.warn('model.inference moved to inference.translator', DeprecationWarning, stacklevel=2)
-sys.modules[__name__] = importlib.import_module('inference.translator')
+warnings.warn('model.inference moved to autoregressive.translator', DeprecationWarning,
+              stacklevel=2)
+sys.modules[__name__] = importlib.import_module('autoregressive.translator')

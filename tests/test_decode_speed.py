@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from inference import beam_search, decoding
-from inference.decode_loop import compact_sizes, prepare
-from inference.translator import Translator
+from autoregressive import beam_search, decoding
+from autoregressive.decode_loop import compact_sizes, prepare
+from autoregressive.translator import Translator
 from model import ModelConfig, build_model
 from model.kinds import kind_of
 

@@ -360,7 +360,7 @@ def test_scan_layers_model_decodes_like_the_unrolled_model(kind):
 def test_block_top_k_equals_lax_top_k_ties_included():
   """The block path of beam search's top-k (taken when k x vocab >= 2 blocks per beam, i.e.
   for any real vocabulary) gives `lax.top_k`'s values and indices, ties in index order."""
-  from inference.beam_search import top_k  # pylint: disable=import-outside-toplevel
+  from autoregressive.beam_search import top_k  # pylint: disable=import-outside-toplevel
   rng = np.random.RandomState(0)
   x = jnp.asarray(rng.randint(0, 40, (5, 1024)).astype(np.float32))  # many ties
   x = x.at[1].set(-jnp.inf).at[1, 700].set(3.0)  # one finite entry in a row
@@ -372,7 +372,7 @@ def test_block_top_k_equals_lax_top_k_ties_included():
 
 
 def test_pin_is_a_barrier_on_the_cross_attention_cache_only():
-  from inference.decode_loop import pin  # pylint: disable=import-outside-toplevel
+  from autoregressive.decode_loop import pin  # pylint: disable=import-outside-toplevel
   module, params = _model()
   src = _sources()
   encoded = module.apply({'params': params}, src, method=module.encode)

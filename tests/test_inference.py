@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import inference
-from inference import decoding, streaming
+from autoregressive import decoding
+from inference import streaming
 from model import ModelConfig, build_model
 from model.kinds import kind_of
 
@@ -75,12 +76,17 @@ def test_public_names():
   # The moved modules still import, with a DeprecationWarning (model.decoding: none).
   code = ('import warnings; warnings.simplefilter("error"); import model.decoding\n'
           'for name in ("model.inference", "model.plotting", "model.beam_search", '
-          '"model.decode_loop", "training.restore"):\n'
-          '  try:\n    __import__(name)\n  except DeprecationWarning:\n    print(name)')
+          '"model.decode_loop", "training.restore", "inference.decoding", '
+          '"inference.decode_loop", "inference.beam_search", "inference.translator", '
+          '"inference.scoring"):\n'
+          '  try:\n    __import__(name)\n  except DeprecationWarning:\n    print(name)\n'
+          'warnings.simplefilter("ignore"); import inference.scoring as old, autoregressive\n'
+          'print(old is autoregressive.scoring)')  # the search moved below training
   out = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True,
                        check=True, env={**os.environ, 'JAX_PLATFORMS': 'cpu'}).stdout.split()
   assert out == ['model.inference', 'model.plotting', 'model.beam_search', 'model.decode_loop',
-                 'training.restore']
+                 'training.restore', 'inference.decoding', 'inference.decode_loop',
+                 'inference.beam_search', 'inference.translator', 'inference.scoring', 'True']
 
 
 def test_nbest_is_best_first_with_consistent_scores(mt):

@@ -1,9 +1,9 @@
 """Evaluation during training: validation loss/accuracy/perplexity and BLEU.
 
 `evaluate` runs the jitted eval step over the (padded) validation batches of every process.
-`translate` decodes raw source sentences with the inference package
-(`inference.Translator`: the path `decode.py` takes too) on this process's devices only, and
-`bleu` scores them with sacreBLEU on detokenized text.
+`translate` decodes raw source sentences with the KV-cache search
+(`autoregressive.translator.Translator`: the path `decode.py` takes too) on this process's
+devices only, and `bleu` scores them with sacreBLEU on detokenized text.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def evaluate(eval_step: Callable, params: Any, batches: Iterable[dict[str, np.nd
 
 
 def translate(translator, tokenizer, sources: Sequence[str]) -> list[str]:
-  """Detokenized translations of `sources` by an `inference.Translator`."""
+  """Detokenized translations of `sources` by an `autoregressive.translator.Translator`."""
   return [tokenizer.decode(ids) for ids in translator([tokenizer.encode(s) for s in sources])]
 
 

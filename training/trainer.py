@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 
-import inference
+from autoregressive.translator import Translator
 from model import build_model
 from model.kinds import kind_of
 from training import (
@@ -256,7 +256,7 @@ class _Run:
     examples = list(self.datasets.eval_examples())[:dec.num_eval_sentences]
     if not examples:
       return None, ''
-    translator = inference.Translator(  # a scan_layers model is unrolled here, once
+    translator = Translator(  # a scan_layers model is unrolled here, once
         self.module, params, beam_size=dec.beam_size,
         alpha=dec.alpha, max_len=min(dec.max_len, self.model_config.max_len),
         batch_size=min(dec.batch_size, len(examples)), eos_id=self.datasets.tokenizer.eos_id)

@@ -1,0 +1,206 @@
+"""The pieces every decoding loop shares (`autoregressive.decoding`, `.beam_search`): the model
+to decode with (`decoding_model`: the one place a `scan_layers` model is unrolled), argument
+checks, the first decoder call outside the loop, forced prompt tokens, the length penalty.
+
+The model-kind specifics (encoding a source, the cache, one decoder step) come from the
+kind's adapter (`model.kinds`).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from model import transformer
+from model.kinds import kind_of
+
+Array = jax.Array
+
+PAD_ID = 0
+EOS_ID = 1
+NEG_INF = -np.inf
+
+
+def length_penalty(length: Array, alpha: float) -> Array:
+  """GNMT length penalty `((5 + length) / 6) ** alpha`."""
+  return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+
+
+def decoding_model(module, params):
+  """(module, params) to decode or plot with. Accepts the params tree or `{'params': tree}`. A
+  `scan_layers` model runs unrolled, so that every layer has its own KV cache and its own
+  sown attention weights (same weights, same results). Every inference path goes through
+  here: `inference.restore` and `Translator` unroll once, and the decoding functions' own call
+  is then a no-op."""
+  if (isinstance(params, dict) or hasattr(params, 'keys')) and set(params.keys()) == {'params'}:
+    params = params['params']
+  return transformer.unrolled(module, params)
+
+
+def prompt_lengths(prompt):
+  """Per-row length of a right-padded prompt: the index of the last non-pad token + 1."""
+  xp = np if isinstance(prompt, np.ndarray) else jnp
+  width = prompt.shape[1]
+  if width == 0:
+    return xp.zeros((prompt.shape[0],), xp.int32)
+  cols = xp.arange(1, width + 1)[None, :]
+  return xp.max(xp.where(prompt != PAD_ID, cols, 0), axis=1).astype(xp.int32)
+
+
+def _as_2d(x, name: str):
+  x = x if hasattr(x, 'shape') else np.asarray(x)
+  if x.ndim != 2:
+    raise ValueError(f'{name} must be [batch, len], got shape {x.shape}')
+  return x
+
+
+def _check_positions(cfg, what: str, length: int, hint: str = '') -> None:
+  if length > cfg.max_len and cfg.positional_encoding != 'rope':
+    raise ValueError(f"{what} need {length} positions > the model's max_len {cfg.max_len}{hint}")
+
+
+def prepare(module, inputs, prompt, max_len: int):
+  """Validates and normalises the arguments -> (inputs, prompt, lengths, prefill_len).
+
+  Works on host or device arrays, and on tracers (when the caller jits around us); the
+  prefill length (a static shape) needs concrete prompt values, else it is 0.
+  """
+  kind, cfg = kind_of(module), module.config
+  if not kind.has_decoder:
+    raise ValueError(f'decoding needs a decoder: this is an {kind.name} model')
+  if not isinstance(max_len, (int, np.integer)) or max_len <= 0:
+    raise ValueError(f'max_len must be a positive integer, got {max_len!r}')
+  if kind.has_source:
+    if inputs is None:
+      raise ValueError(f'an {kind.name} model needs `inputs` `[batch, src_len]`')
+    inputs = _as_2d(inputs, 'inputs')
+    _check_positions(cfg, 'the inputs', inputs.shape[1], '; truncate them')
+    if prompt is None:
+      prompt = np.zeros((inputs.shape[0], 0), np.int32)
+  else:
+    if prompt is None:
+      prompt, inputs = inputs, None
+    if inputs is not None:
+      raise ValueError(f'a {kind.name} model takes a `prompt`, not `inputs`')
+    if prompt is None:
+      raise ValueError(f'a {kind.name} model needs a `prompt` `[batch, len]` (it may have '
+                       'length 0)')
+  prompt = _as_2d(prompt, 'prompt')
+  if inputs is not None and inputs.shape[0] != prompt.shape[0]:
+    raise ValueError(f'inputs batch {inputs.shape[0]} != prompt batch {prompt.shape[0]}')
+  _check_positions(cfg, f'prompt length {prompt.shape[1]} + max_len {max_len}',
+                   prompt.shape[1] + max_len)
+  prefill_len = 0
+  if prompt.shape[1] and not isinstance(prompt, jax.core.Tracer):
+    prefill_len = int(prompt_lengths(np.asarray(prompt)).min())
+  prompt = jnp.asarray(prompt, jnp.int32)
+  if inputs is not None:
+    inputs = jnp.asarray(inputs, jnp.int32)
+  return inputs, prompt, prompt_lengths(prompt), prefill_len
+
+
+def start(module, params, inputs, prompt, prefill_len, max_len, batch_repeat=1,
+          cache_len=None):
+  """Encodes, makes the cache and runs the first decoder call, outside the loop.
+
+  The decoder reads `[0] + prompt`; the first call feeds the start token and the prompt
+  prefix that every row shares in length (`prefill_len` tokens: one call, not one per
+  token); longer prompts are force-fed inside the loop. (The first call also projects the
+  encoder keys/values into the cache, which changes its structure: it cannot be a loop
+  step.) With `batch_repeat=k` every row is repeated k times (beam search), after encoding.
+  `cache_len` defaults to one cache position per decoder input.
+  Returns (logits `[batch*k, vocab]` predicting target index t, cache, encoded, inputs, t).
+  """
+  kind = kind_of(module)
+  encoded = None if inputs is None else kind.encode(module, params, inputs)
+  batch = prompt.shape[0]
+  if batch_repeat > 1:
+    rep = lambda x: None if x is None else jnp.repeat(x, batch_repeat, axis=0)  # noqa: E731
+    encoded, inputs = rep(encoded), rep(inputs)
+  if cache_len is None:
+    cache_len = prompt.shape[1] + max_len
+  cache = kind.init_cache(module, encoded, inputs, batch * batch_repeat, cache_len)
+  first = jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), prompt[:, :prefill_len]], axis=1)
+  if batch_repeat > 1:
+    first = jnp.repeat(first, batch_repeat, axis=0)
+  logits, cache = kind.decoder_step(module, params, cache, encoded, inputs, first)
+  return logits[:, -1], cache, encoded, inputs, prefill_len
+
+
+def pin(cache):
+  """Keeps XLA from hoisting views of the loop-invariant cross-attention cache out of the loop.
+
+  The encoder keys/values do not change inside the decoding loop, so XLA's loop-invariant
+  code motion moves their heads-major -> `[batch, len, heads, head_dim]` view (a transpose)
+  out of the loop and then has to transpose them back, physically, at every step for the
+  attention matmuls (measured on CPU). An optimization barrier on them at the top of the loop
+  body stops that; it changes no value.
+  """
+  def barrier(path, x):
+    name = getattr(path[-1], 'key', None)
+    return jax.lax.optimization_barrier(x) if name in ('cross_key', 'cross_value') else x
+  return jax.tree_util.tree_map_with_path(barrier, cache)
+
+
+def forced_tokens(prompt, lengths, t):
+  """(forced `[batch]` bool, the prompt token at target index t `[batch]`)."""
+  forced = t < lengths
+  if prompt.shape[1] == 0:
+    return forced, jnp.zeros_like(lengths)
+  return forced, prompt[:, jnp.minimum(t, prompt.shape[1] - 1)]
+
+
+# ----------------------------------------------------------------------------- finished rows
+
+def compact_sizes(batch: int, drop_finished: bool | int | tuple = True) -> tuple[int, ...]:
+  """Rows of a decoding loop's later stages, each run on the unfinished rows of the stage
+  before it (() : one stage, every row to the end of the batch).
+
+  A batch runs until its longest output ends, so once most rows have finished, most of each
+  step is spent on rows whose result is final (on test2016, batch 64: about half of all row
+  steps). With `drop_finished=True` the loop runs on all rows until at most a quarter are
+  unfinished, then on those until at most a quarter of them are, and so on down to 2 rows
+  (64 -> 16 -> 4); an int n > 0 gives one later stage of n rows, a tuple the stages' rows
+  (decreasing); False (or 0): one stage.
+  """
+  if drop_finished is True:
+    sizes = []
+    while batch >= 8:
+      batch //= 4
+      sizes.append(batch)
+    return tuple(sizes)
+  sizes = tuple(int(n) for n in drop_finished) if isinstance(drop_finished, (tuple, list)) \
+      else (int(drop_finished),)
+  if any(n < 0 for n in sizes):
+    raise ValueError(f'drop_finished must be a bool or numbers of rows >= 0, got {drop_finished}')
+  if any(b >= a for a, b in zip(sizes, sizes[1:], strict=False)):
+    raise ValueError(f'drop_finished stages must decrease, got {drop_finished}')
+  return tuple(n for n in sizes if 0 < n < batch)
+
+
+def in_stages(loop, rows, state, sizes: tuple[int, ...], done, result):
+  """`loop(rows, state, stop_at)` over the whole batch until at most `sizes[0]` rows are
+  unfinished, then over those rows only (and so on for the later sizes) -> `result(state)`
+  with every row's final value. `done(state)` `[batch]` says which rows are finished."""
+  state = loop(rows, state, sizes[0] if sizes else 0)
+  if not sizes:
+    return result(state)
+  keep = unfinished_first(done(state), sizes[0])
+  part = in_stages(loop, take_rows(rows, keep), take_rows(state, keep), sizes[1:], done, result)
+  return put_rows(result(state), keep, part)
+
+
+def unfinished_first(done, n: int):
+  """The indices of `n` rows `[n]`: the unfinished ones (`done` `[batch]` False) first."""
+  return jnp.argsort(done.astype(jnp.int32), stable=True)[:n]
+
+
+def take_rows(tree, rows):
+  """Every array of `tree` at `rows` `[n]` of its leading (batch) axis; scalars are kept."""
+  return jax.tree.map(lambda x: x if jnp.ndim(x) == 0 else x[rows], tree)
+
+
+def put_rows(tree, rows, part):
+  """`tree` with rows `rows` replaced by `part` (as `take_rows` took them)."""
+  return jax.tree.map(lambda x, p: x if jnp.ndim(x) == 0 else x.at[rows].set(p), tree, part)

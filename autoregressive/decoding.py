@@ -1,0 +1,290 @@
+"""Decoding on the KV cache: greedy, sampling (temperature, top-k, top-p) and beam search
+(also importable as `model.decoding`, the name of the public contract).
+
+Every function runs the whole generation inside one jitted `lax.while_loop` over the
+model's `cache` collection (no per-token Python round trips, no recomputation of the
+prefix) and stops early once every sequence of the batch has finished. Compiled
+functions are cached by `jax.jit` (static: the module, which hashes by its config, and
+the shapes), so repeated calls with the same shapes do not recompile.
+
+Models:
+  encoder-decoder  `inputs` `[batch, src_len]` (right-padded with 0) are encoded once;
+                   the decoder starts from the start token 0. The encoder-decoder
+                   attention keys/values are projected on the first step and cached.
+  decoder-only     `prompt` `[batch, prompt_len]` (right-padded with 0; rows may have
+                   different lengths, and a row may be empty). The decoder reads
+                   `[0] + prompt` and continues the prompt. The common prefix (the
+                   shortest prompt) is run in one prefill call; the rest of each longer
+                   prompt is force-fed token by token inside the loop, so every row keeps
+                   its true absolute positions (no left padding).
+  An encoder-decoder model also accepts a `prompt`: a forced target prefix.
+
+Outputs hold the generated tokens only (not the prompt), `[..., max_len]`; a
+sequence that emits EOS (id 1 by default; `eos_id=None` for vocabularies without
+one, e.g. characters) keeps the EOS and has zeros after it. The pad id 0 is never
+generated.
+
+Beam search (`autoregressive.beam_search`) keeps alive and finished beams with fairseq's selection
+rule and the GNMT length penalty; beam size 1 is exactly greedy decoding. The loops share
+`autoregressive.decode_loop`; what differs by model kind comes from its adapter (`model.kinds`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from autoregressive import beam_search
+from autoregressive.decode_loop import (
+  EOS_ID,
+  NEG_INF,
+  PAD_ID,
+  compact_sizes,
+  decoding_model,
+  forced_tokens,
+  in_stages,
+  length_penalty,
+  pin,
+  prepare,
+  prompt_lengths,
+  start,
+)
+from model.kinds import kind_of
+
+Array = jax.Array
+
+__all__ = ['greedy_decode', 'sample', 'beam_search_decode', 'sequence_log_probs',
+           'length_penalty', 'PAD_ID', 'EOS_ID']
+
+
+# ----------------------------------------------------------------------------- greedy / sample
+
+def _select(logits, rng, temperature, top_p, *, greedy: bool, top_k: int | None,
+            use_top_p: bool):
+  """Next token `[batch]` from logits `[batch, vocab]` (pad excluded)."""
+  logits = jnp.where(jnp.arange(logits.shape[-1]) == PAD_ID, NEG_INF, logits)
+  if greedy:
+    return first_argmax(logits)
+  logits = logits / temperature
+  if top_k is not None:
+    kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
+    logits = jnp.where(logits < kth, NEG_INF, logits)
+  if use_top_p:
+    # Nucleus: the smallest set of most likely tokens whose probability reaches top_p.
+    sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]
+    probs = jax.nn.softmax(sorted_logits, axis=-1)
+    before = jnp.cumsum(probs, axis=-1) - probs  # mass of the strictly better tokens
+    keep = before < top_p
+    threshold = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+    logits = jnp.where(logits < threshold, NEG_INF, logits)
+  if _per_row(rng):  # each row draws from its own key: independent of the batch it is in
+    return jax.vmap(jax.random.categorical)(rng, logits).astype(jnp.int32)
+  return jax.random.categorical(rng, logits, axis=-1).astype(jnp.int32)
+
+
+def first_argmax(x):
+  """`jnp.argmax(x, axis=-1)` `[rows]` int32 of `x` `[rows, n]` (the first maximum; the first
+  NaN if any) as two plain reductions: XLA:CPU runs argmax's (value, index) reduction about
+  3x slower than a max and a min over the same array (the greedy step's largest op after the
+  output projection)."""
+  best = jnp.max(x, axis=-1, keepdims=True)
+  hit = (x == best) | jnp.isnan(x)
+  return jnp.min(jnp.where(hit, jnp.arange(x.shape[-1]), x.shape[-1]), axis=-1).astype(jnp.int32)
+
+
+def _per_row(rng) -> bool:
+  """Whether `rng` is one key per row (`[batch, 2]` raw keys or `[batch]` typed keys)."""
+  typed = jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key)
+  return rng.ndim == (1 if typed else 2)
+
+
+def _fold_in(rng, t):
+  if _per_row(rng):
+    return jax.vmap(jax.random.fold_in, in_axes=(0, None))(rng, t)
+  return jax.random.fold_in(rng, t)
+
+
+@functools.partial(jax.jit, static_argnames=('module', 'max_len', 'prefill_len', 'greedy',
+                                             'top_k', 'use_top_p', 'eos_id', 'compact_rows'))
+def _generate(module, params, inputs, prompt, lengths, rng, temperature, top_p, *,
+              max_len, prefill_len, greedy, top_k, use_top_p, eos_id, compact_rows=()):
+  logits, cache, encoded, inputs, t0 = start(module, params, inputs, prompt, prefill_len,
+                                             max_len)
+  batch = prompt.shape[0]
+  choose = functools.partial(_choose, temperature=temperature, top_p=top_p, greedy=greedy,
+                             top_k=top_k, use_top_p=use_top_p, max_len=max_len, eos_id=eos_id)
+  # The rows' own inputs; one key for the whole batch draws differently for fewer rows.
+  rows = _Rows(encoded, inputs, prompt, lengths, rng if _per_row(rng) else None)
+  tok, out, done = choose(rows, rng, t0, logits, jnp.zeros((batch, max_len), jnp.int32),
+                          jnp.zeros((batch,), jnp.bool_))
+  state = (jnp.asarray(t0, jnp.int32), tok, cache, out, done)
+  loop = functools.partial(_generate_loop, module, params, choose, rng)
+  sizes = compact_rows if greedy or _per_row(rng) else ()
+  return in_stages(loop, rows, state, sizes, done=lambda s: s[4], result=lambda s: s[3])
+
+
+class _Rows(NamedTuple):
+  """What a decoding loop reads per row (each `[batch, ...]`, or None)."""
+  encoded: Array | None
+  inputs: Array | None
+  prompt: Array
+  lengths: Array
+  rng: Array | None  # one key per row, or None (one key for the batch)
+
+
+def _choose(rows, rng, t, logits, out, done, *, temperature, top_p, greedy, top_k, use_top_p,
+            max_len, eos_id):
+  """Picks (or force-feeds) the token at target index t -> (tok, out, done)."""
+  forced, forced_tok = forced_tokens(rows.prompt, rows.lengths, t)
+  key = _fold_in(rng if rows.rng is None else rows.rng, t)
+  chosen = _select(logits, key, temperature, top_p, greedy=greedy, top_k=top_k,
+                   use_top_p=use_top_p)
+  tok = jnp.where(forced, forced_tok, chosen)
+  g = t - rows.lengths  # index among the generated tokens
+  write = (g >= 0) & ~done
+  positions = jnp.arange(max_len)
+  out = jnp.where((positions[None, :] == g[:, None]) & write[:, None], tok[:, None], out)
+  finished = g >= max_len - 1
+  if eos_id is not None:
+    finished |= write & (tok == eos_id)
+  return tok, out, done | finished
+
+
+def _generate_loop(module, params, choose, rng, rows, state, stop_at: int):
+  """Decoder steps until at most `stop_at` rows are unfinished; state (t, tok, cache, out,
+  done) of `rows`' batch."""
+  kind = kind_of(module)
+
+  def body(state):
+    t, tok, cache, out, done = state
+    logits, cache = kind.decoder_step(module, params, pin(cache), rows.encoded, rows.inputs,
+                                      tok[:, None])
+    tok, out, done = choose(rows, rng, t + 1, logits[:, -1], out, done)
+    return t + 1, tok, cache, out, done
+
+  return jax.lax.while_loop(lambda s: jnp.sum(~s[4]) > stop_at, body, state)
+
+
+def greedy_decode(module, params, inputs=None, *, prompt=None, max_len: int,
+                  eos_id: int | None = EOS_ID, drop_finished: bool | int = True) -> Array:
+  """Greedy decoding -> generated tokens `[batch, max_len]` (EOS kept, zeros after it).
+
+  Args:
+    module: an encoder-decoder or decoder-only model from `model.build_model`.
+    params: its parameters (the tree, or `{'params': tree}`).
+    inputs: encoder-decoder source tokens `[batch, src_len]`, right-padded with 0.
+      For a decoder-only model, a positional `inputs` is taken as the prompt.
+    prompt: decoder-only prompt `[batch, len]` right-padded with 0 (rows may differ in
+      length); for an encoder-decoder, an optional forced target prefix.
+    max_len: number of tokens to generate (prompt length + max_len must fit in the
+      model's `max_len` positions).
+    eos_id: the id that ends a sequence, or None (e.g. character vocabularies).
+    drop_finished: once at most a quarter of the rows are unfinished, decode only those, and
+      so on (`decode_loop.compact_sizes`: an int or a tuple sets the stages' rows; same
+      tokens). False runs every row to the end of the batch.
+  """
+  module, params = decoding_model(module, params)
+  inputs, prompt, lengths, prefill_len = prepare(module, inputs, prompt, max_len)
+  return _generate(module, params, inputs, prompt, lengths, jax.random.PRNGKey(0),
+                   jnp.float32(1.0), jnp.float32(1.0), max_len=max_len,
+                   prefill_len=prefill_len, greedy=True, top_k=None, use_top_p=False,
+                   eos_id=eos_id, compact_rows=compact_sizes(prompt.shape[0], drop_finished))
+
+
+def sample(module, params, prompt=None, *, inputs=None, rng, max_len: int,
+           temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+           eos_id: int | None = EOS_ID, drop_finished: bool | int = True) -> Array:
+  """Ancestral sampling -> generated tokens `[batch, max_len]` (EOS kept, zeros after it).
+
+  `logits / temperature`, restricted to the `top_k` most likely tokens and/or the nucleus
+  of probability `top_p`; `temperature=0` is greedy. For an encoder-decoder model give
+  the source as `inputs` (a positional argument is taken as the source when `inputs` is
+  None). The same `rng` gives the same tokens. `rng` is one key, or one key per row
+  (`[batch, 2]`, e.g. from `jax.random.split`): a row's tokens then depend only on its own
+  key and inputs, not on the other rows of the batch or the batch size. `drop_finished` as in
+  `greedy_decode` (it applies to greedy decoding and to keys per row: one key for the whole
+  batch would draw differently for fewer rows).
+  """
+  module, params = decoding_model(module, params)
+  if kind_of(module).has_source and inputs is None:
+    inputs, prompt = prompt, None
+  if top_k is not None and top_k <= 0:
+    top_k = None
+  if top_k is not None:
+    top_k = min(int(top_k), module.config.vocab_size)
+  if top_p is not None and not 0.0 < top_p <= 1.0:
+    raise ValueError(f'top_p must be in (0, 1], got {top_p}')
+  if temperature < 0:
+    raise ValueError(f'temperature must be >= 0, got {temperature}')
+  inputs, prompt, lengths, prefill_len = prepare(module, inputs, prompt, max_len)
+  greedy = temperature == 0
+  return _generate(module, params, inputs, prompt, lengths, rng,
+                   jnp.float32(temperature if not greedy else 1.0),
+                   jnp.float32(1.0 if top_p is None else top_p), max_len=max_len,
+                   prefill_len=prefill_len, greedy=greedy, top_k=top_k,
+                   use_top_p=top_p is not None and top_p < 1.0, eos_id=eos_id,
+                   compact_rows=compact_sizes(prompt.shape[0], drop_finished))
+
+
+# ----------------------------------------------------------------------------- beam search
+
+def beam_search_decode(module, params, inputs=None, *, beam_size: int, alpha: float,
+                       max_len: int, prompt=None, eos_id: int | None = EOS_ID,
+                       reorder_cache: bool = False, drop_finished: bool | int = True):
+  """Beam search -> (tokens `[batch, beam, max_len]`, scores `[batch, beam]`), best first.
+
+  `scores` are `sum log P(token) / ((5 + len) / 6) ** alpha` of each returned sequence
+  (log-softmax of the model's logits; `len` counts the EOS; a sequence that reaches
+  `max_len` without EOS ends there). Tokens are zero after EOS. When fewer than
+  `beam_size` distinct sequences exist (tiny vocabularies) the extra entries have score
+  -inf and all-zero tokens. Arguments as in `greedy_decode`. `reorder_cache=True` runs the
+  reference implementation (one decoder row per hypothesis, caches reordered every step):
+  same results, slower. `drop_finished` as in `greedy_decode` (sentences, not hypotheses).
+  """
+  module, params = decoding_model(module, params)
+  if not isinstance(beam_size, (int, np.integer)) or beam_size <= 0:
+    raise ValueError(f'beam_size must be a positive integer, got {beam_size!r}')
+  inputs, prompt, lengths, prefill_len = prepare(module, inputs, prompt, max_len)
+  return beam_search.search(module, params, inputs, prompt, lengths, jnp.float32(alpha),
+                            beam_size=int(beam_size), max_len=max_len,
+                            prefill_len=prefill_len, eos_id=eos_id,
+                            reorder_cache=bool(reorder_cache),
+                            compact_rows=compact_sizes(prompt.shape[0], drop_finished))
+
+
+# ----------------------------------------------------------------------------- scoring
+
+def sequence_log_probs(module, params, inputs=None, *, prompt=None, tokens) -> Array:
+  """Full-forward-pass log P of candidate continuations `tokens` `[batch, n, len]` -> `[batch, n]`.
+
+  Sums the log-softmax of the teacher-forced logits up to and including the first EOS
+  (all tokens when there is none); the zeros after EOS are ignored. The tokens continue
+  each row's `prompt` (a decoder-only model's prompt, or an encoder-decoder's forced target
+  prefix), given the source `inputs` of an encoder-decoder. For tests and rescoring.
+  """
+  module, params = decoding_model(module, params)
+  kind = kind_of(module)
+  tokens = np.asarray(tokens, np.int32)
+  batch, n, length = tokens.shape
+  flat = tokens.reshape(batch * n, length)
+  prompt = np.zeros((batch, 0), np.int32) if prompt is None else np.asarray(prompt, np.int32)
+  prompt = prompt.reshape(batch, -1)
+  lengths = prompt_lengths(prompt)
+  full = np.zeros((batch * n, prompt.shape[1] + length), np.int32)
+  for r in range(batch * n):
+    b = r // n
+    full[r, :lengths[b]] = prompt[b, :lengths[b]]
+    full[r, lengths[b]:lengths[b] + length] = flat[r]
+  source = jnp.repeat(jnp.asarray(inputs, jnp.int32), n, axis=0) if kind.has_source else None
+  logits = kind.teacher_forced(module, {'params': params}, source, jnp.asarray(full))
+  lp = jnp.take_along_axis(jax.nn.log_softmax(logits), full[..., None], -1)[..., 0]
+  cols = np.repeat(lengths, n)[:, None] + np.arange(length)[None, :]
+  lp = jnp.take_along_axis(lp, jnp.asarray(cols), axis=1)
+  is_eos = flat == EOS_ID
+  after_eos = np.cumsum(is_eos, axis=1) - is_eos > 0
+  lp = jnp.where(after_eos, 0.0, lp)
+  return lp.sum(axis=1).reshape(batch, n)

@@ -1,0 +1,221 @@
+"""Translating token ids with a trained encoder-decoder: the one path used by the trainer's
+BLEU evaluation, `decode.py` and `inference.Session`; and a language model's generation.
+
+Sources are token ids (EOS-terminated, as the tokenizer gives them); a source longer than the
+model's positions is cut by `truncate`, the same rule as the training pipeline's. Batches
+hold sentences of similar length, padded to a multiple of `LENGTH_MULTIPLE` tokens and to a
+fixed number of rows (a whole file: the batch size; a stream: the next power of two), so a
+whole test set, or a stream of any rhythm, compiles only a few shapes.
+
+Searches: beam search (`beam_size > 1`; the `nbest` best finished hypotheses), greedy
+(`beam_size == 1`), or sampling (`sampling=Sampling(...)`: `nbest` independent samples per
+source). A sample's random key is derived from the seed and the source's index (`line_ids`),
+so a sentence gets the same samples whatever batch, bucket or stream rhythm it comes in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from autoregressive import decoding
+from autoregressive.decode_loop import decoding_model
+from autoregressive.scoring import forced_log_probs
+
+LENGTH_MULTIPLE = 16
+
+
+def truncate(ids: Sequence[int], max_len: int, eos_id: int | None) -> list[int]:
+  """At most `max_len` ids; a cut sequence keeps its EOS at the end (when there is one)."""
+  ids = list(ids)
+  if len(ids) <= max_len:
+    return ids
+  return ids[:max_len - 1] + [eos_id] if eos_id is not None else ids[:max_len]
+
+
+def until_eos(ids: Sequence[int], eos_id: int | None) -> list[int]:
+  """Generated ids up to and including EOS, without the trailing padding."""
+  out = []
+  for i in ids:
+    if i == decoding.PAD_ID:
+      break
+    out.append(int(i))
+    if eos_id is not None and i == eos_id:
+      break
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+  """Ancestral sampling settings: `logits / temperature` (0 = greedy), restricted to the
+  `top_k` most likely tokens (None/0 = all) and/or the nucleus of mass `top_p` (None = off)."""
+  temperature: float = 1.0
+  top_k: int | None = None
+  top_p: float | None = None
+  seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Hypothesis:
+  """One output: `tokens` (ids, EOS included when generated), `score` (the search's score:
+  beam search's length-normalised `log_prob / ((5 + len) / 6) ** alpha`; greedy and sampling
+  do not normalise, so it is `log_prob`) and `log_prob` (the sum of the tokens'
+  log-probabilities under the model, untempered)."""
+  tokens: list[int]
+  score: float
+  log_prob: float
+  text: str | None = None  # the detokenized tokens (`inference.Session` fills it in)
+
+  def as_dict(self) -> dict:
+    """{'text', 'score', 'log_prob', 'tokens'}: one hypothesis of `decode.py`'s jsonl."""
+    return {'text': self.text, 'score': self.score, 'log_prob': self.log_prob,
+            'tokens': list(self.tokens)}
+
+
+def _sample_keys(seed: int, line_ids: Sequence[int], n: int, rows: int):
+  """One key per decoder row `[rows * n, 2]`: sample j of source `line_ids[r]` uses
+  fold_in(fold_in(PRNGKey(seed), line_id), j); padding rows get a fixed key."""
+  ids = np.zeros((rows, n), np.uint32)
+  ids[:len(line_ids)] = np.asarray(line_ids, np.uint32)[:, None]
+  sample = np.broadcast_to(np.arange(n, dtype=np.uint32), (rows, n))
+  base = jax.random.PRNGKey(seed)
+  fold = jax.vmap(lambda i, j: jax.random.fold_in(jax.random.fold_in(base, i), j))
+  return fold(jnp.asarray(ids.reshape(-1)), jnp.asarray(sample.reshape(-1)))
+
+
+def _bucket_rows(n: int, batch_size: int) -> int:
+  """The next power of two >= n, at most `batch_size`: few shapes for batches of any size."""
+  return min(batch_size, 1 << max(0, n - 1).bit_length())
+
+
+class Translator:
+  """`translator(sources)` -> best output ids per source (None where the source is None);
+  `translator.search(sources)` -> `nbest` `Hypothesis` per source, best first.
+
+  `module`/`params` as restored (a `scan_layers` model is unrolled here, once); beam search
+  with `beam_size > 1`, else greedy, or sampling with `sampling`; `max_len` generated tokens
+  at most; `batch_size` sentences per decoder call. `drop_finished=False` decodes every
+  sentence of a batch until the batch's last one ends (the plain path, same outputs).
+  """
+
+  def __init__(self, module, params, *, beam_size: int, alpha: float, max_len: int,
+               batch_size: int, eos_id: int | None = decoding.EOS_ID, nbest: int = 1,
+               sampling: Sampling | None = None, drop_finished: bool | int = True):
+    self.module, self.params = decoding_model(module, params)
+    if sampling is None and nbest > beam_size:
+      raise ValueError(f'nbest={nbest} is more than the beam size {beam_size}')
+    if sampling is not None and beam_size != 1:
+      raise ValueError(f'sampling draws one token at a time: beam_size must be 1, not {beam_size}')
+    self.beam_size, self.alpha, self.max_len = beam_size, alpha, max_len
+    self.batch_size, self.eos_id = batch_size, eos_id
+    self.nbest, self.sampling = nbest, sampling
+    self.drop_finished = drop_finished
+
+  def __call__(self, sources: Sequence[Sequence[int] | None],
+               progress: Callable[[int], None] | None = None) -> list[list[int] | None]:
+    """`progress(n)` is called after each batch with the number of sentences it held."""
+    results = self.search(sources, progress=progress, scores=False)
+    return [None if r is None else (r[0].tokens if r else []) for r in results]
+
+  def search(self, sources: Sequence[Sequence[int] | None], *,
+             progress: Callable[[int], None] | None = None,
+             line_ids: Sequence[int] | None = None, scores: bool = True,
+             fixed_rows: bool = True) -> list[list[Hypothesis] | None]:
+    """Hypotheses per source, best first (None where the source is None).
+
+    Sources are decoded sorted by length in batches of `batch_size`; `fixed_rows` pads every
+    batch to `batch_size` rows (one shape for a whole file), else to the next power of two
+    (a stream's few waiting lines). `line_ids` (default: the positions) seed the samples.
+    `scores=False` skips the forced-decoding pass that scores greedy and sampled outputs
+    (their `score` and `log_prob` are then NaN).
+    """
+    line_ids = range(len(sources)) if line_ids is None else line_ids
+    model_len = self.module.config.max_len
+    order = sorted((i for i, s in enumerate(sources) if s is not None),
+                   key=lambda i: len(sources[i]))
+    outputs: list[list[Hypothesis] | None] = [None] * len(sources)
+    for start in range(0, len(order), self.batch_size):
+      chunk = order[start:start + self.batch_size]
+      cut = [truncate(sources[i], model_len, self.eos_id) for i in chunk]
+      length = min(model_len, -(-max(1, *map(len, cut)) // LENGTH_MULTIPLE) * LENGTH_MULTIPLE)
+      rows = self.batch_size if fixed_rows else _bucket_rows(len(chunk), self.batch_size)
+      inputs = np.zeros((rows, length), np.int32)
+      for row, ids in enumerate(cut):
+        inputs[row, :len(ids)] = ids
+      found = self._batch(inputs, [line_ids[i] for i in chunk], scores)
+      for row, i in enumerate(chunk):
+        outputs[i] = found[row]
+      if progress is not None:
+        progress(len(chunk))
+    return outputs
+
+  def _batch(self, inputs: np.ndarray, line_ids: Sequence[int], scores: bool
+             ) -> list[list[Hypothesis]]:
+    """Hypotheses of the first `len(line_ids)` rows of `inputs` `[rows, src_len]`."""
+    n = len(line_ids)
+    if self.sampling is None and self.beam_size > 1:
+      tokens, found = decoding.beam_search_decode(
+          self.module, self.params, inputs, beam_size=self.beam_size, alpha=self.alpha,
+          max_len=self.max_len, eos_id=self.eos_id, drop_finished=self.drop_finished)
+      tokens, found = np.asarray(tokens)[:n, :self.nbest], np.asarray(found)[:n, :self.nbest]
+      return [[self._beam_hypothesis(t, float(s)) for t, s in zip(tokens[r], found[r], strict=True)
+               if np.isfinite(s)] for r in range(n)]
+    k = self.nbest if self.sampling is not None else 1
+    rows = np.repeat(inputs, k, axis=0)
+    if self.sampling is None:
+      tokens = decoding.greedy_decode(self.module, self.params, rows, max_len=self.max_len,
+                                      eos_id=self.eos_id, drop_finished=self.drop_finished)
+    else:
+      s = self.sampling
+      tokens = decoding.sample(
+          self.module, self.params, inputs=rows, max_len=self.max_len, eos_id=self.eos_id,
+          rng=_sample_keys(s.seed, line_ids, k, inputs.shape[0]), temperature=s.temperature,
+          top_k=s.top_k or None, top_p=s.top_p, drop_finished=self.drop_finished)
+    log_probs = (forced_log_probs(self.module, self.params, rows, tokens) if scores
+                 else np.full(rows.shape[0], np.nan, np.float32))
+    tokens = np.asarray(tokens)
+    hyps = [[Hypothesis(until_eos(tokens[r * k + j], self.eos_id), float(log_probs[r * k + j]),
+                        float(log_probs[r * k + j])) for j in range(k)] for r in range(n)]
+    return [sorted(h, key=lambda x: -x.score) if scores else h for h in hyps]
+
+  def _beam_hypothesis(self, tokens, score: float) -> Hypothesis:
+    ids = until_eos(tokens, self.eos_id)
+    penalty = float(decoding.length_penalty(len(ids), self.alpha))
+    return Hypothesis(ids, score, score * penalty)
+
+
+def generate(module, params, prompt_ids: Sequence[int], *, num_tokens: int, temperature: float,
+             top_k: int | None, top_p: float | None, seed: int, eos_id: int | None,
+             warn: Callable[[str], None] | None = None) -> list[int]:
+  """Continues `prompt_ids` with a language model -> up to `num_tokens` generated ids.
+
+  The model sees at most `max_len` positions (the start token, the context and the new
+  tokens); longer generations continue in windows whose context is the last half of the
+  model's span. `warn` hears about a prompt longer than the span (it is cut to its end).
+  """
+  module, params = decoding_model(module, params)
+  span = module.config.max_len
+  half = max(1, span // 2)
+  rng = jax.random.PRNGKey(seed)
+  context = list(prompt_ids)
+  if len(context) >= span:
+    if warn is not None:
+      warn(f'the prompt has {len(context)} tokens, more than the model\'s context '
+           f'{span - 1}; it continues from the last {half}')
+    context = context[-half:]
+  generated: list[int] = []
+  while True:
+    n = span - len(context)  # always fill the span: the same shapes for every window
+    prompt = np.array(context, np.int32).reshape(1, len(context))
+    rng, key = jax.random.split(rng)
+    out = decoding.sample(module, params, prompt, rng=key, max_len=n, temperature=temperature,
+                          top_k=top_k or None, top_p=top_p, eos_id=eos_id)
+    new = until_eos(np.asarray(out)[0].tolist(), eos_id)
+    generated += new
+    if len(generated) >= num_tokens or len(new) < n or (eos_id is not None and new[-1] == eos_id):
+      return generated[:num_tokens]
+    context = (list(prompt_ids) + generated)[-half:]
