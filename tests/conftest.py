@@ -13,6 +13,11 @@ small programs. One persistent compilation cache, new for each test run, is shar
 process, its xdist workers and every subprocess (through the environment). Its key is the
 program, the compile options, the devices and XLA_FLAGS, so a cached program is exactly what
 compiling again would give; starting empty each run means no test depends on an earlier run.
+The suite's programs are tiny, so XLA:CPU spends far longer optimising them than running them:
+the suite compiles without LLVM's optimisation passes and with the classic fusion emitters
+(`SUITE_XLA_FLAGS`; about 3x less CPU time on tests/test_decode_speed.py). Every comparison
+in a test is between computations compiled with the same flags; the benchmarks in bench/ and
+users' runs keep XLA's defaults.
 """
 
 import atexit
@@ -32,6 +37,8 @@ sys.path.insert(0, REPO)
 
 SUITE_MATMUL_PRECISION = 'highest'
 DETERMINISTIC_XLA_FLAG = '--xla_gpu_deterministic_ops=true'
+SUITE_XLA_FLAGS = (DETERMINISTIC_XLA_FLAG, '--xla_backend_optimization_level=0',
+                   '--xla_cpu_use_fusion_emitters=false')
 # Set by the run that made the cache directory; its xdist workers inherit it and reuse it.
 _RUN_CACHE_ENV = 'TRANSFORMER_JAX_TEST_RUN_XLA_CACHE'
 # Programs that compile faster than this are not worth a disk write and read.
@@ -41,8 +48,9 @@ CACHE_MIN_COMPILE_SECS = '0.2'
 CACHE_MAX_BYTES = str(16 << 30)
 
 os.environ['JAX_DEFAULT_MATMUL_PRECISION'] = SUITE_MATMUL_PRECISION
-if DETERMINISTIC_XLA_FLAG not in os.environ.get('XLA_FLAGS', ''):
-  os.environ['XLA_FLAGS'] = f'{os.environ.get("XLA_FLAGS", "")} {DETERMINISTIC_XLA_FLAG}'.strip()
+os.environ['XLA_FLAGS'] = ' '.join(
+    [*os.environ.get('XLA_FLAGS', '').split(),
+     *(f for f in SUITE_XLA_FLAGS if f not in os.environ.get('XLA_FLAGS', ''))])
 
 
 def _run_cache_dir() -> str:

@@ -6,6 +6,8 @@ import shutil
 import subprocess
 import sys
 
+import test_train_synthetic as syn
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, 'data', 'multi30k')
 
@@ -13,9 +15,7 @@ DATA = os.path.join(ROOT, 'data', 'multi30k')
 def _env(devices=None):
   env = dict(os.environ)
   env['PYTHONPATH'] = ROOT + os.pathsep + env.get('PYTHONPATH', '')
-  env.pop('XLA_FLAGS', None)
-  if devices:
-    env['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={devices}'
+  env['XLA_FLAGS'] = syn.xla_flags(devices)  # the suite's flags: the same compiles
   env.setdefault('JAX_PLATFORMS', 'cpu')
   return env
 

@@ -10,6 +10,7 @@ import sys
 import threading
 
 import pytest
+import test_train_synthetic as syn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SENTENCES = ['A man rides a bike.', '', 'Two dogs play in the snow.', 'A woman is singing.']
@@ -17,7 +18,7 @@ SENTENCES = ['A man rides a bike.', '', 'Two dogs play in the snow.', 'A woman i
 
 def _env():
   env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''))
-  env.pop('XLA_FLAGS', None)
+  env['XLA_FLAGS'] = syn.xla_flags()  # the suite's flags: the same compiles
   env.setdefault('JAX_PLATFORMS', 'cpu')
   return env
 
