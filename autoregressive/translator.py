@@ -15,6 +15,8 @@ so a sentence gets the same samples whatever batch, bucket or stream rhythm it c
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import dataclasses
 from collections.abc import Callable, Sequence
 
@@ -100,11 +102,14 @@ class Translator:
   with `beam_size > 1`, else greedy, or sampling with `sampling`; `max_len` generated tokens
   at most; `batch_size` sentences per decoder call. `drop_finished=False` decodes every
   sentence of a batch until the batch's last one ends (the plain path, same outputs).
+  `workers` > 1 decodes that many batches at once (threads; same outputs): on a CPU a
+  batch's decoder step is a chain of small ops that mostly keep one core busy.
   """
 
   def __init__(self, module, params, *, beam_size: int, alpha: float, max_len: int,
                batch_size: int, eos_id: int | None = decoding.EOS_ID, nbest: int = 1,
-               sampling: Sampling | None = None, drop_finished: bool | int = True):
+               sampling: Sampling | None = None, drop_finished: bool | int = True,
+               workers: int = 1):
     self.module, self.params = decoding_model(module, params)
     if sampling is None and nbest > beam_size:
       raise ValueError(f'nbest={nbest} is more than the beam size {beam_size}')
@@ -113,7 +118,7 @@ class Translator:
     self.beam_size, self.alpha, self.max_len = beam_size, alpha, max_len
     self.batch_size, self.eos_id = batch_size, eos_id
     self.nbest, self.sampling = nbest, sampling
-    self.drop_finished = drop_finished
+    self.drop_finished, self.workers = drop_finished, max(1, int(workers))
 
   def __call__(self, sources: Sequence[Sequence[int] | None],
                progress: Callable[[int], None] | None = None) -> list[list[int] | None]:
@@ -138,6 +143,7 @@ class Translator:
     order = sorted((i for i, s in enumerate(sources) if s is not None),
                    key=lambda i: len(sources[i]))
     outputs: list[list[Hypothesis] | None] = [None] * len(sources)
+    batches = []
     for start in range(0, len(order), self.batch_size):
       chunk = order[start:start + self.batch_size]
       cut = [truncate(sources[i], model_len, self.eos_id) for i in chunk]
@@ -146,7 +152,13 @@ class Translator:
       inputs = np.zeros((rows, length), np.int32)
       for row, ids in enumerate(cut):
         inputs[row, :len(ids)] = ids
-      found = self._batch(inputs, [line_ids[i] for i in chunk], scores)
+      batches.append((chunk, inputs))
+
+    def run(batch):
+      chunk, inputs = batch
+      return chunk, self._batch(inputs, [line_ids[i] for i in chunk], scores)
+
+    for chunk, found in _in_order(run, batches, self.workers):
       for row, i in enumerate(chunk):
         outputs[i] = found[row]
       if progress is not None:
@@ -186,6 +198,29 @@ class Translator:
     ids = until_eos(tokens, self.eos_id)
     penalty = float(decoding.length_penalty(len(ids), self.alpha))
     return Hypothesis(ids, score, score * penalty)
+
+
+def _in_order(fn, batches, workers: int):
+  """`fn(batch)` for each of `batches` (chunk, inputs `[rows, len]`), yielded in order; with
+  `workers` > 1 that many run at once. A batch whose shape is new runs alone, after the ones
+  before it, so that each shape compiles once."""
+  if workers <= 1:
+    yield from map(fn, batches)
+    return
+  shapes, pending = set(), collections.deque()
+  with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+    for batch in batches:
+      if batch[1].shape not in shapes:
+        while pending:
+          yield pending.popleft().result()
+        shapes.add(batch[1].shape)
+        yield fn(batch)
+        continue
+      pending.append(pool.submit(fn, batch))
+      while len(pending) > workers:
+        yield pending.popleft().result()
+    while pending:
+      yield pending.popleft().result()
 
 
 def generate(module, params, prompt_ids: Sequence[int], *, num_tokens: int, temperature: float,

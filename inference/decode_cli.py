@@ -228,7 +228,7 @@ def run(F) -> None:
   lines, references = _inputs(F, the_plan)
   session = restore(F.workdir, F.step, F.average_last, mesh)
   with _matmul_precision(session.config):
-    _enable_compilation_cache(F.compilation_cache)
+    enable_compilation_cache(F.compilation_cache)
     try:
       if the_plan.mode == 'generate':
         from inference.decode_runs import generate  # pylint: disable=import-outside-toplevel
@@ -253,7 +253,7 @@ def _matmul_precision(config):
     raise cli.UsageError(str(e)) from None
 
 
-def _enable_compilation_cache(directory: str) -> None:
+def enable_compilation_cache(directory: str) -> None:
   """JAX's persistent compilation cache: a second run with the same shapes skips compiling."""
   if not directory:
     return

@@ -1,7 +1,7 @@
 """What the export tests (test_export_hf, test_export_ct2, test_export_safety) and the
-decode-engines bench test share: trained workdirs, each trained once per test session (per
-xdist worker) into the session's base temporary directory and reused by every module that
-asks for it (tests must not modify them: copy first), and tiny random models."""
+decode-engines bench test share: trained workdirs, each trained once per test run (shared by
+the xdist workers: `shared_dirs.built_once`) and reused by every module that asks for it
+(tests must not modify them: copy first), and tiny random models."""
 
 import os
 import subprocess
@@ -10,6 +10,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+from shared_dirs import built_once
 
 from model import build_model
 
@@ -32,20 +33,18 @@ def env() -> dict:
 
 
 def trained(tmp_path_factory, name: str, recipe=MT) -> str:
-  """The workdir `name` trained with `recipe` (config, overrides...), trained on first use."""
-  root = tmp_path_factory.getbasetemp() / f'export_workdirs_{name}'
-  workdir, done = root / 'workdir', root / 'DONE'
-  if done.exists():
-    return str(workdir)
-  root.mkdir(exist_ok=True)
-  config, *overrides = recipe
-  cmd = [sys.executable, os.path.join(ROOT, 'train.py'), f'--config={config}',
-         f'--workdir={workdir}', *overrides]
-  proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=900,
-                        check=False)
-  assert proc.returncode == 0, f'training failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}'
-  done.touch()
-  return str(workdir)
+  """The workdir `name` trained with `recipe` (config, overrides...): trained by the first test
+  of the run that asks for it (whichever xdist worker), then shared."""
+  def build(root) -> dict:
+    workdir = root / 'workdir'
+    config, *overrides = recipe
+    cmd = [sys.executable, os.path.join(ROOT, 'train.py'), f'--config={config}',
+           f'--workdir={workdir}', *overrides]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True,
+                          timeout=900, check=False)
+    assert proc.returncode == 0, f'training failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}'
+    return {'workdir': str(workdir)}
+  return built_once(tmp_path_factory, f'export_workdirs_{name}', build)['workdir']
 
 
 def random_model(config, seed=0):
