@@ -165,6 +165,25 @@ def test_translator_drop_finished_option_gives_the_same_hypotheses():
     np.testing.assert_allclose([h.score for h in fast], [h.score for h in plain], rtol=1e-5)
 
 
+def test_translator_workers_give_the_same_hypotheses_in_order():
+  """Batches decoded two at a time (threads) come back as one at a time gives them: sources
+  of two length buckets (two shapes, each compiled by a batch run alone first)."""
+  module, params = _model(seed=2)
+  rng = np.random.RandomState(2)
+  sources = [list(rng.randint(3, 20, size=n)) + [1] for n in (3, 20, 5, 18, 2, 7, 21, 4, 6)]
+  sources.insert(4, None)  # an empty line stays None
+  kw = {'beam_size': 2, 'alpha': 0.6, 'max_len': MAX_LEN, 'batch_size': 2, 'nbest': 2}
+  done = []
+  found = [Translator(module, params, workers=w, **kw).search(sources, progress=done.append)
+           for w in (1, 2)]
+  assert found[1][4] is None and sum(done) == 2 * 9
+  for two, one in zip(found[1], found[0], strict=True):
+    assert (two is None) == (one is None)
+    if one is not None:
+      assert [h.tokens for h in two] == [h.tokens for h in one]
+      np.testing.assert_allclose([h.score for h in two], [h.score for h in one], rtol=1e-6)
+
+
 def test_first_argmax_equals_argmax_ties_infinities_and_nan_included():
   rng = np.random.RandomState(0)
   x = rng.randint(0, 4, size=(6, 300)).astype(np.float32)  # many ties
