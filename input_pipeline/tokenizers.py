@@ -30,7 +30,7 @@ import numpy as np
 import sentencepiece as spm
 
 from common.tokens import EOS_ID, PAD_ID, UNK_ID
-from input_pipeline import sources, tokenizer_files
+from input_pipeline import tokenizer_files
 from input_pipeline.errors import DataError, DataFileError
 from input_pipeline.tokenizer_files import TokenizerChecksumError  # noqa: F401  (public)
 
@@ -221,6 +221,7 @@ def _training_texts(data_config, max_sentences: int, whole_documents: bool = Fal
 
   At most `max_sentences` examples, evenly strided over the split (deterministic).
   """
+  from input_pipeline import sources  # tfds: only training a tokenizer reads the data
   source = sources.get_source(data_config, 'train')
   keys = sources.text_keys(data_config)
   n = len(source)
