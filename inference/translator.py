@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from common.deprecation import renamed_keywords, warn_renamed
 from inference import decoding
 from inference.decode_loop import decoding_model
 from inference.scoring import forced_log_probs
@@ -97,12 +98,14 @@ class Translator:
   `translator.search(sources)` -> `nbest` `Hypothesis` per source, best first.
 
   `module`/`params` as restored (a `scan_layers` model is unrolled here, once); beam search
-  with `beam_size > 1`, else greedy, or sampling with `sampling`; `max_len` generated tokens
-  at most; `batch_size` sentences per decoder call. `drop_finished=False` decodes every
-  sentence of a batch until the batch's last one ends (the plain path, same outputs).
+  with `beam_size > 1`, else greedy, or sampling with `sampling`; `max_new_tokens` generated
+  tokens at most (`max_len=` is its deprecated name); `batch_size` sentences per decoder call.
+  `drop_finished=False` decodes every sentence of a batch until the batch's last one ends (the
+  plain path, same outputs).
   """
 
-  def __init__(self, module, params, *, beam_size: int, alpha: float, max_len: int,
+  @renamed_keywords(max_len='max_new_tokens')
+  def __init__(self, module, params, *, beam_size: int, alpha: float, max_new_tokens: int,
                batch_size: int, eos_id: int | None = decoding.EOS_ID, nbest: int = 1,
                sampling: Sampling | None = None, drop_finished: bool | int = True):
     self.module, self.params = decoding_model(module, params)
@@ -110,10 +113,16 @@ class Translator:
       raise ValueError(f'nbest={nbest} is more than the beam size {beam_size}')
     if sampling is not None and beam_size != 1:
       raise ValueError(f'sampling draws one token at a time: beam_size must be 1, not {beam_size}')
-    self.beam_size, self.alpha, self.max_len = beam_size, alpha, max_len
+    self.beam_size, self.alpha, self.max_new_tokens = beam_size, alpha, max_new_tokens
     self.batch_size, self.eos_id = batch_size, eos_id
     self.nbest, self.sampling = nbest, sampling
     self.drop_finished = drop_finished
+
+  @property
+  def max_len(self) -> int:
+    """Deprecated: `max_new_tokens`."""
+    warn_renamed('Translator.max_len', 'Translator.max_new_tokens')
+    return self.max_new_tokens
 
   def __call__(self, sources: Sequence[Sequence[int] | None],
                progress: Callable[[int], None] | None = None) -> list[list[int] | None]:
@@ -160,19 +169,21 @@ class Translator:
     if self.sampling is None and self.beam_size > 1:
       tokens, found = decoding.beam_search_decode(
           self.module, self.params, inputs, beam_size=self.beam_size, alpha=self.alpha,
-          max_len=self.max_len, eos_id=self.eos_id, drop_finished=self.drop_finished)
+          max_new_tokens=self.max_new_tokens, eos_id=self.eos_id,
+          drop_finished=self.drop_finished)
       tokens, found = np.asarray(tokens)[:n, :self.nbest], np.asarray(found)[:n, :self.nbest]
       return [[self._beam_hypothesis(t, float(s)) for t, s in zip(tokens[r], found[r], strict=True)
                if np.isfinite(s)] for r in range(n)]
     k = self.nbest if self.sampling is not None else 1
     rows = np.repeat(inputs, k, axis=0)
     if self.sampling is None:
-      tokens = decoding.greedy_decode(self.module, self.params, rows, max_len=self.max_len,
-                                      eos_id=self.eos_id, drop_finished=self.drop_finished)
+      tokens = decoding.greedy_decode(self.module, self.params, rows,
+                                      max_new_tokens=self.max_new_tokens, eos_id=self.eos_id,
+                                      drop_finished=self.drop_finished)
     else:
       s = self.sampling
       tokens = decoding.sample(
-          self.module, self.params, inputs=rows, max_len=self.max_len, eos_id=self.eos_id,
+          self.module, self.params, rows, max_new_tokens=self.max_new_tokens, eos_id=self.eos_id,
           rng=_sample_keys(s.seed, line_ids, k, inputs.shape[0]), temperature=s.temperature,
           top_k=s.top_k or None, top_p=s.top_p, drop_finished=self.drop_finished)
     log_probs = (forced_log_probs(self.module, self.params, rows, tokens) if scores
@@ -212,8 +223,9 @@ def generate(module, params, prompt_ids: Sequence[int], *, num_tokens: int, temp
     n = span - len(context)  # always fill the span: the same shapes for every window
     prompt = np.array(context, np.int32).reshape(1, len(context))
     rng, key = jax.random.split(rng)
-    out = decoding.sample(module, params, prompt, rng=key, max_len=n, temperature=temperature,
-                          top_k=top_k or None, top_p=top_p, eos_id=eos_id)
+    out = decoding.sample(module, params, prompt=prompt, rng=key, max_new_tokens=n,
+                          temperature=temperature, top_k=top_k or None, top_p=top_p,
+                          eos_id=eos_id)
     new = until_eos(np.asarray(out)[0].tolist(), eos_id)
     generated += new
     if len(generated) >= num_tokens or len(new) < n or (eos_id is not None and new[-1] == eos_id):

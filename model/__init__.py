@@ -6,7 +6,7 @@ Inside the package each module imports only those below it (and `common`):
 """
 
 from model.config import ConfigError, ModelConfig
-from model.kinds import KINDS
+from model.kinds import ADAPTERS
 from model.transformer import DecoderOnly, EncoderDecoder, EncoderOnly, shift_right
 
 __all__ = ['ConfigError', 'ModelConfig', 'EncoderDecoder', 'DecoderOnly', 'EncoderOnly',
@@ -20,4 +20,4 @@ def build_model(model_config):
     model_config = ModelConfig.from_config(model_config)
   else:
     model_config.validate()
-  return KINDS[model_config.kind].module_class(model_config)
+  return ADAPTERS[model_config.kind].module_class(model_config)

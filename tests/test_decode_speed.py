@@ -11,7 +11,7 @@ from inference import decoding
 from inference.decode_loop import compact_size
 from inference.translator import Translator
 from model import ModelConfig, build_model
-from model.kinds import kind_of
+from model.kinds import adapter_of
 
 BATCH = 12
 ROWS = 8  # drop_finished=ROWS: the loop goes on with 8 rows once at most 8 are unfinished
@@ -22,7 +22,7 @@ def _model(kind='encoder_decoder', seed=0):
   cfg = ModelConfig(kind=kind, vocab_size=20, num_encoder_layers=2, num_decoder_layers=2,
                     d_model=32, num_heads=4, d_ff=64, dropout_rate=0.0, max_len=24)
   module = build_model(cfg)
-  params = module.init(jax.random.PRNGKey(seed), *kind_of(module).example_inputs(4))['params']
+  params = module.init(jax.random.PRNGKey(seed), *adapter_of(module).example_inputs(4))['params']
   return module, jax.tree.map(lambda x: x * 2.0, params)  # peakier than the init
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from model import ModelConfig, build_model, decoding
-from model.kinds import kind_of
+from model.kinds import adapter_of
 
 EOS = 1
 
@@ -19,7 +19,7 @@ def _model(kind='encoder_decoder', vocab=20, max_len=24, seed=0, eos_boost=1.0, 
   cfg = ModelConfig(kind=kind, vocab_size=vocab, num_encoder_layers=2, num_decoder_layers=2,
                     d_model=32, num_heads=4, d_ff=64, dropout_rate=0.0, max_len=max_len, **kw)
   module = build_model(cfg)
-  params = module.init(jax.random.PRNGKey(seed), *kind_of(module).example_inputs(4))['params']
+  params = module.init(jax.random.PRNGKey(seed), *adapter_of(module).example_inputs(4))['params']
   # Larger weights give peakier, more varied distributions than the near-uniform init.
   params = jax.tree.map(lambda x: x * 2.0, params)
   if eos_boost != 1.0:  # make EOS likely enough that some (not all) sequences end early
@@ -75,7 +75,7 @@ def _greedy_full(module, params, inputs, max_len, eos=EOS):
   return out
 
 
-_step = jax.jit(lambda module, *args: kind_of(module).decoder_step(module, *args),
+_step = jax.jit(lambda module, *args: adapter_of(module).decoder_step(module, *args),
                 static_argnums=0)
 
 
@@ -99,7 +99,7 @@ def _full_and_cached_steps(module, params, src, tgt):
   full = np.asarray(jax.jit(module.apply)({'params': params}, *args))
   encoded = None if src is None else jax.jit(
       lambda p, s: module.apply({'params': p}, s, method=module.encode))(params, src)
-  cache = kind_of(module).init_cache(module, encoded, src, *tgt.shape)
+  cache = adapter_of(module).init_cache(module, encoded, src, *tgt.shape)
   dec_in = np.pad(tgt, ((0, 0), (1, 0)))[:, :-1]
   steps = []
   for t in range(tgt.shape[1]):
@@ -119,7 +119,7 @@ def test_cached_prefill_then_steps_equals_full_forward_decoder_only():
   module, params = _model('decoder_only', positional_encoding='learned', norm_position='pre')
   tokens = np.random.RandomState(2).randint(2, 20, size=(2, 8)).astype(np.int32)
   full = jax.jit(module.apply)({'params': params}, tokens)
-  cache = kind_of(module).init_cache(module, None, None, 2, 8)
+  cache = adapter_of(module).init_cache(module, None, None, 2, 8)
   dec_in = np.pad(tokens, ((0, 0), (1, 0)))[:, :-1]
   logits, cache = _step(module, params, cache, None, None, dec_in[:, :3])
   np.testing.assert_allclose(logits, full[:, :3], atol=1e-4, rtol=1e-4)
@@ -376,9 +376,9 @@ def test_pin_is_a_barrier_on_the_cross_attention_cache_only():
   module, params = _model()
   src = _sources()
   encoded = module.apply({'params': params}, src, method=module.encode)
-  kind = kind_of(module)
-  cache = kind.init_cache(module, encoded, src, 3, 4)
-  _, cache = kind.decoder_step(module, params, cache, encoded, src, np.zeros((3, 1), np.int32))
+  adapter = adapter_of(module)
+  cache = adapter.init_cache(module, encoded, src, 3, 4)
+  _, cache = adapter.decoder_step(module, params, cache, encoded, src, np.zeros((3, 1), np.int32))
   pinned = pin(cache)
   jax.tree.map(np.testing.assert_array_equal, pinned, cache)
   jaxpr = jax.make_jaxpr(pin)(cache)
