@@ -58,7 +58,7 @@ def _varied_eos(tokens) -> int:
 
 
 def _greedy_eos(module, params, **inputs) -> int:
-  return _varied_eos(decoding.greedy_decode(module, params, max_len=MAX_LEN, eos_id=None,
+  return _varied_eos(decoding.greedy_decode(module, params, max_new_tokens=MAX_LEN, eos_id=None,
                                             drop_finished=False, **inputs))
 
 
@@ -73,7 +73,7 @@ def test_greedy_drops_finished_rows_with_the_same_tokens():
   module, params = _model()
   src = _sources()
   eos = _greedy_eos(module, params, inputs=src)
-  kw = {'max_len': MAX_LEN, 'eos_id': eos}
+  kw = {'max_new_tokens': MAX_LEN, 'eos_id': eos}
   plain = np.asarray(decoding.greedy_decode(module, params, src, drop_finished=False, **kw))
   assert _second_stage_runs(_steps(plain, eos))
   for drop in (ROWS, True):  # True: compact_size(BATCH) rows
@@ -86,7 +86,7 @@ def test_beam_search_drops_finished_sentences_with_the_same_results(beam_size):
   module, params = _model(seed=1)
   src = _sources(seed=1)
   eos = _greedy_eos(module, params, inputs=src)
-  kw = {'beam_size': beam_size, 'alpha': 0.6, 'max_len': MAX_LEN, 'eos_id': eos}
+  kw = {'beam_size': beam_size, 'alpha': 0.6, 'max_new_tokens': MAX_LEN, 'eos_id': eos}
   tokens, scores = decoding.beam_search_decode(module, params, src, drop_finished=ROWS, **kw)
   ref_tokens, ref_scores = decoding.beam_search_decode(module, params, src,
                                                        drop_finished=False, **kw)
@@ -103,7 +103,7 @@ def test_decoder_only_prompts_of_different_lengths_drop_finished_rows():
   for i in range(BATCH):
     prompt[i, :i % 6] = np.arange(4, 4 + i % 6)  # lengths 0..5, force-fed in the loop
   eos = _greedy_eos(module, params, prompt=prompt)
-  kw = {'prompt': prompt, 'max_len': MAX_LEN, 'eos_id': eos}
+  kw = {'prompt': prompt, 'max_new_tokens': MAX_LEN, 'eos_id': eos}
   greedy = [decoding.greedy_decode(module, params, drop_finished=d, **kw) for d in (ROWS, False)]
   assert _second_stage_runs(_steps(greedy[1], eos))
   np.testing.assert_array_equal(np.asarray(greedy[0]), np.asarray(greedy[1]))
@@ -117,7 +117,7 @@ def test_decoder_only_prompts_of_different_lengths_drop_finished_rows():
 def test_sampling_with_keys_per_row_drops_finished_rows_with_the_same_samples():
   module, params = _model(seed=3)
   keys = jax.random.split(jax.random.PRNGKey(7), BATCH)
-  kw = {'inputs': _sources(seed=3), 'rng': keys, 'max_len': MAX_LEN, 'temperature': 0.7}
+  kw = {'inputs': _sources(seed=3), 'rng': keys, 'max_new_tokens': MAX_LEN, 'temperature': 0.7}
   eos = _varied_eos(decoding.sample(module, params, eos_id=None, **kw))
   fast = decoding.sample(module, params, eos_id=eos, drop_finished=ROWS, **kw)
   plain = decoding.sample(module, params, eos_id=eos, drop_finished=False, **kw)
@@ -130,8 +130,8 @@ def test_translator_drop_finished_option_gives_the_same_hypotheses():
   src = _sources(seed=1)
   eos = _greedy_eos(module, params, inputs=src)
   sources = [[int(t) for t in row if t] for row in src]
-  found = [Translator(module, params, beam_size=3, alpha=0.6, max_len=MAX_LEN, batch_size=BATCH,
-                      eos_id=eos, nbest=3, drop_finished=d).search(sources)
+  found = [Translator(module, params, beam_size=3, alpha=0.6, max_new_tokens=MAX_LEN,
+                      batch_size=BATCH, eos_id=eos, nbest=3, drop_finished=d).search(sources)
            for d in (ROWS, False)]
   for fast, plain in zip(found[0], found[1], strict=True):
     assert [h.tokens for h in fast] == [h.tokens for h in plain]

@@ -46,7 +46,7 @@ def _session(kind='encoder_decoder', **decode):
   module = build_model(cfg)
   params = module.init(jax.random.PRNGKey(0), *adapter_of(module).example_inputs(4))['params']
   params = jax.tree.map(lambda x: x * 2.0, params)  # peakier, more varied distributions
-  settings = dict(beam_size=3, alpha=0.6, max_len=8, batch_size=4, temperature=1.0, top_k=0)
+  settings = dict(beam_size=3, alpha=0.6, max_new_tokens=8, batch_size=4, temperature=1.0, top_k=0)
   config = ml_collections.ConfigDict({'decode': {**settings, **decode}})
   restored = types.SimpleNamespace(config=config, module=module, params=params,
                                    tokenizer=_Tokenizer(), step=0, kind=kind, seconds=0.0)
