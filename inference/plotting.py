@@ -173,7 +173,7 @@ _CHAR_INCHES = 0.055  # per character of a 6-point label
 
 
 def save_overview(panels, title: str, path: str) -> str:
-  """One PNG of a sentence's attention: a row per attention module (layers and kinds), a
+  """One PNG of a sentence's attention: a row per attention module (each layer's self and cross), a
   column per head after the heads' average. The average's axes carry the tokens (queries on
   the left, keys below) and the module's name; the heads beside it share them. The file to
   open first."""
