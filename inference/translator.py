@@ -30,12 +30,12 @@ from inference.scoring import forced_log_probs
 LENGTH_MULTIPLE = 16
 
 
-def truncate(ids: Sequence[int], max_len: int, eos_id: int | None) -> list[int]:
-  """At most `max_len` ids; a cut sequence keeps its EOS at the end (when there is one)."""
+def truncate(ids: Sequence[int], max_length: int, eos_id: int | None) -> list[int]:
+  """At most `max_length` ids; a cut sequence keeps its EOS at the end (when there is one)."""
   ids = list(ids)
-  if len(ids) <= max_len:
+  if len(ids) <= max_length:
     return ids
-  return ids[:max_len - 1] + [eos_id] if eos_id is not None else ids[:max_len]
+  return ids[:max_length - 1] + [eos_id] if eos_id is not None else ids[:max_length]
 
 
 def until_eos(ids: Sequence[int], eos_id: int | None) -> list[int]:
