@@ -166,7 +166,7 @@ def _unknown_overrides(argv: list[str]) -> str | None:
 def parse_flags(argv: list[str]) -> list[str]:
   """absl flag parsing with one-line errors (no traceback) for bad --config/--config.* flags."""
   _define_flags()
-  argv = renamed_overrides(argv)
+  argv[:] = renamed_overrides(argv)  # in place: config_flags reads the overrides from sys.argv
   config_file = argv_config(argv).partition(':')[0]
   if not os.path.isfile(config_file):
     _fail(f'config file {config_file!r} not found (--config=configs/NAME.py[:preset])')

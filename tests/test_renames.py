@@ -11,6 +11,9 @@ names, and warn (a DeprecationWarning naming the new name); the new names do not
 """
 
 import json
+import os
+import subprocess
+import sys
 import types
 import warnings
 
@@ -25,6 +28,7 @@ from inference import decoding
 from model import attention as attn, build_model, layers, shift_right
 from model.kinds import adapter_of
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(vocab_size=16, num_encoder_layers=1, num_decoder_layers=1, d_model=16, num_heads=2,
             d_ff=32, max_len=16, dropout_rate=0.0)
 SRC = np.array([[3, 4, 5, 6, 1], [7, 8, 1, 0, 0]], np.int32)
@@ -261,6 +265,21 @@ def test_train_py_old_override_warns_one_line(capsys):
   config = ml_collections.ConfigDict({'decode': {'max_len': 3}})
   assert train.upgraded(config).decode.max_new_tokens == 3
   assert capsys.readouterr().err.count('train.py: warning: config.decode.max_len') == 1
+
+
+def test_train_py_reads_an_old_override_as_the_new_field(tmp_path):
+  """End to end: `--config.decode.max_len=0` is checked as config.decode.max_new_tokens."""
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
+  result = subprocess.run([sys.executable, os.path.join(REPO, 'train.py'),
+                           f'--workdir={tmp_path / "run"}', '--config.decode.max_len=0'],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+  lines = result.stderr.splitlines()
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert ('train.py: warning: --config.decode.max_len is deprecated: use '
+          '--config.decode.max_new_tokens (the old name goes in the next release)') in lines
+  assert lines[-1].startswith('train.py: error: config.decode.max_new_tokens=0 must be an '
+                              'integer in [1, '), lines
 
 
 def test_decode_py_max_len_flag_warns_one_line(capsys):
