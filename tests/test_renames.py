@@ -192,6 +192,7 @@ def test_attention_use_cache_keywords():
 # ----------------------------------------------------------------------------- kinds, tokenizers
 
 def test_kind_is_a_name_and_adapters_are_adapters(mt):
+  import model  # pylint: disable=import-outside-toplevel
   from model import kinds  # pylint: disable=import-outside-toplevel
   module, _ = mt
   adapter = adapter_of(module)
@@ -202,6 +203,8 @@ def test_kind_is_a_name_and_adapters_are_adapters(mt):
   with pytest.warns(DeprecationWarning, match='use model.kinds.ADAPTERS'):
     from model.kinds import KINDS  # pylint: disable=import-outside-toplevel
   assert KINDS is kinds.ADAPTERS
+  with pytest.warns(DeprecationWarning, match='use model.kinds.ADAPTERS'):
+    assert model.KINDS is kinds.ADAPTERS
   with pytest.warns(DeprecationWarning, match='use ModelAdapter.kind'):
     assert adapter.name == 'encoder_decoder'
 
