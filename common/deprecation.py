@@ -4,6 +4,8 @@
   renamed_keywords(old='new', ...)        a decorator: old keyword arguments are passed under
                                           their new names (functions, Linen module methods)
   rename_keys(values, renames, where)     a config section (dict, ConfigDict): old keys moved
+  renamed_field(obj, old, new)            in a dataclass' __post_init__ (a Linen module's): a
+                                          value given to the deprecated field moves to the new
 
 The old names are listed where they were renamed, so each release can drop them in one place.
 """
@@ -57,3 +59,14 @@ def rename_keys(values: MutableMapping, renames: Mapping[str, str], where: str,
       warn_renamed(f'{where}.{old}', f'{where}.{new}', stacklevel=stacklevel)
       values[new] = value
   return values
+
+
+def renamed_field(obj, old: str, new: str) -> None:
+  """For `__post_init__` of a frozen dataclass (a Linen module) that keeps the deprecated field
+  `old` (default None, keyword-only): a value given to it moves to the field `new`, with a
+  warning, and `old` is None again."""
+  value = getattr(obj, old)
+  if value is not None:
+    warn_renamed(f'{type(obj).__name__}({old}=...)', f'{new}=', stacklevel=4)
+    object.__setattr__(obj, new, value)
+    object.__setattr__(obj, old, None)

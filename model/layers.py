@@ -6,6 +6,7 @@ Sizes follow the paper: `d_model`, `num_heads` (h), `d_ff`, head size
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from common.deprecation import renamed_keywords
+from common.deprecation import renamed_field, renamed_keywords
 from common.errors import ConfigError
 from model import attention as attn, partitioning
 from model.partitioning import constrain, with_axes
@@ -341,8 +342,16 @@ logits_via_embedding.defvjp(_logits_fwd, _logits_bwd)
 
 class AddPositions(nn.Module):
   """Adds sinusoidal or learned absolute position encodings (nothing for 'rope')."""
-  encoding: str  # config.model.positional_encoding: 'sinusoidal' | 'learned' | 'rope'
-  max_len: int  # positions of the table (config.model.max_len)
+  # Both required; None defaults only so that the deprecated `kind=` may stand for `encoding`.
+  encoding: str | None = None  # config.model.positional_encoding: 'sinusoidal' | 'learned' | 'rope'
+  max_len: int | None = None  # positions of the table (config.model.max_len)
+  kind: str | None = dataclasses.field(default=None, kw_only=True)  # deprecated: `encoding`
+
+  def __post_init__(self):
+    renamed_field(self, 'kind', 'encoding')
+    if self.encoding is None or self.max_len is None:
+      raise TypeError('AddPositions needs `encoding` and `max_len`')
+    super().__post_init__()
 
   @nn.compact
   def __call__(self, x: Array, positions: Array | None = None) -> Array:

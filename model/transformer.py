@@ -26,7 +26,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from common.deprecation import renamed_keywords
+from common.deprecation import renamed_field, renamed_keywords
 from model import attention as attn
 from model.layers import AddPositions, Dropout, Embed, FeedForward, LayerNorm, MultiHeadAttention
 from model.partitioning import constrain, with_axes
@@ -88,6 +88,11 @@ class DecoderLayer(nn.Module):
   config: ModelConfig
   deterministic: bool = True
   use_cache: bool = False
+  decode: bool | None = dataclasses.field(default=None, kw_only=True)  # deprecated: use_cache
+
+  def __post_init__(self):
+    renamed_field(self, 'decode', 'use_cache')
+    super().__post_init__()
 
   @nn.compact
   def __call__(self, x: Array, encoded: Array | None, self_mask: attn.FactoredMask | Array | None,

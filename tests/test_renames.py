@@ -189,6 +189,25 @@ def test_attention_use_cache_keywords():
   _same(old, attention.apply(variables, x[:, :1], use_cache=True, mutable=['cache']))
 
 
+def test_module_attributes_decode_and_kind(mt):
+  """`DecoderLayer(decode=...)` is `use_cache`; `AddPositions(kind=...)` is `encoding` (a
+  positional encoding is not a model kind)."""
+  from model import transformer  # pylint: disable=import-outside-toplevel
+  with pytest.warns(DeprecationWarning, match=r'DecoderLayer\(decode=\.\.\.\) is deprecated: '
+                                              'use use_cache='):
+    layer = transformer.DecoderLayer(mt[0].config, decode=True)
+  assert layer.use_cache and layer.decode is None
+  x = jnp.ones((1, 3, 8))
+  new = layers.AddPositions('learned', 8)
+  variables = new.init(jax.random.PRNGKey(0), x)
+  with pytest.warns(DeprecationWarning, match='use encoding='):
+    old = layers.AddPositions(kind='learned', max_len=8)
+  assert old.encoding == 'learned'
+  _same(old.apply(variables, x), new.apply(variables, x))
+  with pytest.raises(TypeError, match='needs `encoding` and `max_len`'):
+    layers.AddPositions(max_len=8)
+
+
 # ----------------------------------------------------------------------------- kinds, tokenizers
 
 def test_kind_is_a_name_and_adapters_are_adapters(mt):
