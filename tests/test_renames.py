@@ -7,6 +7,7 @@ names, and warn (a DeprecationWarning naming the new name); the new names do not
   `segmentation=` (inside modules)   -> `segment_ids=` (the batch keys keep their names)
   `kind_of` / `KINDS` / adapter.name -> `adapter_of` / `ADAPTERS` / `adapter.kind`
   `tokenizer.kind`                   -> `tokenizer.name`
+  `AddPositions(kind=)`              -> `AddPositions(encoding=)`
   `sample(module, params, prompt, *, inputs)` -> `(module, params, inputs, *, prompt)`
 """
 
