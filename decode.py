@@ -34,6 +34,7 @@ import sys
 
 from absl import app, flags, logging
 
+from common.deprecation import renamed_keywords
 from training import cli
 
 FLAGS = flags.FLAGS
@@ -73,8 +74,10 @@ def _define_flags() -> None:
   flags.DEFINE_bool('sample', False, 'Translation: sample from the model instead of searching '
                     '(--temperature, --top_k, --top_p, --seed; --beam_size=1 with one of them '
                     'samples too).')
-  flags.DEFINE_integer('max_len', None, 'Maximum generated tokens per sentence; default '
-                       'config.decode.max_len (at most the model\'s max_len).')
+  flags.DEFINE_integer('max_new_tokens', None, 'Maximum generated tokens per sentence; default '
+                       'config.decode.max_new_tokens (at most the model\'s max_len).')
+  flags.DEFINE_integer('max_len', None, 'Deprecated: the old name of --max_new_tokens (read as '
+                       'it, with a warning).')
   flags.DEFINE_integer('batch_size', None, 'Sentences per batch; default config.decode.batch_size.')
   flags.DEFINE_string('attention_plot', None, 'Directory for attention heatmaps (PNG): one '
                       'folder per sentence, an overview and a file per attention module, layer '
@@ -95,7 +98,7 @@ def _define_generation_flags() -> None:
   """A language model's flags, and sampling's (a translation model samples with --sample)."""
   flags.DEFINE_string('prompt', None, 'Language model: text to continue (\\n = a newline).')
   flags.DEFINE_integer('num_tokens', None, 'Language model: tokens to generate; default '
-                       'config.decode.max_len. Longer than the model\'s context is done in '
+                       'config.decode.max_new_tokens. Longer than the model\'s context is done in '
                        'windows (the context is cut to its last half).')
   flags.DEFINE_float('temperature', None, 'Sampling temperature: 0 (greedy) or in [0.001, '
                      '1000]; default config.decode.temperature.')
@@ -151,14 +154,17 @@ def encode_sources(tokenizer, lines, max_source_len: int):
   return out
 
 
-def translate(session, sources, *, beam_size, alpha, max_len, batch_size, progress=True):
+@renamed_keywords(max_len='max_new_tokens')
+def translate(session, sources, *, beam_size, alpha, max_new_tokens, batch_size,
+              progress=True):
   """Output ids per source (None for empty), in order (`inference.Translator`, as decode.py
-  and the trainer's BLEU run it)."""
+  and the trainer's BLEU run it). `max_len=` is `max_new_tokens`' deprecated name."""
   from tqdm import tqdm  # pylint: disable=import-outside-toplevel
 
   import inference  # pylint: disable=import-outside-toplevel
   translator = inference.Translator(session.module, session.params, beam_size=beam_size,
-                                    alpha=alpha, max_len=max_len, batch_size=batch_size,
+                                    alpha=alpha, max_new_tokens=max_new_tokens,
+                                    batch_size=batch_size,
                                     eos_id=session.tokenizer.eos_id)
   count = sum(s is not None for s in sources)
   with tqdm(total=count, file=sys.stderr, unit='sent', desc='decoding', dynamic_ncols=True,

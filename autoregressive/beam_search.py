@@ -3,7 +3,7 @@ also `model.decoding.beam_search_decode`).
 
 Alive and finished beams are kept apart (the Flax-WMT/t5x layout) with fairseq's selection
 rule: each step extends the `beam_size` (k) alive hypotheses and takes the best 2k candidates
-by log-probability; those among the best k that end (EOS, or `max_len` reached) join the
+by log-probability; those among the best k that end (EOS, or `max_new_tokens` reached) join the
 finished set, scored `log P(y) / lp(y)` with the GNMT penalty `lp(y) = ((5 + |y|) / 6) **
 alpha` (|y| counts the EOS); the best k that did not end stay alive. A batch row is done once
 it has k finished hypotheses (so beam size 1 is exactly greedy decoding), and the loop stops
@@ -34,7 +34,7 @@ from autoregressive.decode_loop import (
   take_rows,
   unfinished_first,
 )
-from model.kinds import kind_of
+from model.kinds import adapter_of
 
 Array = jax.Array
 
@@ -46,17 +46,17 @@ FIRST_WINDOW = 16
 
 class Beams(NamedTuple):
   """The search state of a batch of sentences, k hypotheses each."""
-  alive_seq: Array  # [batch, k, max_len] generated tokens of the alive hypotheses
+  alive_seq: Array  # [batch, k, max_new_tokens] generated tokens of the alive hypotheses
   alive_lp: Array  # [batch, k] their log-probabilities (-inf: empty slot)
-  fin_seq: Array  # [batch, k, max_len] finished hypotheses, best first
+  fin_seq: Array  # [batch, k, max_new_tokens] finished hypotheses, best first
   fin_score: Array  # [batch, k] their length-penalised scores (-inf: empty slot)
   origin: Array  # [batch, k] each alive hypothesis' parent among the previous alive ones
   next_tok: Array  # [batch, k] each alive hypothesis' newest token (the next decoder input)
   done: Array  # [batch] bool: the sentence's result is final
 
   @classmethod
-  def initial(cls, batch: int, k: int, max_len: int) -> Beams:
-    tokens = jnp.zeros((batch, k, max_len), jnp.int32)
+  def initial(cls, batch: int, k: int, max_new_tokens: int) -> Beams:
+    tokens = jnp.zeros((batch, k, max_new_tokens), jnp.int32)
     return cls(alive_seq=tokens,
                alive_lp=jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), jnp.float32),
                                  (batch, 1)),
@@ -96,17 +96,17 @@ def _gather_beams(tree, batch_index):
 
 
 class _Stepper:
-  """One extension of every alive beam (`__call__`), for the prompt, `max_len` and `alpha`
+  """One extension of every alive beam (`__call__`), for the prompt, `max_new_tokens` and `alpha`
   of one search."""
 
-  def __init__(self, prompt, lengths, alpha, k: int, max_len: int, eos_id):
+  def __init__(self, prompt, lengths, alpha, k: int, max_new_tokens: int, eos_id):
     self.prompt, self.lengths, self.alpha = prompt, lengths, alpha
-    self.k, self.max_len, self.eos_id = k, max_len, eos_id
+    self.k, self.max_new_tokens, self.eos_id = k, max_new_tokens, eos_id
 
   def take(self, rows) -> _Stepper:
     """The stepper of the batch made of `rows` `[n]` of this one."""
-    return _Stepper(self.prompt[rows], self.lengths[rows], self.alpha, self.k, self.max_len,
-                    self.eos_id)
+    return _Stepper(self.prompt[rows], self.lengths[rows], self.alpha, self.k,
+                    self.max_new_tokens, self.eos_id)
 
   def candidates(self, t, logits, alive_lp):
     """Log-probs of every (beam, token) extension -> (top 2k values, beam, token, forced)."""
@@ -127,9 +127,9 @@ class _Stepper:
     top_lp, beam, tok, forced = self.candidates(t, logits, beams.alive_lp)
     g = t - self.lengths  # [batch] index among the generated tokens
     seq = jnp.take_along_axis(beams.alive_seq, beam[:, :, None], axis=1)
-    seq = jnp.where(jnp.arange(self.max_len)[None, None, :] == g[:, None, None],
+    seq = jnp.where(jnp.arange(self.max_new_tokens)[None, None, :] == g[:, None, None],
                     tok[:, :, None], seq)
-    ends = (g >= self.max_len - 1)[:, None] & ~forced[:, None]
+    ends = (g >= self.max_new_tokens - 1)[:, None] & ~forced[:, None]
     if self.eos_id is not None:
       ends |= (tok == self.eos_id) & ~forced[:, None]
     # As in fairseq, a hypothesis that ends is finished only when it is among the best
@@ -143,8 +143,8 @@ class _Stepper:
     fin_score = jnp.where(was_done[:, None], beams.fin_score, fin_score)
     fin_seq = jnp.where(was_done[:, None, None], beams.fin_seq, fin_seq)
     alive_lp, idx = jax.lax.top_k(jnp.where(ends, NEG_INF, top_lp), k)
-    # A row is done with k finished hypotheses, or nothing left alive, or at max_len.
-    done = ((g >= self.max_len - 1) | jnp.isfinite(fin_score[:, -1]) |
+    # A row is done with k finished hypotheses, or nothing left alive, or at max_new_tokens.
+    done = ((g >= self.max_new_tokens - 1) | jnp.isfinite(fin_score[:, -1]) |
             ~jnp.isfinite(alive_lp[:, 0]))
     done = (done & ~(t + 1 < self.lengths)) | was_done
     return Beams(alive_seq=seq[rows, idx], alive_lp=alive_lp, fin_seq=fin_seq,
@@ -152,31 +152,31 @@ class _Stepper:
                  done=done)
 
 
-@functools.partial(jax.jit, static_argnames=('module', 'beam_size', 'max_len', 'prefill_len',
-                                             'eos_id', 'reorder_cache', 'compact_rows',
-                                             'first_window'))
-def search(module, params, inputs, prompt, lengths, alpha, *, beam_size, max_len,
+@functools.partial(jax.jit, static_argnames=('module', 'beam_size', 'max_new_tokens',
+                                             'prefill_len', 'eos_id', 'reorder_cache',
+                                             'compact_rows', 'first_window'))
+def search(module, params, inputs, prompt, lengths, alpha, *, beam_size, max_new_tokens,
            prefill_len, eos_id=EOS_ID, reorder_cache=False, compact_rows=(),
            first_window=FIRST_WINDOW):
-  """-> (tokens `[batch, k, max_len]`, scores `[batch, k]`), best first (arguments prepared
-  by `decode_loop.prepare`). With `compact_rows` (a tuple of decreasing row counts) the slot
-  layout's loop goes on with the unfinished sentences only once they are at most that many,
-  in stages (`decode_loop.compact_sizes`);
-  its first `first_window` steps attend over a cache of that many steps (0: the whole cache)."""
-  step = _Stepper(prompt, lengths, alpha, beam_size, max_len, eos_id)
-  beams = Beams.initial(prompt.shape[0], beam_size, max_len)
+  """-> (tokens `[batch, k, max_new_tokens]`, scores `[batch, k]`), best first (arguments
+  prepared by `decode_loop.prepare`). With `compact_rows` (a tuple of decreasing row counts)
+  the slot layout's loop goes on with the unfinished sentences only once they are at most that
+  many, in stages (`decode_loop.compact_sizes`); its first `first_window` steps attend over a
+  cache of that many steps (0: the whole cache)."""
+  step = _Stepper(prompt, lengths, alpha, beam_size, max_new_tokens, eos_id)
+  beams = Beams.initial(prompt.shape[0], beam_size, max_new_tokens)
   if reorder_cache:
-    beams = _reordered_search(module, params, inputs, prompt, prefill_len, max_len, beam_size,
-                              step, beams)
+    beams = _reordered_search(module, params, inputs, prompt, prefill_len, max_new_tokens,
+                              beam_size, step, beams)
   else:
-    beams = _slot_search(module, params, inputs, prompt, prefill_len, max_len, beam_size, step,
-                         beams, compact_rows, first_window)
+    beams = _slot_search(module, params, inputs, prompt, prefill_len, max_new_tokens, beam_size,
+                         step, beams, compact_rows, first_window)
   fin_seq = jnp.where(jnp.isfinite(beams.fin_score)[:, :, None], beams.fin_seq, 0)
   return fin_seq, beams.fin_score
 
 
-def _slot_search(module, params, inputs, prompt, prefill_len, max_len, k, step, beams, sizes,
-                 window):
+def _slot_search(module, params, inputs, prompt, prefill_len, max_new_tokens, k, step, beams,
+                 sizes, window):
   """The decoder runs a sentence's k hypotheses as k queries of one batch row (`[batch, k]`).
 
   The self-attention cache of a row holds the keys/values of all its hypotheses: the first
@@ -188,17 +188,17 @@ def _slot_search(module, params, inputs, prompt, prefill_len, max_len, k, step, 
   booleans. The encoder keys/values are also kept once per sentence, not once per beam,
   and the first call (all beams equal) runs one row per sentence.
 
-  Each step attends over the whole cache, k positions per step of `max_len`, most of them
-  still empty early on: the first `window` steps run on a cache of `n0 + k * window`
+  Each step attends over the whole cache, k positions per generated token, most of them still
+  empty early on: the first `window` steps run on a cache of `n0 + k * window`
   positions, then it is padded to full length (on test2016, beam 4, 64 generated tokens at
   most: 65 positions instead of 253 for the steps most sentences need). Once at most
   `sizes[0]` sentences are unfinished the loop goes on with those rows only, and so on.
   """
   n0 = 1 + prefill_len
-  calls = prompt.shape[1] + max_len - n0  # the loop's most decoder calls
+  calls = prompt.shape[1] + max_new_tokens - n0  # the loop's most decoder calls
   window = window if 0 < window < calls else calls
   logits, cache, encoded, inputs, t0 = start(module, params, inputs, prompt, prefill_len,
-                                             max_len, cache_len=n0 + k * window)
+                                             max_new_tokens, cache_len=n0 + k * window)
   beams = step(t0, logits[:, None], beams)
   visible = jnp.broadcast_to(jnp.arange(n0 + k * window) < n0, (prompt.shape[0], k,
                                                                 n0 + k * window))
@@ -240,7 +240,7 @@ def _grow(state, cache_len: int):
 def _slot_loop(module, params, n0, t0, step, encoded, inputs, state, stop_at: int, calls: int):
   """`_slot_search`'s decoder steps until at most `stop_at` sentences are unfinished or
   `calls` loop calls are done (the cache is full); state (t, cache, visible, beams)."""
-  kind = kind_of(module)
+  adapter = adapter_of(module)
   batch, k, cache_len = state[2].shape
 
   def body(state):
@@ -248,9 +248,9 @@ def _slot_loop(module, params, n0, t0, step, encoded, inputs, state, stop_at: in
     own = jnp.arange(cache_len)[None, :] == (n0 + k * (t - t0) + jnp.arange(k))[:, None]
     mask = visible | own  # [batch, k, cache_len]
     # Every hypothesis' new token is at target index t + 1 (decoder position t + 1).
-    logits, cache = kind.decoder_step(module, params, pin(cache), encoded, inputs,
-                                      beams.next_tok, positions=jnp.full((batch, k), t + 1),
-                                      mask=mask[:, None])
+    logits, cache = adapter.decoder_step(module, params, pin(cache), encoded, inputs,
+                                         beams.next_tok, positions=jnp.full((batch, k), t + 1),
+                                         mask=mask[:, None])
     beams = step(t + 1, logits, beams)
     visible = jnp.take_along_axis(mask, beams.origin[:, :, None], axis=1)  # the parents' view
     return t + 1, cache, visible, beams
@@ -261,12 +261,12 @@ def _slot_loop(module, params, n0, t0, step, encoded, inputs, state, stop_at: in
   return jax.lax.while_loop(cond, body, state)
 
 
-def _reordered_search(module, params, inputs, prompt, prefill_len, max_len, k, step, beams):
+def _reordered_search(module, params, inputs, prompt, prefill_len, max_new_tokens, k, step, beams):
   """Reference layout: one decoder row per hypothesis, caches reordered by parent every step."""
-  kind, batch = kind_of(module), prompt.shape[0]
+  adapter, batch = adapter_of(module), prompt.shape[0]
   rows = jnp.arange(batch)[:, None]
   logits, cache, encoded, inputs, t0 = start(module, params, inputs, prompt, prefill_len,
-                                             max_len, batch_repeat=k)
+                                             max_new_tokens, batch_repeat=k)
   beams = step(t0, logits.reshape(batch, k, -1), beams)
 
   def reorder(cache, origin):
@@ -274,7 +274,7 @@ def _reordered_search(module, params, inputs, prompt, prefill_len, max_len, k, s
 
   def body(state):
     t, cache, beams = state
-    logits, cache = kind.decoder_step(module, params, pin(cache), encoded, inputs,
+    logits, cache = adapter.decoder_step(module, params, pin(cache), encoded, inputs,
                                       beams.next_tok.reshape(-1, 1))
     beams = step(t + 1, logits.reshape(batch, k, -1), beams)
     # Reordering here (not at the start of the next step) lets the decoder's cache update

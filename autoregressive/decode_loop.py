@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from model import transformer
-from model.kinds import kind_of
+from model.kinds import adapter_of
 
 Array = jax.Array
 
@@ -60,20 +60,20 @@ def _check_positions(cfg, what: str, length: int, hint: str = '') -> None:
     raise ValueError(f"{what} need {length} positions > the model's max_len {cfg.max_len}{hint}")
 
 
-def prepare(module, inputs, prompt, max_len: int):
+def prepare(module, inputs, prompt, max_new_tokens: int):
   """Validates and normalises the arguments -> (inputs, prompt, lengths, prefill_len).
 
   Works on host or device arrays, and on tracers (when the caller jits around us); the
   prefill length (a static shape) needs concrete prompt values, else it is 0.
   """
-  kind, cfg = kind_of(module), module.config
-  if not kind.has_decoder:
-    raise ValueError(f'decoding needs a decoder: this is an {kind.name} model')
-  if not isinstance(max_len, (int, np.integer)) or max_len <= 0:
-    raise ValueError(f'max_len must be a positive integer, got {max_len!r}')
-  if kind.has_source:
+  adapter, cfg = adapter_of(module), module.config
+  if not adapter.has_decoder:
+    raise ValueError(f'decoding needs a decoder: this is an {adapter.kind} model')
+  if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens <= 0:
+    raise ValueError(f'max_new_tokens must be a positive integer, got {max_new_tokens!r}')
+  if adapter.has_source:
     if inputs is None:
-      raise ValueError(f'an {kind.name} model needs `inputs` `[batch, src_len]`')
+      raise ValueError(f'an {adapter.kind} model needs `inputs` `[batch, src_len]`')
     inputs = _as_2d(inputs, 'inputs')
     _check_positions(cfg, 'the inputs', inputs.shape[1], '; truncate them')
     if prompt is None:
@@ -82,15 +82,15 @@ def prepare(module, inputs, prompt, max_len: int):
     if prompt is None:
       prompt, inputs = inputs, None
     if inputs is not None:
-      raise ValueError(f'a {kind.name} model takes a `prompt`, not `inputs`')
+      raise ValueError(f'a {adapter.kind} model takes a `prompt`, not `inputs`')
     if prompt is None:
-      raise ValueError(f'a {kind.name} model needs a `prompt` `[batch, len]` (it may have '
+      raise ValueError(f'a {adapter.kind} model needs a `prompt` `[batch, len]` (it may have '
                        'length 0)')
   prompt = _as_2d(prompt, 'prompt')
   if inputs is not None and inputs.shape[0] != prompt.shape[0]:
     raise ValueError(f'inputs batch {inputs.shape[0]} != prompt batch {prompt.shape[0]}')
-  _check_positions(cfg, f'prompt length {prompt.shape[1]} + max_len {max_len}',
-                   prompt.shape[1] + max_len)
+  _check_positions(cfg, f'prompt length {prompt.shape[1]} + max_new_tokens {max_new_tokens}',
+                   prompt.shape[1] + max_new_tokens)
   prefill_len = 0
   if prompt.shape[1] and not isinstance(prompt, jax.core.Tracer):
     prefill_len = int(prompt_lengths(np.asarray(prompt)).min())
@@ -100,7 +100,7 @@ def prepare(module, inputs, prompt, max_len: int):
   return inputs, prompt, prompt_lengths(prompt), prefill_len
 
 
-def start(module, params, inputs, prompt, prefill_len, max_len, batch_repeat=1,
+def start(module, params, inputs, prompt, prefill_len, max_new_tokens, batch_repeat=1,
           cache_len=None):
   """Encodes, makes the cache and runs the first decoder call, outside the loop.
 
@@ -112,19 +112,19 @@ def start(module, params, inputs, prompt, prefill_len, max_len, batch_repeat=1,
   `cache_len` defaults to one cache position per decoder input.
   Returns (logits `[batch*k, vocab]` predicting target index t, cache, encoded, inputs, t).
   """
-  kind = kind_of(module)
-  encoded = None if inputs is None else kind.encode(module, params, inputs)
+  adapter = adapter_of(module)
+  encoded = None if inputs is None else adapter.encode(module, params, inputs)
   batch = prompt.shape[0]
   if batch_repeat > 1:
     rep = lambda x: None if x is None else jnp.repeat(x, batch_repeat, axis=0)  # noqa: E731
     encoded, inputs = rep(encoded), rep(inputs)
   if cache_len is None:
-    cache_len = prompt.shape[1] + max_len
-  cache = kind.init_cache(module, encoded, inputs, batch * batch_repeat, cache_len)
+    cache_len = prompt.shape[1] + max_new_tokens
+  cache = adapter.init_cache(module, encoded, inputs, batch * batch_repeat, cache_len)
   first = jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), prompt[:, :prefill_len]], axis=1)
   if batch_repeat > 1:
     first = jnp.repeat(first, batch_repeat, axis=0)
-  logits, cache = kind.decoder_step(module, params, cache, encoded, inputs, first)
+  logits, cache = adapter.decoder_step(module, params, cache, encoded, inputs, first)
   return logits[:, -1], cache, encoded, inputs, prefill_len
 
 

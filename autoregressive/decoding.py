@@ -19,7 +19,7 @@ Models:
                    its true absolute positions (no left padding).
   An encoder-decoder model also accepts a `prompt`: a forced target prefix.
 
-Outputs hold the generated tokens only (not the prompt), `[..., max_len]`; a
+Outputs hold the generated tokens only (not the prompt), `[..., max_new_tokens]`; a
 sequence that emits EOS (id 1 by default; `eos_id=None` for vocabularies without
 one, e.g. characters) keeps the EOS and has zeros after it. The pad id 0 is never
 generated.
@@ -53,7 +53,8 @@ from autoregressive.decode_loop import (
   prompt_lengths,
   start,
 )
-from model.kinds import kind_of
+from common.deprecation import renamed_keywords, warn_renamed
+from model.kinds import adapter_of
 
 Array = jax.Array
 
@@ -108,18 +109,19 @@ def _fold_in(rng, t):
   return jax.random.fold_in(rng, t)
 
 
-@functools.partial(jax.jit, static_argnames=('module', 'max_len', 'prefill_len', 'greedy',
+@functools.partial(jax.jit, static_argnames=('module', 'max_new_tokens', 'prefill_len', 'greedy',
                                              'top_k', 'use_top_p', 'eos_id', 'compact_rows'))
 def _generate(module, params, inputs, prompt, lengths, rng, temperature, top_p, *,
-              max_len, prefill_len, greedy, top_k, use_top_p, eos_id, compact_rows=()):
+              max_new_tokens, prefill_len, greedy, top_k, use_top_p, eos_id, compact_rows=()):
   logits, cache, encoded, inputs, t0 = start(module, params, inputs, prompt, prefill_len,
-                                             max_len)
+                                             max_new_tokens)
   batch = prompt.shape[0]
   choose = functools.partial(_choose, temperature=temperature, top_p=top_p, greedy=greedy,
-                             top_k=top_k, use_top_p=use_top_p, max_len=max_len, eos_id=eos_id)
+                             top_k=top_k, use_top_p=use_top_p, max_new_tokens=max_new_tokens,
+                             eos_id=eos_id)
   # The rows' own inputs; one key for the whole batch draws differently for fewer rows.
   rows = _Rows(encoded, inputs, prompt, lengths, rng if _per_row(rng) else None)
-  tok, out, done = choose(rows, rng, t0, logits, jnp.zeros((batch, max_len), jnp.int32),
+  tok, out, done = choose(rows, rng, t0, logits, jnp.zeros((batch, max_new_tokens), jnp.int32),
                           jnp.zeros((batch,), jnp.bool_))
   state = (jnp.asarray(t0, jnp.int32), tok, cache, out, done)
   loop = functools.partial(_generate_loop, module, params, choose, rng)
@@ -137,7 +139,7 @@ class _Rows(NamedTuple):
 
 
 def _choose(rows, rng, t, logits, out, done, *, temperature, top_p, greedy, top_k, use_top_p,
-            max_len, eos_id):
+            max_new_tokens, eos_id):
   """Picks (or force-feeds) the token at target index t -> (tok, out, done)."""
   forced, forced_tok = forced_tokens(rows.prompt, rows.lengths, t)
   key = _fold_in(rng if rows.rng is None else rows.rng, t)
@@ -146,9 +148,9 @@ def _choose(rows, rng, t, logits, out, done, *, temperature, top_p, greedy, top_
   tok = jnp.where(forced, forced_tok, chosen)
   g = t - rows.lengths  # index among the generated tokens
   write = (g >= 0) & ~done
-  positions = jnp.arange(max_len)
+  positions = jnp.arange(max_new_tokens)
   out = jnp.where((positions[None, :] == g[:, None]) & write[:, None], tok[:, None], out)
-  finished = g >= max_len - 1
+  finished = g >= max_new_tokens - 1
   if eos_id is not None:
     finished |= write & (tok == eos_id)
   return tok, out, done | finished
@@ -157,61 +159,85 @@ def _choose(rows, rng, t, logits, out, done, *, temperature, top_p, greedy, top_
 def _generate_loop(module, params, choose, rng, rows, state, stop_at: int):
   """Decoder steps until at most `stop_at` rows are unfinished; state (t, tok, cache, out,
   done) of `rows`' batch."""
-  kind = kind_of(module)
+  adapter = adapter_of(module)
 
   def body(state):
     t, tok, cache, out, done = state
-    logits, cache = kind.decoder_step(module, params, pin(cache), rows.encoded, rows.inputs,
-                                      tok[:, None])
+    logits, cache = adapter.decoder_step(module, params, pin(cache), rows.encoded, rows.inputs,
+                                         tok[:, None])
     tok, out, done = choose(rows, rng, t + 1, logits[:, -1], out, done)
     return t + 1, tok, cache, out, done
 
   return jax.lax.while_loop(lambda s: jnp.sum(~s[4]) > stop_at, body, state)
 
 
-def greedy_decode(module, params, inputs=None, *, prompt=None, max_len: int,
+# The three searches share one argument order, `(module, params, inputs=None, *, prompt=None,
+# max_new_tokens, ...)`: `inputs` is the model's input (an encoder-decoder's source; a
+# decoder-only model, which has no source, takes it as its prompt) and `prompt` a forced prefix
+# of what is generated (a decoder-only model's prompt, an encoder-decoder's target prefix).
+
+def _old_sample_order(fn):
+  """`sample` was `(module, params, prompt=None, *, inputs=None, ...)`. The two calls whose
+  meaning the shared order changes keep working for one release, with a DeprecationWarning:
+  a positional prefix beside `inputs=`, and an encoder-decoder's source given as `prompt=`."""
+  @functools.wraps(fn)
+  def wrapper(module, params, *args, **kwargs):
+    if args and 'inputs' in kwargs:  # sample(module, params, prefix, inputs=source)
+      warn_renamed('sample(module, params, prompt, inputs=source)',
+                   'sample(module, params, source, prompt=prompt)', stacklevel=4)
+      kwargs['prompt'], args = args[0], args[1:]
+    elif (not args and kwargs.get('inputs') is None and kwargs.get('prompt') is not None
+          and adapter_of(module).has_source):  # sample(encoder_decoder, params, prompt=source)
+      warn_renamed("an encoder-decoder's source as sample(prompt=...)",
+                   'sample(module, params, source) or inputs=source', stacklevel=4)
+      kwargs['inputs'] = kwargs.pop('prompt')
+    return fn(module, params, *args, **kwargs)
+  return wrapper
+
+
+@renamed_keywords(max_len='max_new_tokens')
+def greedy_decode(module, params, inputs=None, *, prompt=None, max_new_tokens: int,
                   eos_id: int | None = EOS_ID, drop_finished: bool | int = True) -> Array:
-  """Greedy decoding -> generated tokens `[batch, max_len]` (EOS kept, zeros after it).
+  """Greedy decoding -> generated tokens `[batch, max_new_tokens]` (EOS kept, zeros after it).
 
   Args:
     module: an encoder-decoder or decoder-only model from `model.build_model`.
     params: its parameters (the tree, or `{'params': tree}`).
     inputs: encoder-decoder source tokens `[batch, src_len]`, right-padded with 0.
-      For a decoder-only model, a positional `inputs` is taken as the prompt.
+      A decoder-only model (no source) takes `inputs` as its prompt.
     prompt: decoder-only prompt `[batch, len]` right-padded with 0 (rows may differ in
       length); for an encoder-decoder, an optional forced target prefix.
-    max_len: number of tokens to generate (prompt length + max_len must fit in the
-      model's `max_len` positions).
+    max_new_tokens: number of tokens to generate (prompt length + max_new_tokens must fit in
+      the model's `config.max_len` positions). `max_len=` is its deprecated name.
     eos_id: the id that ends a sequence, or None (e.g. character vocabularies).
     drop_finished: once at most a quarter of the rows are unfinished, decode only those, and
       so on (`decode_loop.compact_sizes`: an int or a tuple sets the stages' rows; same
       tokens). False runs every row to the end of the batch.
   """
   module, params = decoding_model(module, params)
-  inputs, prompt, lengths, prefill_len = prepare(module, inputs, prompt, max_len)
+  inputs, prompt, lengths, prefill_len = prepare(module, inputs, prompt, max_new_tokens)
   return _generate(module, params, inputs, prompt, lengths, jax.random.PRNGKey(0),
-                   jnp.float32(1.0), jnp.float32(1.0), max_len=max_len,
+                   jnp.float32(1.0), jnp.float32(1.0), max_new_tokens=max_new_tokens,
                    prefill_len=prefill_len, greedy=True, top_k=None, use_top_p=False,
                    eos_id=eos_id, compact_rows=compact_sizes(prompt.shape[0], drop_finished))
 
 
-def sample(module, params, prompt=None, *, inputs=None, rng, max_len: int,
+@renamed_keywords(max_len='max_new_tokens')
+@_old_sample_order
+def sample(module, params, inputs=None, *, prompt=None, rng, max_new_tokens: int,
            temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
            eos_id: int | None = EOS_ID, drop_finished: bool | int = True) -> Array:
-  """Ancestral sampling -> generated tokens `[batch, max_len]` (EOS kept, zeros after it).
+  """Ancestral sampling -> generated tokens `[batch, max_new_tokens]` (EOS kept, zeros after it).
 
   `logits / temperature`, restricted to the `top_k` most likely tokens and/or the nucleus
-  of probability `top_p`; `temperature=0` is greedy. For an encoder-decoder model give
-  the source as `inputs` (a positional argument is taken as the source when `inputs` is
-  None). The same `rng` gives the same tokens. `rng` is one key, or one key per row
-  (`[batch, 2]`, e.g. from `jax.random.split`): a row's tokens then depend only on its own
-  key and inputs, not on the other rows of the batch or the batch size. `drop_finished` as in
-  `greedy_decode` (it applies to greedy decoding and to keys per row: one key for the whole
-  batch would draw differently for fewer rows).
+  of probability `top_p`; `temperature=0` is greedy. `inputs`, `prompt`, `max_new_tokens`,
+  `eos_id` as in `greedy_decode`. The same `rng` gives the same tokens. `rng` is one key, or
+  one key per row (`[batch, 2]`, e.g. from `jax.random.split`): a row's tokens then depend
+  only on its own key and inputs, not on the other rows of the batch or the batch size.
+  `drop_finished` as in `greedy_decode` (it applies to greedy decoding and to keys per row: one
+  key for the whole batch would draw differently for fewer rows).
   """
   module, params = decoding_model(module, params)
-  if kind_of(module).has_source and inputs is None:
-    inputs, prompt = prompt, None
   if top_k is not None and top_k <= 0:
     top_k = None
   if top_k is not None:
@@ -220,11 +246,11 @@ def sample(module, params, prompt=None, *, inputs=None, rng, max_len: int,
     raise ValueError(f'top_p must be in (0, 1], got {top_p}')
   if temperature < 0:
     raise ValueError(f'temperature must be >= 0, got {temperature}')
-  inputs, prompt, lengths, prefill_len = prepare(module, inputs, prompt, max_len)
+  inputs, prompt, lengths, prefill_len = prepare(module, inputs, prompt, max_new_tokens)
   greedy = temperature == 0
   return _generate(module, params, inputs, prompt, lengths, rng,
                    jnp.float32(temperature if not greedy else 1.0),
-                   jnp.float32(1.0 if top_p is None else top_p), max_len=max_len,
+                   jnp.float32(1.0 if top_p is None else top_p), max_new_tokens=max_new_tokens,
                    prefill_len=prefill_len, greedy=greedy, top_k=top_k,
                    use_top_p=top_p is not None and top_p < 1.0, eos_id=eos_id,
                    compact_rows=compact_sizes(prompt.shape[0], drop_finished))
@@ -232,14 +258,15 @@ def sample(module, params, prompt=None, *, inputs=None, rng, max_len: int,
 
 # ----------------------------------------------------------------------------- beam search
 
-def beam_search_decode(module, params, inputs=None, *, beam_size: int, alpha: float,
-                       max_len: int, prompt=None, eos_id: int | None = EOS_ID,
+@renamed_keywords(max_len='max_new_tokens')
+def beam_search_decode(module, params, inputs=None, *, prompt=None, beam_size: int,
+                       alpha: float, max_new_tokens: int, eos_id: int | None = EOS_ID,
                        reorder_cache: bool = False, drop_finished: bool | int = True):
-  """Beam search -> (tokens `[batch, beam, max_len]`, scores `[batch, beam]`), best first.
+  """Beam search -> (tokens `[batch, beam, max_new_tokens]`, scores `[batch, beam]`), best first.
 
   `scores` are `sum log P(token) / ((5 + len) / 6) ** alpha` of each returned sequence
   (log-softmax of the model's logits; `len` counts the EOS; a sequence that reaches
-  `max_len` without EOS ends there). Tokens are zero after EOS. When fewer than
+  `max_new_tokens` without EOS ends there). Tokens are zero after EOS. When fewer than
   `beam_size` distinct sequences exist (tiny vocabularies) the extra entries have score
   -inf and all-zero tokens. Arguments as in `greedy_decode`. `reorder_cache=True` runs the
   reference implementation (one decoder row per hypothesis, caches reordered every step):
@@ -248,9 +275,9 @@ def beam_search_decode(module, params, inputs=None, *, beam_size: int, alpha: fl
   module, params = decoding_model(module, params)
   if not isinstance(beam_size, (int, np.integer)) or beam_size <= 0:
     raise ValueError(f'beam_size must be a positive integer, got {beam_size!r}')
-  inputs, prompt, lengths, prefill_len = prepare(module, inputs, prompt, max_len)
+  inputs, prompt, lengths, prefill_len = prepare(module, inputs, prompt, max_new_tokens)
   return beam_search.search(module, params, inputs, prompt, lengths, jnp.float32(alpha),
-                            beam_size=int(beam_size), max_len=max_len,
+                            beam_size=int(beam_size), max_new_tokens=max_new_tokens,
                             prefill_len=prefill_len, eos_id=eos_id,
                             reorder_cache=bool(reorder_cache),
                             compact_rows=compact_sizes(prompt.shape[0], drop_finished))
@@ -267,7 +294,7 @@ def sequence_log_probs(module, params, inputs=None, *, prompt=None, tokens) -> A
   prefix), given the source `inputs` of an encoder-decoder. For tests and rescoring.
   """
   module, params = decoding_model(module, params)
-  kind = kind_of(module)
+  adapter = adapter_of(module)
   tokens = np.asarray(tokens, np.int32)
   batch, n, length = tokens.shape
   flat = tokens.reshape(batch * n, length)
@@ -279,8 +306,8 @@ def sequence_log_probs(module, params, inputs=None, *, prompt=None, tokens) -> A
     b = r // n
     full[r, :lengths[b]] = prompt[b, :lengths[b]]
     full[r, lengths[b]:lengths[b] + length] = flat[r]
-  source = jnp.repeat(jnp.asarray(inputs, jnp.int32), n, axis=0) if kind.has_source else None
-  logits = kind.teacher_forced(module, {'params': params}, source, jnp.asarray(full))
+  source = jnp.repeat(jnp.asarray(inputs, jnp.int32), n, axis=0) if adapter.has_source else None
+  logits = adapter.teacher_forced(module, {'params': params}, source, jnp.asarray(full))
   lp = jnp.take_along_axis(jax.nn.log_softmax(logits), full[..., None], -1)[..., 0]
   cols = np.repeat(lengths, n)[:, None] + np.arange(length)[None, :]
   lp = jnp.take_along_axis(lp, jnp.asarray(cols), axis=1)

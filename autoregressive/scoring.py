@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from autoregressive.decode_loop import PAD_ID, decoding_model
-from model.kinds import kind_of
+from model.kinds import adapter_of
 
 LENGTH_MULTIPLE = 16
 
@@ -25,7 +25,7 @@ def _summed_log_probs(module, params, inputs, targets):
   """Teacher-forced log P(targets[:, t] | targets[:, :t], inputs) summed over the non-pad
   targets: `inputs` `[batch, src]` (None: a language model), `targets` `[batch, len]`
   -> `[batch]`."""
-  logits = kind_of(module).teacher_forced(module, {'params': params}, inputs, targets)
+  logits = adapter_of(module).teacher_forced(module, {'params': params}, inputs, targets)
   lp = jax.nn.log_softmax(logits.astype(jnp.float32))
   lp = jnp.take_along_axis(lp, targets[..., None], axis=-1)[..., 0]
   return jnp.where(targets != PAD_ID, lp, 0.0).sum(axis=-1)

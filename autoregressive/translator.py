@@ -27,16 +27,17 @@ import numpy as np
 from autoregressive import decoding
 from autoregressive.decode_loop import decoding_model
 from autoregressive.scoring import forced_log_probs
+from common.deprecation import renamed_keywords, warn_renamed
 
 LENGTH_MULTIPLE = 16
 
 
-def truncate(ids: Sequence[int], max_len: int, eos_id: int | None) -> list[int]:
-  """At most `max_len` ids; a cut sequence keeps its EOS at the end (when there is one)."""
+def truncate(ids: Sequence[int], max_length: int, eos_id: int | None) -> list[int]:
+  """At most `max_length` ids; a cut sequence keeps its EOS at the end (when there is one)."""
   ids = list(ids)
-  if len(ids) <= max_len:
+  if len(ids) <= max_length:
     return ids
-  return ids[:max_len - 1] + [eos_id] if eos_id is not None else ids[:max_len]
+  return ids[:max_length - 1] + [eos_id] if eos_id is not None else ids[:max_length]
 
 
 def until_eos(ids: Sequence[int], eos_id: int | None) -> list[int]:
@@ -106,7 +107,8 @@ class Translator:
   batch's decoder step is a chain of small ops that mostly keep one core busy.
   """
 
-  def __init__(self, module, params, *, beam_size: int, alpha: float, max_len: int,
+  @renamed_keywords(max_len='max_new_tokens')
+  def __init__(self, module, params, *, beam_size: int, alpha: float, max_new_tokens: int,
                batch_size: int, eos_id: int | None = decoding.EOS_ID, nbest: int = 1,
                sampling: Sampling | None = None, drop_finished: bool | int = True,
                workers: int = 1):
@@ -115,10 +117,16 @@ class Translator:
       raise ValueError(f'nbest={nbest} is more than the beam size {beam_size}')
     if sampling is not None and beam_size != 1:
       raise ValueError(f'sampling draws one token at a time: beam_size must be 1, not {beam_size}')
-    self.beam_size, self.alpha, self.max_len = beam_size, alpha, max_len
+    self.beam_size, self.alpha, self.max_new_tokens = beam_size, alpha, max_new_tokens
     self.batch_size, self.eos_id = batch_size, eos_id
     self.nbest, self.sampling = nbest, sampling
     self.drop_finished, self.workers = drop_finished, max(1, int(workers))
+
+  @property
+  def max_len(self) -> int:
+    """Deprecated: `max_new_tokens`."""
+    warn_renamed('Translator.max_len', 'Translator.max_new_tokens')
+    return self.max_new_tokens
 
   def __call__(self, sources: Sequence[Sequence[int] | None],
                progress: Callable[[int], None] | None = None) -> list[list[int] | None]:
@@ -172,19 +180,21 @@ class Translator:
     if self.sampling is None and self.beam_size > 1:
       tokens, found = decoding.beam_search_decode(
           self.module, self.params, inputs, beam_size=self.beam_size, alpha=self.alpha,
-          max_len=self.max_len, eos_id=self.eos_id, drop_finished=self.drop_finished)
+          max_new_tokens=self.max_new_tokens, eos_id=self.eos_id,
+          drop_finished=self.drop_finished)
       tokens, found = np.asarray(tokens)[:n, :self.nbest], np.asarray(found)[:n, :self.nbest]
       return [[self._beam_hypothesis(t, float(s)) for t, s in zip(tokens[r], found[r], strict=True)
                if np.isfinite(s)] for r in range(n)]
     k = self.nbest if self.sampling is not None else 1
     rows = np.repeat(inputs, k, axis=0)
     if self.sampling is None:
-      tokens = decoding.greedy_decode(self.module, self.params, rows, max_len=self.max_len,
-                                      eos_id=self.eos_id, drop_finished=self.drop_finished)
+      tokens = decoding.greedy_decode(self.module, self.params, rows,
+                                      max_new_tokens=self.max_new_tokens, eos_id=self.eos_id,
+                                      drop_finished=self.drop_finished)
     else:
       s = self.sampling
       tokens = decoding.sample(
-          self.module, self.params, inputs=rows, max_len=self.max_len, eos_id=self.eos_id,
+          self.module, self.params, rows, max_new_tokens=self.max_new_tokens, eos_id=self.eos_id,
           rng=_sample_keys(s.seed, line_ids, k, inputs.shape[0]), temperature=s.temperature,
           top_k=s.top_k or None, top_p=s.top_p, drop_finished=self.drop_finished)
     log_probs = (forced_log_probs(self.module, self.params, rows, tokens) if scores
@@ -247,8 +257,9 @@ def generate(module, params, prompt_ids: Sequence[int], *, num_tokens: int, temp
     n = span - len(context)  # always fill the span: the same shapes for every window
     prompt = np.array(context, np.int32).reshape(1, len(context))
     rng, key = jax.random.split(rng)
-    out = decoding.sample(module, params, prompt, rng=key, max_len=n, temperature=temperature,
-                          top_k=top_k or None, top_p=top_p, eos_id=eos_id)
+    out = decoding.sample(module, params, prompt=prompt, rng=key, max_new_tokens=n,
+                          temperature=temperature, top_k=top_k or None, top_p=top_p,
+                          eos_id=eos_id)
     new = until_eos(np.asarray(out)[0].tolist(), eos_id)
     generated += new
     if len(generated) >= num_tokens or len(new) < n or (eos_id is not None and new[-1] == eos_id):

@@ -11,7 +11,7 @@ Prints one JSON object per (config, method): ms per batch (median over timed cal
 sentences/s, generated tokens/s (best hypothesis: batch x steps; and x beam for all beams).
 
 Setup (as the peers' harness, `../shared/bench/peers/jax_encdec_bench.py`): batch 16
-(default), source length 32 (random ids in [3, vocab)), `max_len` 32 generated tokens, EOS
+(default), source length 32 (random ids in [3, vocab)), `max_new_tokens` 32 generated tokens, EOS
 out of reach, so
 every call runs the full 32 decoder steps (1 before the loop + 31 in it), encoder included.
 `small` = vocab 8192, d_model 256, d_ff 1024, 4 heads, 3+3 layers, shared embeddings, tied
@@ -117,9 +117,10 @@ def bench_ours(name: str, reps: int, warmup: int, max_foreign: float, methods, d
             for _ in range(2)]
   params = module.init(jax.random.PRNGKey(0), inputs[0][:1], inputs[0][:1, :4])['params']
   fns = {
-      'greedy': lambda x: decoding.greedy_decode(module, params, x, max_len=MAX_LEN, eos_id=None),
+      'greedy': lambda x: decoding.greedy_decode(module, params, x, max_new_tokens=MAX_LEN,
+                                                   eos_id=None),
       f'beam{BEAM}': lambda x: decoding.beam_search_decode(
-          module, params, x, beam_size=BEAM, alpha=0.6, max_len=MAX_LEN, eos_id=None)[0],
+          module, params, x, beam_size=BEAM, alpha=0.6, max_new_tokens=MAX_LEN, eos_id=None)[0],
   }
   return {m: _counter(fns[m], inputs) for m in methods}
 
@@ -179,8 +180,8 @@ def main():
   BATCH = a.batch_size
   stamp = {'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
            'cpus': os.cpu_count(), 'jax': jax.__version__, 'python': platform.python_version(),
-           'load': os.getloadavg()[0], 'batch': BATCH, 'src_len': SRC_LEN, 'max_len': MAX_LEN,
-           'dtype': a.dtype, 'backend': jax.default_backend(),
+           'load': os.getloadavg()[0], 'batch': BATCH, 'src_len': SRC_LEN,
+           'max_new_tokens': MAX_LEN, 'dtype': a.dtype, 'backend': jax.default_backend(),
            'device': jax.devices()[0].device_kind}
   print(json.dumps({'bench': 'decode', **stamp}), flush=True)
   methods = a.methods.split(',')

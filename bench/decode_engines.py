@@ -2,7 +2,7 @@
 (`ours`), CTranslate2 float32 and int8, and transformers `generate`.
 
     python bench/decode_engines.py --workdir=DIR [--lines=N] [--beam_sizes=4,1]
-        [--batch_size=32] [--max_len=64] [--repeats=3] [--threads=2]
+        [--batch_size=32] [--max_new_tokens=64] [--repeats=3] [--threads=2]
         [--engines=ours,ct2_float32,ct2_int8,transformers] [--checkpoint_step=N]
 
 The newest checkpoint of DIR (or --checkpoint_step) is exported once (export.py's code:
@@ -10,7 +10,7 @@ The newest checkpoint of DIR (or --checkpoint_step) is exported once (export.py'
 DIR) so every engine runs the same weights on the same sources: the first --lines lines of
 test2016 (data/multi30k/test_2016_flickr.en.gz, or --input_file), tokenized and cut to the
 model's max_len as decode.py does. Same beam, batch size (sentences), length limit
-(--max_len generated tokens, EOS included) and length penalty (none: decode.py's alpha=0,
+(--max_new_tokens generated tokens, EOS included) and length penalty (none: decode.py's alpha=0,
 CTranslate2's and transformers' length_penalty=0).
 
 Each (engine, beam) runs in a subprocess of its own, pinned to --threads CPUs (CTranslate2
@@ -71,7 +71,8 @@ def _ours(job):
 
   def run():
     outputs = decode.translate(restored, sources, beam_size=job['beam'], alpha=0.0,
-                               max_len=job['max_len'], batch_size=job['batch_size'],
+                               max_new_tokens=job['max_new_tokens'],
+                               batch_size=job['batch_size'],
                                progress=False)
     return [list(map(int, o)) for o in outputs]
   return run
@@ -91,9 +92,9 @@ def _ct2(job, compute_type):
 
   def run():
     results = translator.translate_batch(
-        pieces, beam_size=job['beam'], length_penalty=0.0, max_decoding_length=job['max_len'],
-        max_input_length=job['model_max_len'], max_batch_size=job['batch_size'],
-        batch_type='examples', return_end_token=True)
+        pieces, beam_size=job['beam'], length_penalty=0.0,
+        max_decoding_length=job['max_new_tokens'], max_input_length=job['model_max_len'],
+        max_batch_size=job['batch_size'], batch_type='examples', return_end_token=True)
     return [[ids[t] for t in r.hypotheses[0]] for r in results]
   return run
 
@@ -118,7 +119,7 @@ def _transformers(job):
         generated = model.generate(input_ids=inputs, attention_mask=inputs > 0,
                                    num_beams=job['beam'], length_penalty=0.0,
                                    early_stopping=True, do_sample=False,
-                                   max_new_tokens=job['max_len'])
+                                   max_new_tokens=job['max_new_tokens'])
       for row, i in enumerate(chunk):
         ids = generated[row, 1:].tolist()  # after the decoder start token
         outputs[i] = ids[:ids.index(EOS) + 1] if EOS in ids else [t for t in ids if t]
@@ -283,7 +284,8 @@ def bench(args) -> dict:
     dirs = _export(args.workdir, args.checkpoint_step, scratch, engines)
     job = {'workdir': args.workdir, 'step': args.checkpoint_step, 'sources': sources,
            'xla_cache': os.path.join(scratch, 'xla_cache'),
-           'batch_size': args.batch_size, 'max_len': min(args.max_len, model_max_len),
+           'batch_size': args.batch_size,
+           'max_new_tokens': min(args.max_new_tokens, model_max_len),
            'model_max_len': model_max_len, 'threads': args.threads,
            'warm_passes': args.warm_passes, **dirs}
     runs = {beam: {e: [] for e in engines} for beam in beams}
@@ -305,7 +307,8 @@ def bench(args) -> dict:
           'machine': platform.processor() or platform.machine(), 'cpus': os.cpu_count(),
           'command': ' '.join([os.path.basename(sys.executable), *sys.argv]),
           'loadavg_1min_end': round(os.getloadavg()[0], 2),
-          'workdir': args.workdir, 'sentences': len(text), 'max_len': job['max_len'],
+          'workdir': args.workdir, 'sentences': len(text),
+          'max_new_tokens': job['max_new_tokens'],
           'batch_size': args.batch_size, 'threads': args.threads, 'repeats': args.repeats,
           'results': results}
 
@@ -318,7 +321,8 @@ def main(argv=None) -> None:
   ap.add_argument('--lines', type=int, default=0, help='The first N lines (0: all).')
   ap.add_argument('--beam_sizes', default='4,1')
   ap.add_argument('--batch_size', type=int, default=32)
-  ap.add_argument('--max_len', type=int, default=64, help='Generated tokens, EOS included.')
+  ap.add_argument('--max_new_tokens', '--max_len', type=int, default=64,
+                  help='Generated tokens, EOS included (--max_len: its old name).')
   ap.add_argument('--engines', default=','.join(ENGINES))
   ap.add_argument('--threads', type=int, default=2)
   ap.add_argument('--repeats', type=int, default=3)

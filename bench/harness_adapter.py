@@ -38,7 +38,8 @@ class Harnessed:
 
   def beam_search(self, params, inputs, beam_size, max_decode_len, eos_id):
     tokens, _ = decoding.beam_search_decode(self.module, params, inputs, beam_size=beam_size,
-                                            alpha=0.6, max_len=max_decode_len, eos_id=eos_id)
+                                            alpha=0.6, max_new_tokens=max_decode_len,
+                                            eos_id=eos_id)
     return tokens
 
 

@@ -25,13 +25,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import input_pipeline
 from configs import default, shakespeare_char
-from model.kinds import kind_of
+from model.kinds import adapter_of
 
 
 def _measure(config, workdir, num_batches):
   start = time.perf_counter()
   ds = input_pipeline.get_datasets(config, workdir=workdir,
-                                  layout=kind_of(config.model).batch_layout,
+                                  layout=adapter_of(config.model).batch_layout,
                                   process_index=0, process_count=1)
   first = next(ds.train_iter)  # starts the prefetch thread; not timed below
   setup = time.perf_counter() - start

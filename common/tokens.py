@@ -14,12 +14,12 @@ EOS_ID = 1
 UNK_ID = 2
 
 
-def truncate(ids: Sequence[int], max_len: int, eos_id: int | None) -> list[int]:
-  """At most `max_len` ids; a cut sequence keeps its EOS at the end (when there is one).
+def truncate(ids: Sequence[int], max_length: int, eos_id: int | None) -> list[int]:
+  """At most `max_length` ids; a cut sequence keeps its EOS at the end (when there is one).
 
   The training pipeline and translation at inference cut sources by this one rule, so a
   model sees the same kind of input in both."""
   ids = list(ids)
-  if len(ids) <= max_len:
+  if len(ids) <= max_length:
     return ids
-  return ids[:max_len - 1] + [eos_id] if eos_id is not None else ids[:max_len]
+  return ids[:max_length - 1] + [eos_id] if eos_id is not None else ids[:max_length]

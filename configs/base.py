@@ -92,7 +92,7 @@ def _decode() -> ml_collections.ConfigDict:
   dec = ml_collections.ConfigDict()
   dec.beam_size = 4
   dec.alpha = 0.6
-  dec.max_len = 128  # generated tokens; also the max source length when translating
+  dec.max_new_tokens = 128  # tokens decoding may generate (at most model.max_len)
   dec.num_eval_sentences = 1014
   dec.batch_size = 64
   dec.temperature = 1.0

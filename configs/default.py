@@ -45,7 +45,7 @@ def get_config(preset=None):
   t.log_every_steps = 25
   dec = config.decode
   dec.beam_size, dec.alpha = 4, 0.6
-  dec.max_len = 64
+  dec.max_new_tokens = 64
   dec.num_eval_sentences = 256
 
   if preset == 'tiny':
@@ -62,7 +62,7 @@ def get_config(preset=None):
     t.checkpoint_every_steps = 10
     t.log_every_steps = 5
     dec.beam_size = 2
-    dec.max_len = 32
+    dec.max_new_tokens = 32
     dec.num_eval_sentences = 16
   elif preset is not None:
     raise ValueError(f'configs/default.py: unknown preset {preset!r}; known: tiny')

@@ -68,7 +68,7 @@ def get_config(preset=None):
   t.checkpoint_every_steps = 1000
   t.log_every_steps = 50
   dec = config.decode
-  dec.max_len = 256
+  dec.max_new_tokens = 256
   dec.temperature = 0.8
   dec.top_k = 40
   return config

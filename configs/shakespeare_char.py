@@ -52,7 +52,7 @@ def get_config(preset=None):
   t.checkpoint_every_steps = 500
   t.log_every_steps = 100
   dec = config.decode
-  dec.max_len = 500
+  dec.max_new_tokens = 500
   dec.temperature = 0.8
   dec.top_k = 0
 
@@ -104,4 +104,4 @@ def _tiny(config) -> None:
   t.checkpoint_every_steps = 10
   t.log_every_steps = 5
   o.warmup_steps = 5
-  dec.max_len = 16
+  dec.max_new_tokens = 16

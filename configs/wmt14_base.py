@@ -39,6 +39,6 @@ def get_config(preset=None):
   t.checkpoint_every_steps = 5000
   t.max_checkpoints = 20  # the paper averages the last 5 (base) / 20 (big) checkpoints
   config.decode.beam_size, config.decode.alpha = 4, 0.6
-  config.decode.max_len = 256
+  config.decode.max_new_tokens = 256
   config.decode.num_eval_sentences = 3000
   return config

@@ -26,7 +26,7 @@ starts from token 0's learned embedding. The spec here says what our model compu
 
 Decoding (export_info.json lists the options): sources are the tokenizer's pieces without
 EOS (the model config adds it, and `max_input_length=max_len` cuts as decode.py does,
-keeping EOS last); `max_decoding_length` counts the EOS like our `max_len`; beam search with
+keeping EOS last); `max_decoding_length` counts the EOS like our `max_new_tokens`; beam search with
 `length_penalty=0` is decode.py's `--alpha=0` (CTranslate2's penalty is len ** lp, not GNMT's
 ((5 + len) / 6) ** alpha). With length_penalty=0 CTranslate2 stops a sentence once its best
 candidate ends, where ours (fairseq's rule) stops after beam_size hypotheses ended; both
@@ -40,19 +40,21 @@ import os
 
 import numpy as np
 
+from common.deprecation import renamed_keywords
 from hf_export import targets
 from model import attention as attn
-from model.kinds import kind_of
+from model.kinds import adapter_of
 
 LAYER_NORM_EPS = 1e-6  # model/layers.py: LayerNorm
 NEVER = -1e9  # output bias of tokens that are never generated (exp underflows to exactly 0)
 UNK = '<unk>'
 
 
-def check(cfg, tokenizer_kind=None) -> None:
+@renamed_keywords(tokenizer_kind='tokenizer_name')
+def check(cfg, tokenizer_name=None) -> None:
   """Raises `UnsupportedConfig` (one line) for a model CTranslate2 cannot run."""
-  del tokenizer_kind  # both tokenizers are plain vocabularies here
-  if not kind_of(cfg).has_decoder:
+  del tokenizer_name  # both tokenizers are plain vocabularies here
+  if not adapter_of(cfg).has_decoder:
     raise targets.UnsupportedConfig(
         f'config.model.kind={cfg.kind} cannot be exported to CTranslate2: it has no '
         'generation head (Translator and Generator need a decoder)')
@@ -176,7 +178,7 @@ def model_spec(params, cfg, tokenizer):
   source = _rows(params['embed']['embedding'], n)
   target = source if cfg.share_embeddings or 'target_embed' not in params else _rows(
       params['target_embed']['embedding'], n)
-  if kind_of(cfg).has_source:
+  if adapter_of(cfg).has_source:
     spec = ts.TransformerSpec(ts.TransformerEncoderSpec(cfg.num_encoder_layers, cfg.num_heads,
                                                         **kwargs),
                               ts.TransformerDecoderSpec(cfg.num_decoder_layers, cfg.num_heads,
@@ -201,11 +203,11 @@ def model_spec(params, cfg, tokenizer):
 
 def decoding_options(cfg, tokenizer, decode_config) -> dict:
   """The options that make CTranslate2 decode as decode.py does (for export_info.json)."""
-  max_len = min(int(decode_config.get('max_len', cfg.max_len)), cfg.max_len)
-  if kind_of(cfg).has_source:
+  max_new_tokens = min(int(decode_config.get('max_new_tokens', cfg.max_len)), cfg.max_len)
+  if adapter_of(cfg).has_source:
     return {'class': 'ctranslate2.Translator', 'input': 'the tokenizer\'s pieces, no EOS',
             'translate_batch': {'beam_size': int(decode_config.get('beam_size', 4)),
-                                'length_penalty': 0.0, 'max_decoding_length': max_len,
+                                'length_penalty': 0.0, 'max_decoding_length': max_new_tokens,
                                 'max_input_length': cfg.max_len},
             'note': 'length_penalty=0 is decode.py --alpha=0 (the GNMT penalty has no '
                     'CTranslate2 equivalent)'}
@@ -238,10 +240,10 @@ class FORMAT:  # noqa: N801  # the format object `hf_export.writer` dispatches t
     spec = model_spec(jax.device_get(restored.params), cfg, tokenizer)
     spec.optimize(quantization=None)
     spec.save(directory)
-    if tokenizer.kind == 'sentencepiece':  # what makes the pieces: users need it to tokenize
+    if tokenizer.name == 'sentencepiece':  # what makes the pieces: users need it to tokenize
       with open(os.path.join(directory, 'spm.model'), 'wb') as f:
         f.write(tokenizer.model_proto)
-    what = 'Translator' if kind_of(cfg).has_source else 'Generator'
+    what = 'Translator' if adapter_of(cfg).has_source else 'Generator'
     return f'a CTranslate2 {what} model', {
         'ctranslate2': decoding_options(cfg, tokenizer, config.decode),
-        'tokenizer': tokenizer.kind, 'max_len': cfg.max_len}
+        'tokenizer': tokenizer.name, 'max_len': cfg.max_len}

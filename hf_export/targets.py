@@ -14,8 +14,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from common.deprecation import renamed_keywords
 from hf_export import convert
-from model.kinds import KINDS, kind_of
+from model.kinds import ADAPTERS, adapter_of
 
 
 class UnsupportedConfig(ValueError):
@@ -52,7 +53,8 @@ def _beam_generation(cfg, eos: int | None, decode_config) -> dict:
               forced_eos_token_id=None, suppress_tokens=[0],
               num_beams=decode_config.get('beam_size', 4),
               length_penalty=decode_config.get('alpha', 0.0), early_stopping=True,
-              max_new_tokens=min(decode_config.get('max_len', cfg.max_len), cfg.max_len))
+              max_new_tokens=min(decode_config.get('max_new_tokens', cfg.max_len),
+                                 cfg.max_len))
 
 
 def _sampling_generation(cfg, eos: int | None, decode_config) -> dict:
@@ -88,30 +90,32 @@ _GPT2 = Target('GPT2LMHeadModel', 'GPT2Config', _check_gpt2, convert.gpt2_config
 TARGETS = {(True, 'post'): _MARIAN, (True, 'pre'): _PEGASUS, (False, 'pre'): _GPT2}
 
 
-def target(cfg, tokenizer_kind: str | None = None) -> Target:
+@renamed_keywords(tokenizer_kind='tokenizer_name')
+def target(cfg, tokenizer_name: str | None = None) -> Target:
   """The target of `cfg` (a `ModelConfig`), or `UnsupportedConfig` (one line)."""
-  kind = kind_of(cfg)
-  if not kind.has_decoder:
-    exported = ' and '.join(name for name, k in KINDS.items() if k.has_decoder)
+  adapter = adapter_of(cfg)
+  if not adapter.has_decoder:
+    exported = ' and '.join(kind for kind, a in ADAPTERS.items() if a.has_decoder)
     _refuse(f'kind={cfg.kind}', f'there is no generation head to export (only {exported} '
             'models are exported)')
-  found = TARGETS.get((kind.has_source, cfg.norm_position))
+  found = TARGETS.get((adapter.has_source, cfg.norm_position))
   if found is None:
     others = {t.architecture: norm for (source, norm), t in TARGETS.items()
-              if source == kind.has_source}
+              if source == adapter.has_source}
     _refuse(f'norm_position={cfg.norm_position} ({cfg.kind})', ', '.join(
         f'{arch} is {norm}-LN only' for arch, norm in others.items()))
   found.check(cfg)
-  if tokenizer_kind == 'sentencepiece' and not found.sentencepiece:
+  if tokenizer_name == 'sentencepiece' and not found.sentencepiece:
     raise UnsupportedConfig(f'config.data.tokenizer=sentencepiece with kind={cfg.kind} cannot '
                             'be exported: the exporter writes a sentencepiece tokenizer only for '
                             'translation (MarianTokenizer), and a character one for both kinds')
   return found
 
 
-def check_exportable(cfg, tokenizer_kind: str | None = None) -> None:
+@renamed_keywords(tokenizer_kind='tokenizer_name')
+def check_exportable(cfg, tokenizer_name: str | None = None) -> None:
   """Raises `UnsupportedConfig` (one line) unless a target class expresses `cfg` exactly."""
-  target(cfg, tokenizer_kind)
+  target(cfg, tokenizer_name)
 
 
 def target_class(cfg) -> str:

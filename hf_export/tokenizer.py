@@ -32,7 +32,7 @@ def save_tokenizer(tokenizer, directory: str, *, max_len: int, start_token: bool
   `max_len` is the model's position count (the tokenizer's `model_max_length`); `start_token`:
   a character tokenizer prepends the start token 0 (a decoder-only model's BOS).
   """
-  if tokenizer.kind == 'sentencepiece':
+  if tokenizer.name == 'sentencepiece':
     return _save_marian(tokenizer, directory, max_len)
   return _save_chars(tokenizer, directory, max_len, start_token=start_token)
 

@@ -36,7 +36,7 @@ def _restore_lib():
 def check_workdir(workdir: str, check=None):
   """(ModelConfig, tokenizer, config) of `workdir`, or ExportError if it cannot be exported.
 
-  `check(model_config, tokenizer_kind)` raises `UnsupportedConfig` for a model the format
+  `check(model_config, tokenizer_name)` raises `UnsupportedConfig` for a model the format
   cannot express (default: the transformers targets' check).
   """
   from input_pipeline import tokenizers  # pylint: disable=import-outside-toplevel
@@ -53,7 +53,7 @@ def check_workdir(workdir: str, check=None):
     config = config_io.load_config(workdir)
     model_config = ModelConfig.from_config(config.model)
     tokenizer = tokenizers.load_tokenizer(workdir)
-    check(model_config, tokenizer.kind)
+    check(model_config, tokenizer.name)
   except (ConfigError, targets.UnsupportedConfig) as e:
     raise ExportError(str(e)) from None
   except ImportError:
@@ -104,8 +104,8 @@ class _Transformers:
   name = 'transformers'
 
   @staticmethod
-  def check(model_config, tokenizer_kind):
-    targets.check_exportable(model_config, tokenizer_kind)
+  def check(model_config, tokenizer_name):
+    targets.check_exportable(model_config, tokenizer_name)
 
   @staticmethod
   def prepare(model_config, tokenizer, config):

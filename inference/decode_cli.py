@@ -22,14 +22,17 @@ TEMPERATURE_MIN, TEMPERATURE_MAX = 1e-3, 1e3  # below 1e-3 logits / T overflow f
 ALPHA_MAX = 10.0  # ((5 + len) / 6) ** alpha stays finite in float32 for any length we decode
 INT_LIMITS = {  # flag -> (lowest, highest)
     'step': (0, cli.INT32_MAX), 'average_last': (1, 10_000), 'beam_size': (1, 1024),
-    'batch_size': (1, 65_536), 'max_len': (1, cli.INT32_MAX), 'nbest': (1, 1024),
+    'batch_size': (1, 65_536), 'max_new_tokens': (1, cli.INT32_MAX), 'nbest': (1, 1024),
+    'max_len': (1, cli.INT32_MAX),  # --max_new_tokens' old name (RENAMED_FLAGS)
     'num_tokens': (1, 1_000_000), 'top_k': (0, cli.INT32_MAX), 'seed': (0, cli.UINT32_MAX),
     'attention_plot_max': (0, cli.INT32_MAX)}
 SAMPLING_FLAGS = ('temperature', 'top_k', 'top_p')
 # Flags of a translation model that a language model refuses (and the reverse).
-TRANSLATION_FLAGS = ('reference', 'score_reference', 'beam_size', 'alpha', 'max_len',
+TRANSLATION_FLAGS = ('reference', 'score_reference', 'beam_size', 'alpha', 'max_new_tokens',
                      'batch_size', 'nbest', 'sample', 'lowercase_bleu')
 LM_FLAGS = ('prompt', 'num_tokens')
+# Renamed flags, old -> new: the old name is read as the new one for one release, with a warning.
+RENAMED_FLAGS = {'max_len': 'max_new_tokens'}
 
 
 class Plan(NamedTuple):
@@ -63,6 +66,19 @@ def check_numbers(F) -> None:
   cli.check_float('alpha', F.alpha, lo=0.0, hi=ALPHA_MAX)
   cli.check_float('top_p', F.top_p, lo=0.0, hi=1.0, lo_open=True)
   check_temperature(F.temperature)
+
+
+def rename_flags(F) -> None:
+  """Each old flag name given (`RENAMED_FLAGS`) is read as its new name, with one warning line
+  on stderr; giving both names is refused."""
+  for old, new in RENAMED_FLAGS.items():
+    if not F[old].present:
+      continue
+    if F[new].present:
+      raise cli.UsageError(f'--{old} is the old name of --{new}: give --{new} only')
+    _warn(f'--{old} is deprecated: use --{new} (the old name goes in the next release)')
+    setattr(F, new, getattr(F, old))
+    F[new].present = F[old].present
 
 
 def _same_file(a: str | None, b: str | None) -> bool:
@@ -109,7 +125,7 @@ def plan_translation(F, config, where: str) -> Plan:
   if F.lowercase_bleu and F.reference is None:
     raise cli.UsageError('--lowercase_bleu needs --reference')
   if F.score_reference is not None:
-    _refuse(F, ('reference', 'beam_size', 'alpha', 'max_len', 'nbest', 'sample', 'seed',
+    _refuse(F, ('reference', 'beam_size', 'alpha', 'max_new_tokens', 'nbest', 'sample', 'seed',
                 *SAMPLING_FLAGS, 'attention_plot'),
             '{flag} does not apply to --score_reference (it scores the given references: '
             'nothing is searched)')
@@ -136,7 +152,7 @@ def plan_translation(F, config, where: str) -> Plan:
 
 
 def plan_generation(F, config, where: str, kind: str) -> Plan:
-  hint = {'max_len': ' (--num_tokens sets the length)'}
+  hint = {'max_new_tokens': ' (--num_tokens sets the length)'}
   for name in TRANSLATION_FLAGS:
     _refuse(F, (name,), '{flag} is for translation, but ' + where + f' holds a {kind} '
             f'(language) model{hint.get(name, "")}')
@@ -155,22 +171,23 @@ def plan_generation(F, config, where: str, kind: str) -> Plan:
 def plan(F):
   """Checks every flag -> (Plan, mesh or None). Reads only config.json."""
   from inference import restore as restore_lib  # pylint: disable=import-outside-toplevel
-  from model.kinds import kind_of  # pylint: disable=import-outside-toplevel
+  from model.kinds import adapter_of  # pylint: disable=import-outside-toplevel
   check_numbers(F)
+  rename_flags(F)
   check_paths(F)
   try:
     config, module = restore_lib.read_model(F.workdir)
     mesh = None if F.mesh is None else restore_lib.mesh_from_flag(F.mesh)
   except restore_lib.RestoreError as e:
     raise cli.UsageError(str(e)) from None
-  kind = kind_of(module)
-  if not kind.has_decoder:
-    raise cli.UsageError(f'{F.workdir} holds a {kind.name} model: there is nothing to decode')
+  adapter = adapter_of(module)
+  if not adapter.has_decoder:
+    raise cli.UsageError(f'{F.workdir} holds a {adapter.kind} model: there is nothing to decode')
   if F.attention_plot is None:
     _refuse(F, ('attention_plot_max', 'attention_plot_heads'), '{flag} needs --attention_plot')
-  if kind.has_source:
+  if adapter.has_source:
     return plan_translation(F, config, F.workdir), mesh
-  return plan_generation(F, config, F.workdir, kind.name), mesh
+  return plan_generation(F, config, F.workdir, adapter.kind), mesh
 
 
 # ----------------------------------------------------------------------------- run

@@ -32,7 +32,7 @@ def translate(F, session, plan, lines, references) -> None:
   batch_size = F.batch_size or session.config.decode.get('batch_size', 64)
   if lines is not None:  # a file: no more rows than sentences
     batch_size = min(batch_size, max(1, sum(bool(line.strip()) for line in lines)))
-  settings = dict(beam_size=F.beam_size, alpha=F.alpha, max_len=F.max_len,
+  settings = dict(beam_size=F.beam_size, alpha=F.alpha, max_new_tokens=F.max_new_tokens,
                   batch_size=batch_size, nbest=F.nbest)
   if plan.sampling:
     settings.update(sample=True, beam_size=None, temperature=F.temperature, top_k=F.top_k,

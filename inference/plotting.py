@@ -29,14 +29,14 @@ import numpy as np
 
 from autoregressive.decode_loop import decoding_model
 from model import transformer
-from model.kinds import kind_of
+from model.kinds import adapter_of
 
 START_LABEL = '<s>'
 
 
 @functools.partial(jax.jit, static_argnums=0)
 def _forward_with_weights(module, params, inputs, targets):
-  _, state = kind_of(module).teacher_forced(module, {'params': params}, inputs, targets,
+  _, state = adapter_of(module).teacher_forced(module, {'params': params}, inputs, targets,
                                             mutable=['intermediates'])
   return state['intermediates']
 
@@ -173,7 +173,7 @@ _CHAR_INCHES = 0.055  # per character of a 6-point label
 
 
 def save_overview(panels, title: str, path: str) -> str:
-  """One PNG of a sentence's attention: a row per attention module (layers and kinds), a
+  """One PNG of a sentence's attention: a row per attention module (each layer's self and cross), a
   column per head after the heads' average. The average's axes carry the tokens (queries on
   the left, keys below) and the module's name; the heads beside it share them. The file to
   open first."""
@@ -261,7 +261,7 @@ def plot_lines(module, params, piece, items, out_dir: str, *, heads: str = 'all'
   on the output ids (a decoder-only model takes no source). `piece(id)` labels the axes; item
   `index` goes to `out_dir/line_<index+1>/`; `progress(1)` after each sentence. Returns the
   number of PNGs."""
-  has_source = kind_of(module).has_source
+  has_source = adapter_of(module).has_source
   os.makedirs(out_dir, exist_ok=True)
   bucket = lambda n: -(-max(n, 1) // 16) * 16  # noqa: E731  (few padded shapes: few compilations)
   written = 0

@@ -23,7 +23,7 @@ import jax
 from autoregressive.decode_loop import decoding_model
 from input_pipeline import tokenizers
 from model import ConfigError, build_model, partitioning
-from model.kinds import kind_of
+from model.kinds import adapter_of
 from training import checkpoint, config_io, mesh as mesh_lib
 
 
@@ -33,7 +33,7 @@ class RestoreError(ValueError):
 
 def check_params(params, module, workdir: str) -> None:
   """The restored tree must be the model of config.json (a clear error, not a JAX one)."""
-  problems = checkpoint.shape_mismatches(kind_of(module).param_shapes(module), params)
+  problems = checkpoint.shape_mismatches(adapter_of(module).param_shapes(module), params)
   if problems:
     more = f' (+{len(problems) - 3} more)' if len(problems) > 3 else ''
     raise RestoreError(f'the checkpoint in {workdir} does not fit the model in its config.json '
@@ -75,9 +75,9 @@ def _shardings(module, config, mesh):
     rules = mesh_lib.rules(config.get('mesh', None))
   except ConfigError as e:
     raise RestoreError(str(e)) from None
-  kind = kind_of(module)
-  logical = partitioning.logical_axes(module, kind.example_inputs())
-  return partitioning.shardings(logical, kind.param_shapes(module), mesh, rules)
+  adapter = adapter_of(module)
+  logical = partitioning.logical_axes(module, adapter.example_inputs())
+  return partitioning.shardings(logical, adapter.param_shapes(module), mesh, rules)
 
 
 def _placement(module, config, mesh):

@@ -9,8 +9,8 @@
     lm = inference.load('runs/shakespeare')
     lm.generate('ROMEO:', num_tokens=50)                    # -> 'ROMEO:' + 50 characters
 
-Search settings default to the workdir's `config.decode` (beam size, alpha, max_len, batch size,
-temperature, top_k). Bad arguments raise `ValueError`; a workdir that cannot be restored
+Search settings default to the workdir's `config.decode` (beam size, alpha, max_new_tokens,
+batch size, temperature, top_k). Bad arguments raise `ValueError`; a workdir that cannot be restored
 raises `inference.RestoreError` (one line).
 """
 
@@ -30,8 +30,9 @@ from autoregressive.translator import (
   generate as generate_ids,
   truncate,
 )
+from common.deprecation import renamed_keywords, warn_renamed
 from inference import restore as restore_lib
-from model.kinds import kind_of
+from model.kinds import adapter_of
 
 
 def load(workdir: str, *, step: int | None = None, average_last: int = 1,
@@ -52,25 +53,32 @@ class Session:
     self.config, self.module, self.params = restored.config, restored.module, restored.params
     self.tokenizer, self.step, self.kind = restored.tokenizer, restored.step, restored.kind
     self.warn = warn or (lambda message: warnings.warn(message, stacklevel=3))
-    self.translates = kind_of(self.module).has_source
-    if not kind_of(self.module).has_decoder:
+    self.translates = adapter_of(self.module).has_source
+    if not adapter_of(self.module).has_decoder:
       raise ValueError(f'a {self.kind} model has no decoder: there is nothing to decode')
 
   # -- settings ------------------------------------------------------------------------------
   def _default(self, name: str, value, fallback=None):
     return value if value is not None else self.config.decode.get(name, fallback)
 
-  def max_len(self, max_len: int | None = None) -> int:
-    """Generated tokens per sentence: `max_len` or config.decode.max_len, at most the
-    model's positions (capped with a warning)."""
-    value, model_max = self._default('max_len', max_len), self.module.config.max_len
+  def max_new_tokens(self, max_new_tokens: int | None = None) -> int:
+    """Generated tokens per sentence: `max_new_tokens` or config.decode.max_new_tokens, at
+    most the model's positions (capped with a warning)."""
+    value = self._default('max_new_tokens', max_new_tokens)
+    model_max = self.module.config.max_len
     if value > model_max:
-      self.warn(f'max_len {value} is more than the model\'s max_len {model_max}; '
+      self.warn(f'max_new_tokens {value} is more than the model\'s max_len {model_max}; '
                 f'using {model_max}')
     return min(value, model_max)
 
+  def max_len(self, max_len: int | None = None) -> int:
+    """Deprecated: `max_new_tokens`."""
+    warn_renamed('Session.max_len()', 'Session.max_new_tokens()')
+    return self.max_new_tokens(max_len)
+
+  @renamed_keywords(max_len='max_new_tokens')
   def translator(self, *, beam_size: int | None = None, alpha: float | None = None,
-                 max_len: int | None = None, batch_size: int | None = None, nbest: int = 1,
+                 max_new_tokens: int | None = None, batch_size: int | None = None, nbest: int = 1,
                  sample: bool = False, temperature: float | None = None,
                  top_k: int | None = None, top_p: float | None = None, seed: int = 0
                  ) -> Translator:
@@ -91,7 +99,8 @@ class Session:
       if nbest > beam_size:
         raise ValueError(f'nbest={nbest} is more than the beam size {beam_size}')
     return Translator(self.module, self.params, beam_size=beam_size,
-                      alpha=self._default('alpha', alpha), max_len=self.max_len(max_len),
+                      alpha=self._default('alpha', alpha),
+                      max_new_tokens=self.max_new_tokens(max_new_tokens),
                       batch_size=self._default('batch_size', batch_size, 64),
                       eos_id=self.tokenizer.eos_id, nbest=nbest, sampling=sampling)
 
@@ -163,7 +172,7 @@ class Session:
                    temperature: float | None = None, top_k: int | None = None,
                    top_p: float | None = None, seed: int = 0) -> tuple[list[int], list[int]]:
     """(prompt ids, generated ids): `prompt` continued by up to `num_tokens` tokens (default
-    config.decode.max_len), sampled at `temperature` (0 = greedy; default
+    config.decode.max_new_tokens), sampled at `temperature` (0 = greedy; default
     config.decode.temperature) from the `top_k` most likely tokens (0 = all) and/or the nucleus
     `top_p`; past the model's context it continues in windows of its last half."""
     self._require(False, 'generate')
@@ -175,7 +184,7 @@ class Session:
     if tok.eos_id is not None and ids and ids[-1] == tok.eos_id:
       ids = ids[:-1]  # continue the text, do not start after its end
     new = generate_ids(self.module, self.params, ids,
-                       num_tokens=self._default('max_len', num_tokens),
+                       num_tokens=self._default('max_new_tokens', num_tokens),
                        temperature=self._default('temperature', temperature, 1.0),
                        top_k=self._default('top_k', top_k, 0), top_p=top_p, seed=seed,
                        eos_id=tok.eos_id, warn=self.warn)

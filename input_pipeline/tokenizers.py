@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 import sentencepiece as spm
 
+from common.deprecation import warn_renamed
 from common.tokens import EOS_ID, PAD_ID, UNK_ID
 from input_pipeline import tokenizer_files
 from input_pipeline.errors import DataError, DataFileError
@@ -39,12 +40,23 @@ log = logging.getLogger(__name__)
 TOKENIZER_DIR = 'tokenizer'
 _META = 'tokenizer.json'
 _SPM_MODEL = 'spm.model'
+# tokenizer.json names the tokenizer under the key 'kind' (the file format every workdir has;
+# kept, so that an older checkout still reads a new workdir). In Python it is `tokenizer.name`.
+_META_NAME_KEY = 'kind'
+
+
+@property
+def _deprecated_kind(self) -> str:
+  """Deprecated: `name` (a kind is a model's; a tokenizer has a name)."""
+  warn_renamed('tokenizer.kind', 'tokenizer.name', stacklevel=3)
+  return self.name
 
 
 class SentencePieceTokenizer:
   """pad=0, eos=1, unk=2, no BOS; identity normalization (round-trips raw text)."""
 
-  kind = 'sentencepiece'
+  name = 'sentencepiece'  # its config.data.tokenizer
+  kind = _deprecated_kind
   pad_id = PAD_ID
   eos_id = EOS_ID
   unk_id = UNK_ID
@@ -73,7 +85,8 @@ class SentencePieceTokenizer:
     return self._sp.id_to_piece(int(i))
 
   def save(self, directory: str) -> None:
-    tokenizer_files.save(directory, _META, {'kind': self.kind, 'vocab_size': self.vocab_size,
+    tokenizer_files.save(directory, _META, {_META_NAME_KEY: self.name,
+                                            'vocab_size': self.vocab_size,
                                             'model_file': _SPM_MODEL},
                          {_SPM_MODEL: self.model_proto})
 
@@ -81,7 +94,8 @@ class SentencePieceTokenizer:
 class CharTokenizer:
   """Character vocabulary: id 0 = pad, the sorted characters take ids 1..N."""
 
-  kind = 'char'
+  name = 'char'  # its config.data.tokenizer
+  kind = _deprecated_kind
   pad_id = PAD_ID
   eos_id = None  # no EOS: id 1 is a character
 
@@ -107,7 +121,8 @@ class CharTokenizer:
 
   def save(self, directory: str) -> None:
     tokenizer_files.save(directory, _META,
-                         {'kind': self.kind, 'vocab_size': self.vocab_size, 'chars': self.chars})
+                         {_META_NAME_KEY: self.name, 'vocab_size': self.vocab_size,
+                          'chars': self.chars})
 
 
 Tokenizer = SentencePieceTokenizer | CharTokenizer
@@ -184,10 +199,10 @@ def load_tokenizer(workdir: str) -> Tokenizer:
     with open(meta_path, 'rb') as f:
       files = {_META: f.read()}
     meta = json.loads(files[_META])
-    kind = meta['kind']
+    name = meta[_META_NAME_KEY]
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise DataFileError(f'cannot read tokenizer {meta_path}: {type(e).__name__}: {e}') from None
-  if kind == 'sentencepiece':
+  if name == 'sentencepiece':
     model_path = _model_path(directory, meta_path, meta.get('model_file'))
     try:
       with open(model_path, 'rb') as f:
@@ -196,13 +211,13 @@ def load_tokenizer(workdir: str) -> Tokenizer:
       raise DataFileError(f'cannot read tokenizer {meta_path}: {type(e).__name__}: {e}') from None
   tokenizer_files.check(directory, meta, files)
   try:
-    if kind == 'char':
+    if name == 'char':
       return CharTokenizer(meta['chars'])
-    if kind == 'sentencepiece':
+    if name == 'sentencepiece':
       return SentencePieceTokenizer(files[os.path.basename(model_path)])
   except (ValueError, KeyError, TypeError, RuntimeError) as e:
     raise DataFileError(f'cannot read tokenizer {meta_path}: {type(e).__name__}: {e}') from None
-  raise DataError(f'unknown tokenizer kind {kind!r} in {meta_path}')
+  raise DataError(f'unknown tokenizer {name!r} in {meta_path}')
 
 
 def has_tokenizer(workdir: str | None) -> bool:
@@ -244,25 +259,25 @@ def get_tokenizer(data_config, workdir: str | None) -> Tokenizer:
   BOS), shared by source and target. char: sorted characters of the train
   split (ids 1..N). With `workdir=None` nothing is saved.
   """
-  kind = data_config.get('tokenizer', 'sentencepiece')
-  if kind not in ('sentencepiece', 'char'):
-    raise DataError(f"config.data.tokenizer must be 'sentencepiece' or 'char', got {kind!r}")
+  name = data_config.get('tokenizer', 'sentencepiece')
+  if name not in ('sentencepiece', 'char'):
+    raise DataError(f"config.data.tokenizer must be 'sentencepiece' or 'char', got {name!r}")
   if workdir is None:
-    return _train(data_config, kind)
+    return _train(data_config, name)
   with workdir_lock(workdir):
     if has_tokenizer(workdir):
       tokenizer = load_tokenizer(workdir)
-      if tokenizer.kind != kind:
-        raise DataError(f'workdir {workdir} holds a {tokenizer.kind} tokenizer but '
-                        f'config.data.tokenizer={kind!r}; use a new workdir')
-      if kind == 'sentencepiece' and tokenizer.vocab_size != data_config.vocab_size:
+      if tokenizer.name != name:
+        raise DataError(f'workdir {workdir} holds a {tokenizer.name} tokenizer but '
+                        f'config.data.tokenizer={name!r}; use a new workdir')
+      if name == 'sentencepiece' and tokenizer.vocab_size != data_config.vocab_size:
         raise DataError(f'workdir {workdir} holds a tokenizer with {tokenizer.vocab_size} pieces '
                         f'but config.data.vocab_size={data_config.vocab_size}; use a new workdir')
       return tokenizer
     _refuse_retraining(workdir)
-    tokenizer = _train(data_config, kind)
+    tokenizer = _train(data_config, name)
     tokenizer.save(os.path.join(workdir, TOKENIZER_DIR))
-    log.info('Saved %s tokenizer (vocab %d) in %s', kind, tokenizer.vocab_size, workdir)
+    log.info('Saved %s tokenizer (vocab %d) in %s', name, tokenizer.vocab_size, workdir)
     return tokenizer
 
 
@@ -278,10 +293,10 @@ def _refuse_retraining(workdir: str) -> None:
                     'folder or use a new workdir')
 
 
-def _train(data_config, kind: str) -> Tokenizer:
+def _train(data_config, name: str) -> Tokenizer:
   max_sentences = data_config.get('tokenizer_max_sentences', 0) or 0
-  texts = _training_texts(data_config, max_sentences, whole_documents=kind == 'char')
-  if kind == 'char':
+  texts = _training_texts(data_config, max_sentences, whole_documents=name == 'char')
+  if name == 'char':
     return build_char_vocab(texts)
   return train_sentencepiece(
       texts, data_config.vocab_size,

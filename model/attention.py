@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from common.deprecation import renamed_keywords
 from model.chunked_attention import chunked_dot_product_attention
 from model.dropout import DROPOUT_RNGS, dropout, hashed_bits
 from model.masks import (
@@ -246,15 +247,16 @@ class AttentionImpl:
 
   `fn(query, key, value, *, mask, dropout_rate, dropout_rng, dropout_rng_impl,
   deterministic)` -> (out `[batch, q_len, heads, v_head_dim]`, weights `[batch, heads, q_len,
-  kv_len]` or None); `mask` is a boolean array, a `FactoredMask` or None. `decode_fn` (same
-  call) serves decoding steps, a few queries over the KV cache. What a row cannot compute is
-  refused by `refusal` (one message per constraint, for the config, the layer and a direct
-  call alike), never approximated; `fallback` names the row that takes calls with attention
-  dropout this one cannot draw, and a row without `decode_fn` hands decoding steps to the
-  reference row (nothing quadratic there, and beam search's masks are not causal + lengths).
+  kv_len]` or None); `mask` is a boolean array, a `FactoredMask` or None. `cache_fn` (same
+  call) serves calls on the KV cache (`use_cache=True`: decoding steps, a few queries). What
+  a row cannot compute is refused by `refusal` (one message per constraint, for the config,
+  the layer and a direct call alike), never approximated; `fallback` names the row that takes
+  calls with attention dropout this one cannot draw, and a row without `cache_fn` hands calls
+  on the cache to the reference row (nothing quadratic there, and beam search's masks are not
+  causal + lengths).
   """
   fn: Callable
-  decode_fn: Callable | None = None
+  cache_fn: Callable | None = None
   dtypes: tuple[str, ...] = ()  # compute dtypes it takes; () = any
   dropout_rngs: tuple[str, ...] | None = None  # dropout bits it draws (DROPOUT_RNGS); None = any
   fallback: str | None = None  # the row for the dropout it cannot draw; None: refused
@@ -327,10 +329,10 @@ def _chunked(query, key, value, *, mask, dropout_rate, dropout_rng, deterministi
 # A new variant is one row here plus its function (and a test equal to the reference).
 IMPLEMENTATIONS: dict[str, AttentionImpl] = {
     # `dot_product_attention`; the only row that returns the weights (attention plots).
-    'reference': AttentionImpl(_reference, decode_fn=functools.partial(_reference,
-                                                                      heads_major=True)),
+    'reference': AttentionImpl(_reference, cache_fn=functools.partial(_reference,
+                                                                     heads_major=True)),
     # jax.nn.dot_product_attention(implementation='xla'): XLA may fuse it.
-    'xla': AttentionImpl(_xla, decode_fn=_xla, dropout_rngs=(), fallback='reference'),
+    'xla': AttentionImpl(_xla, cache_fn=_xla, dropout_rngs=(), fallback='reference'),
     # cuDNN's fused flash attention: causal + padding masks as lengths only.
     'cudnn': AttentionImpl(_cudnn, dtypes=('bfloat16', 'float16'), dropout_rngs=(),
                            dense_masks=False, packed=False, head_dim_multiple=8,
@@ -346,12 +348,13 @@ def _able(constraint: str) -> str:
                      if getattr(row, constraint) is None or getattr(row, constraint))
 
 
-def select_implementation(name: str, *, decode: bool = False,
+@renamed_keywords(decode='use_cache')
+def select_implementation(name: str, *, use_cache: bool = False,
                           dropout_rng_impl: str | None = None) -> AttentionImpl:
   """The row that computes a call to `name`'s attention: its own, or the one it hands the call
-  to (decoding steps without `decode_fn`; dropout it cannot draw, with a `fallback`)."""
+  to (calls on the KV cache without `cache_fn`; dropout it cannot draw, with a `fallback`)."""
   row = IMPLEMENTATIONS[name]
-  if decode and row.decode_fn is None:
+  if use_cache and row.cache_fn is None:
     return IMPLEMENTATIONS['reference']
   if dropout_rng_impl is not None and not row.draws(dropout_rng_impl) and row.fallback:
     return IMPLEMENTATIONS[row.fallback]

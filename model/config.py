@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from common.errors import ConfigError
 from model.attention import DROPOUT_RNGS, IMPLEMENTATIONS
-from model.kinds import KINDS
+from model.kinds import ADAPTERS
 
 POSITIONAL_ENCODINGS = ('sinusoidal', 'learned', 'rope')
 NORM_POSITIONS = ('post', 'pre')
@@ -53,7 +53,7 @@ class InitStds(NamedTuple):
 class ModelConfig:
   """`config.model`: every field and its default (configs/base.py takes them from here).
   Names follow the paper (Vaswani et al. 2017, Table 3); the defaults are its base model."""
-  kind: str = 'encoder_decoder'  # a name in model.kinds.KINDS
+  kind: str = 'encoder_decoder'  # a name in model.kinds.ADAPTERS
   vocab_size: int = 8000
   num_encoder_layers: int = 6
   num_decoder_layers: int = 6
@@ -125,7 +125,7 @@ class ModelConfig:
       if value not in options:
         raise ConfigError(f'config.model.{field}={value!r} is not one of {list(options)}')
 
-    choice('kind', KINDS)
+    choice('kind', ADAPTERS)
     choice('positional_encoding', POSITIONAL_ENCODINGS)
     choice('norm_position', NORM_POSITIONS)
     choice('activation', ACTIVATIONS)
@@ -142,7 +142,7 @@ class ModelConfig:
       value = getattr(self, field)
       if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ConfigError(f'config.model.{field}={value!r} must be a positive integer')
-    for field in KINDS[self.kind].layer_fields:
+    for field in ADAPTERS[self.kind].layer_fields:
       value = getattr(self, field)
       if not isinstance(value, int) or value <= 0:
         raise ConfigError(f'config.model.{field}={value!r} must be a positive integer '

@@ -1,11 +1,16 @@
 """One adapter per model kind: everything outside the Linen modules that depends on the kind.
 
+A model's kind is its name (`config.model.kind`, a string: 'encoder_decoder', ...); its adapter
+is the object here that knows how to handle it (`adapter_of(module_or_config)`,
+`ADAPTERS[kind]`). `kind_of` and `KINDS`, the old names of these two, still work for one
+release with a DeprecationWarning.
+
 As t5x's model classes do, an adapter says how a model of its kind is called (example inputs
 for `init`, a training batch, a teacher-forced pass for scoring and attention plots), how it
 decodes (encoding the source, the KV cache, one decoder step) and what it costs (analytic
-FLOPs). Training, decoding, plotting and `decode.py` ask `kind_of(...)` instead of branching
+FLOPs). Training, decoding, plotting and `decode.py` ask `adapter_of(...)` instead of branching
 on `config.kind`; a new kind is a module class in `model/transformer.py` plus an adapter here
-in `KINDS`.
+in `ADAPTERS`.
 
 Batches are dicts of `[batch, len]` int32 arrays: `targets` (the decoder's tokens; for a
 language model, the text) and, with a source, `inputs`; packed rows add `*_segmentation` and
@@ -20,14 +25,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from common.deprecation import warn_renamed
 from model import transformer
 
 Array = jax.Array
 
 
-class ModelKind:
+class ModelAdapter:
   """The kind-independent part; subclasses fill in what differs."""
-  name: str
+  kind: str  # the kind's name, `config.model.kind`
   module_class: type
   has_source: bool  # the model reads `inputs` (a source sentence) besides its tokens
   has_decoder: bool  # it predicts tokens: trains on a loss, decodes
@@ -35,6 +41,12 @@ class ModelKind:
   # The training batches it reads, by the input pipeline's name for them
   # (`input_pipeline.pipeline.LAYOUTS`: the pipeline knows layouts, not kinds).
   batch_layout: str
+
+  @property
+  def name(self) -> str:
+    """Deprecated: `kind` (the adapter's kind's name)."""
+    warn_renamed('ModelAdapter.name', 'ModelAdapter.kind', stacklevel=3)
+    return self.kind
 
   def example_inputs(self, length: int = 8, batch: int = 1) -> tuple[Array, ...]:
     """Positional arguments of a forward pass (for `init` and shape checks)."""
@@ -63,7 +75,7 @@ class ModelKind:
                   rngs=None, **kwargs):
     """A training/eval batch -> the model's output (logits `[batch, len, vocab]`)."""
     return module.apply(variables, batch['targets'],
-                        segmentation=batch.get('targets_segmentation'),
+                        segment_ids=batch.get('targets_segmentation'),
                         positions=batch.get('targets_position'),
                         deterministic=deterministic, rngs=rngs or {}, **kwargs)
 
@@ -89,16 +101,17 @@ class ModelKind:
                    mask=None):
     """Decoder inputs `[batch, n]` -> (logits `[batch, n, vocab]` float32, new cache).
 
-    `positions` `[batch, n]` and `mask` `[batch, 1, n, cache_len]` (see `Decoder`)."""
+    `positions` `[batch, n]` and `mask` `[batch, 1, n, cache_len]` (`cache_mask`: see
+    `Decoder`)."""
     logits, state = self._call_decoder(module.apply, {'params': params, 'cache': cache},
                                        module, encoded, inputs, tokens, positions=positions,
-                                       decode_mask=mask, mutable=['cache'])
+                                       cache_mask=mask, mutable=['cache'])
     return logits.astype(jnp.float32), state['cache']
 
   def _call_decoder(self, fn, first, module, encoded, inputs, tokens, positions=None,
                     **kwargs):
     del module, encoded, inputs
-    return fn(first, tokens, positions=positions, decode=True, **kwargs)
+    return fn(first, tokens, positions=positions, use_cache=True, **kwargs)
 
   # -- cost ---------------------------------------------------------------------------------
   def forward_flops(self, config, shapes: Mapping[str, Sequence[int]]) -> int:
@@ -117,8 +130,8 @@ def _logits(c, b: int, t: int) -> int:
   return b * t * 2 * c.d_model * c.vocab_size
 
 
-class EncoderDecoderKind(ModelKind):
-  name, module_class = 'encoder_decoder', transformer.EncoderDecoder
+class EncoderDecoderAdapter(ModelAdapter):
+  kind, module_class = 'encoder_decoder', transformer.EncoderDecoder
   has_source, has_decoder = True, True
   layer_fields = ('num_encoder_layers', 'num_decoder_layers')
   batch_layout = 'sentence_pairs'
@@ -142,7 +155,7 @@ class EncoderDecoderKind(ModelKind):
 
   def _call_decoder(self, fn, first, module, encoded, inputs, tokens, positions=None,
                     **kwargs):
-    return fn(first, encoded, inputs, tokens, targets_position=positions, decode=True,
+    return fn(first, encoded, inputs, tokens, targets_position=positions, use_cache=True,
               method=module.decode, **kwargs)
 
   def forward_flops(self, config, shapes):
@@ -157,8 +170,8 @@ class EncoderDecoderKind(ModelKind):
     return encoder + decoder + _logits(c, b, t)
 
 
-class DecoderOnlyKind(ModelKind):
-  name, module_class = 'decoder_only', transformer.DecoderOnly
+class DecoderOnlyAdapter(ModelAdapter):
+  kind, module_class = 'decoder_only', transformer.DecoderOnly
   has_source, has_decoder = False, True
   layer_fields = ('num_decoder_layers',)
   batch_layout = 'text_blocks'
@@ -172,8 +185,8 @@ class DecoderOnlyKind(ModelKind):
     return out
 
 
-class EncoderOnlyKind(ModelKind):
-  name, module_class = 'encoder_only', transformer.EncoderOnly
+class EncoderOnlyAdapter(ModelAdapter):
+  kind, module_class = 'encoder_only', transformer.EncoderOnly
   has_source, has_decoder = False, False
   layer_fields = ('num_encoder_layers',)
   batch_layout = 'sentence_pairs'  # (not trained by train.py: it predicts no tokens)
@@ -183,11 +196,24 @@ class EncoderOnlyKind(ModelKind):
     return b * t * config.num_encoder_layers * _layer_flops(config, t)
 
 
-KINDS: dict[str, ModelKind] = {k.name: k for k in (EncoderDecoderKind(), DecoderOnlyKind(),
-                                                   EncoderOnlyKind())}
+ADAPTERS: dict[str, ModelAdapter] = {
+    a.kind: a for a in (EncoderDecoderAdapter(), DecoderOnlyAdapter(), EncoderOnlyAdapter())}
 
 
-def kind_of(module_or_config) -> ModelKind:
+def adapter_of(module_or_config) -> ModelAdapter:
   """The adapter of a module (anything with `.config.kind`) or of a model config."""
   config = getattr(module_or_config, 'config', module_or_config)
-  return KINDS[config.kind]
+  return ADAPTERS[config.kind]
+
+
+def kind_of(module_or_config) -> ModelAdapter:
+  """Deprecated name of `adapter_of` (a kind is a name; this returns its adapter)."""
+  warn_renamed('model.kinds.kind_of', 'model.kinds.adapter_of', stacklevel=3)
+  return adapter_of(module_or_config)
+
+
+def __getattr__(name: str):
+  if name == 'KINDS':  # the old name of ADAPTERS (kind name -> adapter)
+    warn_renamed('model.kinds.KINDS', 'model.kinds.ADAPTERS', stacklevel=3)
+    return ADAPTERS
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

@@ -6,6 +6,7 @@ Sizes follow the paper: `d_model`, `num_heads` (h), `d_ff`, head size
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from common.deprecation import renamed_field, renamed_keywords
 from common.errors import ConfigError
 from model import attention as attn, partitioning
 from model.partitioning import constrain, with_axes
@@ -90,8 +92,9 @@ class MultiHeadAttention(nn.Module):
   Self-attention (`kv=None`) projects Q, K, V with one fused matmul; cross-attention
   projects Q from `x` and K, V from `kv`.
 
-  With `decode=True` the module keeps a KV cache in the `cache` collection:
-    self-attention: `cached_key`/`cached_value` `[batch, heads, head_dim, max_len]` and
+  With `use_cache=True` the module keeps a KV cache in the `cache` collection (`decode=True` is
+  the flag's deprecated name):
+    self-attention: `cached_key`/`cached_value` `[batch, heads, head_dim, cache_len]` and
       `cache_index`; each call appends its `x` (one or more tokens) at `cache_index`.
     cross-attention: `cross_key`/`cross_value` `[batch, heads, head_dim, src_len]`, the
       projected encoder keys/values. `init` does not create them; the first decode call
@@ -114,15 +117,17 @@ class MultiHeadAttention(nn.Module):
   matmul: str = 'auto'  # ModelConfig.projection_matmul
 
   @nn.compact
+  @renamed_keywords(decode='use_cache')
   def __call__(self, x: Array, kv: Array | None = None, *, mask: Array | None = None,
                positions: Array | None = None, deterministic: bool = True,
-               decode: bool = False) -> Array:
+               use_cache: bool = False) -> Array:
     """x `[batch, q_len, d_model]`, kv `[batch, kv_len, d_model]` -> `[batch, q_len, d_model]`.
 
     `mask` is boolean `[batch|1, 1|heads, q_len, kv_len]` or an `attention.FactoredMask`
-    (what the model passes: the fast paths read its factors); in self-attention decode mode
-    it is the mask over the whole cache `[batch|1, 1, q_len, max_len]` minus causality,
-    which is added here from `cache_index`. `positions` `[batch, len]` feed rotary embeddings.
+    (what the model passes: the fast paths read its factors); in self-attention with
+    `use_cache` it is the mask over the whole cache `[batch|1, 1, q_len, cache_len]` minus
+    causality, which is added here from `cache_index`. `positions` `[batch, len]` feed rotary
+    embeddings.
     """
     d_model = x.shape[-1]
     head_dim = d_model // self.num_heads
@@ -135,17 +140,17 @@ class MultiHeadAttention(nn.Module):
       query, key, value = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
       if self.use_rope:
         query, key = self._rotate(query, key, positions)
-      if decode:
+      if use_cache:
         key, value, mask = self._update_self_cache(key, value, mask)
     else:
       query = constrain(self._dense(heads, 'query', ('heads', 'kv'))(x),
                         ('batch', None, 'heads', 'kv'))
-      if decode:
+      if use_cache:
         key, value = self._cross_cache(kv, heads)
       else:
         key, value = self._project_kv(kv, heads)
 
-    out = self._attend(query, key, value, mask, deterministic, decode)
+    out = self._attend(query, key, value, mask, deterministic, use_cache)
     out = constrain(out, ('batch', None, 'heads', 'kv'))
     return _dense(d_model, 'out', self.dtype, ('heads', 'kv', 'embed'), axis=(-2, -1),
                   init_std=self.out_init_std, matmul=self.matmul)(out)
@@ -155,18 +160,18 @@ class MultiHeadAttention(nn.Module):
     return _dense(features, name, self.dtype, ('embed', *feature_axes), init_std=self.init_std,
                   matmul=self.matmul)
 
-  def _attend(self, query, key, value, mask, deterministic, decode):
+  def _attend(self, query, key, value, mask, deterministic, use_cache):
     """Attention(Q, K, V) `[batch, q_len, heads, head_dim]` by the row of
-    `attention.IMPLEMENTATIONS` named `impl` (or the one it hands this call to: decoding
-    steps, or dropout it cannot draw); a call the row cannot compute exactly is refused."""
+    `attention.IMPLEMENTATIONS` named `impl` (or the one it hands this call to: calls on the
+    KV cache, or dropout it cannot draw); a call the row cannot compute exactly is refused."""
     use_dropout = not deterministic and self.attention_dropout_rate > 0.0
     rng_impl = self.dropout_rng_impl if use_dropout else None
-    row = attn.select_implementation(self.impl, decode=decode, dropout_rng_impl=rng_impl)
+    row = attn.select_implementation(self.impl, use_cache=use_cache, dropout_rng_impl=rng_impl)
     problem = row.refusal(f'config.model.attention_impl={self.impl!r}', dtype=query.dtype,
                           dropout_rng_impl=rng_impl, mask=mask, head_dim=query.shape[-1])
     if problem:  # ModelConfig refuses what it can see; the masks are seen only here
       raise ConfigError(problem)
-    out, weights = (row.decode_fn if decode else row.fn)(
+    out, weights = (row.cache_fn if use_cache else row.fn)(
         query, key, value, mask=mask, dropout_rate=self.attention_dropout_rate,
         dropout_rng=self.make_rng('dropout') if use_dropout else None,
         dropout_rng_impl=self.dropout_rng_impl, deterministic=deterministic)
@@ -194,7 +199,7 @@ class MultiHeadAttention(nn.Module):
     cache_index = self.variable('cache', 'cache_index', lambda: jnp.array(0, jnp.int32))
     if initializing:
       return key, value, mask
-    max_len = cached_key.value.shape[-1]
+    cache_len = cached_key.value.shape[-1]
     num_new = key.shape[1]
     index = cache_index.value
     cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, _to_cache(key),
@@ -204,7 +209,7 @@ class MultiHeadAttention(nn.Module):
     cache_index.value = index + num_new
     # Query i (at absolute position index + i) sees cache slots 0 .. index + i.
     query_pos = index + jnp.arange(num_new)
-    causal = (jnp.arange(max_len)[None, :] <= query_pos[:, None])[None, None]
+    causal = (jnp.arange(cache_len)[None, :] <= query_pos[:, None])[None, None]
     return (_from_cache(cached_key.value), _from_cache(cached_value.value),
             attn.combine_masks(mask, causal))
 
@@ -337,16 +342,24 @@ logits_via_embedding.defvjp(_logits_fwd, _logits_bwd)
 
 class AddPositions(nn.Module):
   """Adds sinusoidal or learned absolute position encodings (nothing for 'rope')."""
-  kind: str  # 'sinusoidal' | 'learned' | 'rope'
-  max_len: int
+  # Both required; None defaults only so that the deprecated `kind=` may stand for `encoding`.
+  encoding: str | None = None  # config.model.positional_encoding: 'sinusoidal' | 'learned' | 'rope'
+  max_len: int | None = None  # positions of the table (config.model.max_len)
+  kind: str | None = dataclasses.field(default=None, kw_only=True)  # deprecated: `encoding`
+
+  def __post_init__(self):
+    renamed_field(self, 'kind', 'encoding')
+    if self.encoding is None or self.max_len is None:
+      raise TypeError('AddPositions needs `encoding` and `max_len`')
+    super().__post_init__()
 
   @nn.compact
   def __call__(self, x: Array, positions: Array | None = None) -> Array:
     """x `[batch, len, d_model]`; positions `[batch, len]` (packed rows, decoding) or 0..len-1."""
-    if self.kind == 'rope':
+    if self.encoding == 'rope':
       return x
     d_model = x.shape[-1]
-    if self.kind == 'sinusoidal':
+    if self.encoding == 'sinusoidal':
       table = attn.sinusoidal_positions(self.max_len, d_model)
     else:
       table = self.param('pos_embedding', with_axes(nn.initializers.normal(stddev=0.02),

@@ -9,6 +9,12 @@ token: targets are shifted right inside the model, so `logits[:, t]` predicts
 `targets[:, t]` from `targets[:, :t]`. Packed rows carry `*_segmentation` (1, 2, ...
 per example, 0 = pad) and `*_position` (restarting at 0 per example); attention never
 crosses segments and the shift restarts at each segment.
+
+Names: the packed batch's keys (`inputs_segmentation`, `targets_position`, ...) are the paper
+codebases' and `EncoderDecoder` takes them as they are (`module.apply(variables, **batch)`);
+inside, segment ids are `segment_ids=` and positions `positions=`. `use_cache=True` runs on the
+KV cache (the `cache` collection; `decode=True` is its deprecated name), and `module.decode`
+is the encoder-decoder's decoder half, as `module.encode` is its encoder half.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from common.deprecation import renamed_field, renamed_keywords
 from model import attention as attn
 from model.layers import AddPositions, Dropout, Embed, FeedForward, LayerNorm, MultiHeadAttention
 from model.partitioning import constrain, with_axes
@@ -31,11 +38,13 @@ Array = jax.Array
 RESIDUAL_AXES = ('batch', None, None)  # the residual stream [batch, len, d_model] between layers
 
 
-def shift_right(tokens: Array, segmentation: Array | None = None) -> Array:
-  """`[batch, len]` -> the decoder input: 0 then tokens[:, :-1], restarting at each segment."""
+@renamed_keywords(segmentation='segment_ids')
+def shift_right(tokens: Array, segment_ids: Array | None = None) -> Array:
+  """`[batch, len]` -> the decoder input: 0 then tokens[:, :-1], restarting at each segment
+  (`segment_ids` `[batch, len]`)."""
   shifted = jnp.pad(tokens, ((0, 0), (1, 0)))[:, :-1]
-  if segmentation is not None:
-    segment_start = segmentation != jnp.pad(segmentation, ((0, 0), (1, 0)))[:, :-1]
+  if segment_ids is not None:
+    segment_start = segment_ids != jnp.pad(segment_ids, ((0, 0), (1, 0)))[:, :-1]
     shifted = jnp.where(segment_start, 0, shifted)
   return shifted
 
@@ -78,7 +87,12 @@ class DecoderLayer(nn.Module):
   feed-forward."""
   config: ModelConfig
   deterministic: bool = True
-  decode: bool = False
+  use_cache: bool = False
+  decode: bool | None = dataclasses.field(default=None, kw_only=True)  # deprecated: use_cache
+
+  def __post_init__(self):
+    renamed_field(self, 'decode', 'use_cache')
+    super().__post_init__()
 
   @nn.compact
   def __call__(self, x: Array, encoded: Array | None, self_mask: attn.FactoredMask | Array | None,
@@ -88,12 +102,13 @@ class DecoderLayer(nn.Module):
     self_attention = _attention(cfg, n, 'self_attention', rope=cfg.positional_encoding == 'rope')
     x = Sublayer(cfg, self.deterministic, name='self_attention_block')(
         x, lambda h: self_attention(h, mask=self_mask, positions=positions,
-                                    deterministic=self.deterministic, decode=self.decode))
+                                    deterministic=self.deterministic, use_cache=self.use_cache))
     if encoded is not None:
       cross_attention = _attention(cfg, n, 'cross_attention', rope=False)
       x = Sublayer(cfg, self.deterministic, name='cross_attention_block')(
           x, lambda h: cross_attention(h, encoded, mask=cross_mask,
-                                       deterministic=self.deterministic, decode=self.decode))
+                                       deterministic=self.deterministic,
+                                       use_cache=self.use_cache))
     x = Sublayer(cfg, self.deterministic, name='ffn_block')(x, _ffn(cfg, n))
     return constrain(x, RESIDUAL_AXES)
 
@@ -193,13 +208,15 @@ class Encoder(nn.Module):
   embed: nn.Module
 
   @nn.compact
-  def __call__(self, tokens: Array, *, segmentation: Array | None = None,
+  @renamed_keywords(segmentation='segment_ids')
+  def __call__(self, tokens: Array, *, segment_ids: Array | None = None,
                positions: Array | None = None, deterministic: bool = True) -> Array:
-    """tokens `[batch, len]` -> `[batch, len, d_model]`."""
+    """tokens `[batch, len]` (segment ids and positions `[batch, len]` for packed rows) ->
+    `[batch, len, d_model]`."""
     cfg = self.config
     valid = tokens > 0
     mask = attn.FactoredMask(query_valid=valid, key_valid=valid,
-                             query_segment_ids=segmentation, key_segment_ids=segmentation)
+                             query_segment_ids=segment_ids, key_segment_ids=segment_ids)
     x = AddPositions(cfg.positional_encoding, cfg.max_len, name='positions')(
         self.embed(tokens), positions)
     x = Dropout(cfg.dropout_rate, cfg.dropout_rng_impl)(x, deterministic)
@@ -215,54 +232,56 @@ class Decoder(nn.Module):
   """Shifted target embedding + positions + N decoder layers + output logits.
 
   Without `encoded` (decoder-only) the layers have no encoder-decoder attention.
-  With `decode=True`, `tokens` are the decoder *inputs* for the next positions (already
+  With `use_cache=True`, `tokens` are the decoder *inputs* for the next positions (already
   shifted: the first call gets the start token 0) and the KV cache advances.
   """
   config: ModelConfig
   embed: nn.Module
 
   @nn.compact
+  @renamed_keywords(segmentation='segment_ids', encoder_segmentation='encoder_segment_ids',
+                    decode='use_cache', decode_mask='cache_mask')
   def __call__(self, tokens: Array, encoded: Array | None = None,
-               encoder_valid: Array | None = None, *, segmentation: Array | None = None,
-               positions: Array | None = None, encoder_segmentation: Array | None = None,
-               deterministic: bool = True, decode: bool = False,
-               decode_mask: Array | None = None) -> Array:
+               encoder_valid: Array | None = None, *, segment_ids: Array | None = None,
+               positions: Array | None = None, encoder_segment_ids: Array | None = None,
+               deterministic: bool = True, use_cache: bool = False,
+               cache_mask: Array | None = None) -> Array:
     """tokens `[batch, len]`, encoded `[batch, src_len, d_model]` -> logits `[batch, len, vocab]`.
 
-    `encoder_valid` `[batch, src_len]` marks the non-pad source positions.
-    Decode mode only: `positions` `[batch, len]` override the count of decoded tokens, and
-    `decode_mask` `[batch, 1, len, cache_len]` restricts which cached positions each query
+    `encoder_valid` `[batch, src_len]` marks the non-pad source positions; `segment_ids`
+    `[batch, len]` and `encoder_segment_ids` `[batch, src_len]` those of packed rows.
+    With `use_cache` only: `positions` `[batch, len]` override the count of decoded tokens, and
+    `cache_mask` `[batch, 1, len, cache_len]` restricts which cached positions each query
     sees (beam search runs a sentence's hypotheses as the `len` queries of one row, all at
     the same position, each seeing only its ancestors' keys).
     """
     cfg = self.config
-    if decode:
-      counted = self._decode_positions(tokens.shape[1])  # always: keeps the cache's structure
+    if use_cache:
+      counted = self._cache_positions(tokens.shape[1])  # always: keeps the cache's structure
       positions = counted if positions is None else positions
       decoder_inputs = tokens
       # Causality over the cache is added by the attention module from its cache index.
-      self_mask = decode_mask
+      self_mask = cache_mask
       query_valid = jnp.ones(tokens.shape, jnp.bool_)
     else:
-      decoder_inputs = shift_right(tokens, segmentation)
+      decoder_inputs = shift_right(tokens, segment_ids)
       valid = tokens > 0
       query_valid = valid
       self_mask = attn.FactoredMask(causal=True, query_valid=valid, key_valid=valid,
-                                    query_segment_ids=segmentation,
-                                    key_segment_ids=segmentation)
+                                    query_segment_ids=segment_ids, key_segment_ids=segment_ids)
     cross_mask = None
     if encoded is not None:
-      packed = segmentation is not None and encoder_segmentation is not None
+      packed = segment_ids is not None and encoder_segment_ids is not None
       cross_mask = attn.FactoredMask(
           query_valid=query_valid, key_valid=encoder_valid,
-          query_segment_ids=segmentation if packed else None,
-          key_segment_ids=encoder_segmentation if packed else None)
+          query_segment_ids=segment_ids if packed else None,
+          key_segment_ids=encoder_segment_ids if packed else None)
 
     x = AddPositions(cfg.positional_encoding, cfg.max_len, name='positions')(
         self.embed(decoder_inputs), positions)
     x = Dropout(cfg.dropout_rate, cfg.dropout_rng_impl)(x, deterministic)
     layer = _layer_class(DecoderLayer, cfg)
-    x = _run_layers(cfg, lambda name: layer(cfg, deterministic, decode, name=name),
+    x = _run_layers(cfg, lambda name: layer(cfg, deterministic, use_cache, name=name),
                     cfg.num_decoder_layers, x, encoded, self_mask, cross_mask, positions)
     if cfg.norm_position == 'pre':
       x = LayerNorm(cfg.compute_dtype, name='final_norm')(x)
@@ -276,7 +295,7 @@ class Decoder(nn.Module):
                     bias_init=with_axes(nn.initializers.zeros_init(), ('vocab',)),
                     name='logits')(x)
 
-  def _decode_positions(self, num_new: int) -> Array:
+  def _cache_positions(self, num_new: int) -> Array:
     """Absolute positions of this call's tokens: the count decoded so far, kept in the cache."""
     initializing = not self.has_variable('cache', 'num_decoded')
     num_decoded = self.variable('cache', 'num_decoded', lambda: jnp.array(0, jnp.int32))
@@ -301,19 +320,20 @@ class EncoderDecoder(nn.Module):
   def encode(self, inputs: Array, *, inputs_segmentation: Array | None = None,
              inputs_position: Array | None = None, deterministic: bool = True) -> Array:
     """inputs `[batch, src_len]` -> encoded `[batch, src_len, d_model]`."""
-    return self.encoder(inputs, segmentation=inputs_segmentation, positions=inputs_position,
+    return self.encoder(inputs, segment_ids=inputs_segmentation, positions=inputs_position,
                         deterministic=deterministic)
 
+  @renamed_keywords(decode='use_cache', decode_mask='cache_mask')
   def decode(self, encoded: Array, inputs: Array, targets: Array, *,
              inputs_segmentation: Array | None = None, targets_segmentation: Array | None = None,
              targets_position: Array | None = None, deterministic: bool = True,
-             decode: bool = False, decode_mask: Array | None = None) -> Array:
-    """encoded `[batch, src_len, d_model]`, inputs `[batch, src_len]` (for the source padding
-    mask), targets `[batch, tgt_len]` -> logits `[batch, tgt_len, vocab]` (float32).
-    `decode_mask`: see `Decoder`."""
-    return self.decoder(targets, encoded, inputs > 0, segmentation=targets_segmentation,
-                        positions=targets_position, encoder_segmentation=inputs_segmentation,
-                        deterministic=deterministic, decode=decode, decode_mask=decode_mask)
+             use_cache: bool = False, cache_mask: Array | None = None) -> Array:
+    """The decoder half: encoded `[batch, src_len, d_model]`, inputs `[batch, src_len]` (for
+    the source padding mask), targets `[batch, tgt_len]` -> logits `[batch, tgt_len, vocab]`
+    (float32). `use_cache`, `cache_mask`: see `Decoder`."""
+    return self.decoder(targets, encoded, inputs > 0, segment_ids=targets_segmentation,
+                        positions=targets_position, encoder_segment_ids=inputs_segmentation,
+                        deterministic=deterministic, use_cache=use_cache, cache_mask=cache_mask)
 
   def __call__(self, inputs: Array, targets: Array, *, inputs_segmentation: Array | None = None,
                targets_segmentation: Array | None = None, inputs_position: Array | None = None,
@@ -335,13 +355,14 @@ class DecoderOnly(nn.Module):
     self.embed = _embed(cfg, 'embed')
     self.decoder = Decoder(cfg, self.embed, name='decoder')
 
-  def __call__(self, tokens: Array, *, segmentation: Array | None = None,
+  @renamed_keywords(segmentation='segment_ids', decode='use_cache', decode_mask='cache_mask')
+  def __call__(self, tokens: Array, *, segment_ids: Array | None = None,
                positions: Array | None = None, deterministic: bool = True,
-               decode: bool = False, decode_mask: Array | None = None) -> Array:
-    """tokens `[batch, len]` -> logits `[batch, len, vocab]` (float32); `decode_mask`: see
-    `Decoder`."""
-    return self.decoder(tokens, segmentation=segmentation, positions=positions,
-                        deterministic=deterministic, decode=decode, decode_mask=decode_mask)
+               use_cache: bool = False, cache_mask: Array | None = None) -> Array:
+    """tokens `[batch, len]` -> logits `[batch, len, vocab]` (float32); `segment_ids`,
+    `positions`, `use_cache`, `cache_mask`: see `Decoder`."""
+    return self.decoder(tokens, segment_ids=segment_ids, positions=positions,
+                        deterministic=deterministic, use_cache=use_cache, cache_mask=cache_mask)
 
 
 class EncoderOnly(nn.Module):
@@ -353,8 +374,11 @@ class EncoderOnly(nn.Module):
     self.embed = _embed(cfg, 'embed')
     self.encoder = Encoder(cfg, self.embed, name='encoder')
 
-  def __call__(self, tokens: Array, *, segmentation: Array | None = None,
+  @renamed_keywords(segmentation='segment_ids')
+  def __call__(self, tokens: Array, *, segment_ids: Array | None = None,
                positions: Array | None = None, deterministic: bool = True) -> Array:
-    return self.encoder(tokens, segmentation=segmentation, positions=positions,
+    """tokens `[batch, len]` -> `[batch, len, d_model]`; `segment_ids`, `positions`: see
+    `Encoder`."""
+    return self.encoder(tokens, segment_ids=segment_ids, positions=positions,
                         deterministic=deterministic)
 

@@ -47,9 +47,9 @@ def test_each_constraint_has_its_message():
 def test_calls_a_row_cannot_serve_go_to_another():
   select = attn.select_implementation
   for name in ('chunked', 'cudnn'):  # decoding steps: nothing quadratic to save
-    assert select(name, decode=True) is attn.IMPLEMENTATIONS['reference']
+    assert select(name, use_cache=True) is attn.IMPLEMENTATIONS['reference']
   xla = attn.IMPLEMENTATIONS['xla']
-  assert select('xla', decode=True) is xla
+  assert select('xla', use_cache=True) is xla
   assert select('xla', dropout_rng_impl='hash') is attn.IMPLEMENTATIONS['reference']
   # cuDNN has no fallback for dropout: the row stays, and refuses it.
   assert select('cudnn', dropout_rng_impl='hash') is attn.IMPLEMENTATIONS['cudnn']

@@ -62,7 +62,7 @@ def test_translate_file_with_bleu_plots_and_averaging(workdirs, tmp_path):
   result = _decode(f'--workdir={workdirs["mt"]}', f'--input_file={tmp_path / "src.txt"}',
                    f'--output_file={tmp_path / "out" / "hyp.txt"}',
                    f'--reference={tmp_path / "ref.txt.gz"}',
-                   '--beam_size=2', '--max_len=12', '--average_last=2', '--batch_size=2',
+                   '--beam_size=2', '--max_new_tokens=12', '--average_last=2', '--batch_size=2',
                    f'--attention_plot={tmp_path / "plots"}', '--attention_plot_max=1',
                    '--lowercase_bleu')
   err = result.stderr.decode()
@@ -95,19 +95,32 @@ def test_translate_file_with_bleu_plots_and_averaging(workdirs, tmp_path):
 
 
 def test_translate_stdin_to_stdout_greedy_at_a_step(workdirs):
-  result = _decode(f'--workdir={workdirs["mt"]}', '--step=10', '--beam_size=1', '--max_len=8',
-                   stdin=b'A dog runs.\n\nTwo men.\n')
+  result = _decode(f'--workdir={workdirs["mt"]}', '--step=10', '--beam_size=1',
+                   '--max_new_tokens=8', stdin=b'A dog runs.\n\nTwo men.\n')
   assert result.returncode == 0, result.stderr.decode()
   lines = result.stdout.decode().split('\n')
   assert len(lines) == 4 and lines[1] == '' and lines[3] == ''
   assert 'step 10' in result.stderr.decode()
 
 
+def test_old_max_len_flag_still_works_and_warns_one_line(workdirs):
+  """--max_len, the old name of --max_new_tokens, is read as it, with one warning line."""
+  args = (f'--workdir={workdirs["mt"]}', '--beam_size=1')
+  stdin = b'A dog runs.\nTwo men.\n'
+  old, new = (_decode(*args, flag, stdin=stdin) for flag in ('--max_len=3', '--max_new_tokens=3'))
+  assert old.returncode == 0 and new.returncode == 0, old.stderr.decode() + new.stderr.decode()
+  assert old.stdout == new.stdout
+  warning = ('decode.py: warning: --max_len is deprecated: use --max_new_tokens (the old name '
+             'goes in the next release)')
+  assert old.stderr.decode().splitlines().count(warning) == 1
+  assert warning not in new.stderr.decode()
+
+
 def test_checkpoint_from_8_devices_decodes_on_1(workdirs):
   """A checkpoint written by an 8-device run restores on 1 device and translates exactly as
   it does on 8."""
   assert 'over 8 cpu device(s)' in workdirs['mt8_log'], workdirs['mt8_log'][-2000:]
-  args = (f'--workdir={workdirs["mt8"]}', '--beam_size=2', '--max_len=6')
+  args = (f'--workdir={workdirs["mt8"]}', '--beam_size=2', '--max_new_tokens=6')
   stdin = b'A man rides a bike.\nTwo dogs play in the snow.\n'
   one, eight = _decode(*args, stdin=stdin), _decode(*args, stdin=stdin, devices=8)
   assert one.returncode == 0, one.stderr.decode()
@@ -120,7 +133,7 @@ def test_scan_layers_model_trains_evaluates_and_decodes(workdirs, tmp_path):
   """Decoding and attention plots run a `scan_layers` model unrolled (one KV cache and one
   set of sown weights per layer), in the trainer's BLEU evaluation and in decode.py."""
   assert 'BLEU ' in workdirs['scan_log'], workdirs['scan_log'][-2000:]
-  result = _decode(f'--workdir={workdirs["scan"]}', '--beam_size=2', '--max_len=6',
+  result = _decode(f'--workdir={workdirs["scan"]}', '--beam_size=2', '--max_new_tokens=6',
                    f'--attention_plot={tmp_path / "plots"}', '--attention_plot_heads=average',
                    stdin=b'A man rides a bike.\nTwo dogs.\n')
   assert result.returncode == 0, result.stderr.decode()

@@ -18,10 +18,10 @@ def test_bench_runs_every_engine_and_checks_outputs(tmp_path_factory, capsys):
   workdir = export_workdirs.trained(tmp_path_factory, 'mt')
   before = sorted(os.listdir(workdir))
   decode_engines.main([f'--workdir={workdir}', '--lines=5', '--beam_sizes=2', '--repeats=1',
-                       '--warm_passes=1', '--max_len=16', '--batch_size=4'])
+                       '--warm_passes=1', '--max_new_tokens=16', '--batch_size=4'])
   out, err = capsys.readouterr()
   report = json.loads(out.strip().splitlines()[-1])
-  assert report['sentences'] == 5 and report['max_len'] == 16
+  assert report['sentences'] == 5 and report['max_new_tokens'] == 16
   results = report['results']['2']
   assert set(results) == set(decode_engines.ENGINES)
   for name, r in results.items():

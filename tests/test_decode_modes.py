@@ -69,7 +69,7 @@ class _Conversation:
 
 
 def test_translation_stream_is_answered_line_by_line(workdirs):
-  talk = _Conversation(f'--workdir={workdirs["mt"]}', '--beam_size=1', '--max_len=6',
+  talk = _Conversation(f'--workdir={workdirs["mt"]}', '--beam_size=1', '--max_new_tokens=6',
                        '--compilation_cache=')
   first = talk.ask('A man rides a bike.')
   assert first.endswith('\n') and first.strip()
@@ -79,7 +79,7 @@ def test_translation_stream_is_answered_line_by_line(workdirs):
   assert 'translated 2 sentence(s) (greedy)' in err and 'Traceback' not in err
   import inference  # pylint: disable=import-outside-toplevel  # the same from Python
   session = inference.load(workdirs['mt'])
-  assert session.translate(['A man rides a bike.'], beam_size=1, max_len=6) == [first[:-1]]
+  assert session.translate(['A man rides a bike.'], beam_size=1, max_new_tokens=6) == [first[:-1]]
 
 
 def test_language_model_stream_is_answered_prompt_by_prompt(workdirs):
@@ -96,7 +96,7 @@ def test_nbest_text_and_jsonl(workdirs, tmp_path):
   source = tmp_path / 'src.txt'
   source.write_text('\n'.join(SENTENCES) + '\n', encoding='utf-8')
   common = (f'--workdir={workdirs["mt"]}', f'--input_file={source}', '--beam_size=3',
-            '--nbest=3', '--alpha=0.6', '--max_len=8', '--compilation_cache=')
+            '--nbest=3', '--alpha=0.6', '--max_new_tokens=8', '--compilation_cache=')
   procs = [_start(*common, '--output_format=jsonl', stdin=subprocess.DEVNULL),
            _start(*common, stdin=subprocess.DEVNULL)]
   (jsonl, code), (text, _) = [(p.communicate(timeout=600)[0].decode(), p.returncode)
@@ -143,7 +143,7 @@ def test_score_reference_is_the_models_log_probability(workdirs, tmp_path):
 def test_sampled_translations_are_reproducible(workdirs, tmp_path):
   source = tmp_path / 'src.txt'
   source.write_text('\n'.join(SENTENCES) + '\n', encoding='utf-8')
-  args = (f'--workdir={workdirs["mt"]}', '--sample', '--nbest=2', '--max_len=6',
+  args = (f'--workdir={workdirs["mt"]}', '--sample', '--nbest=2', '--max_new_tokens=6',
           '--temperature=0.9', '--compilation_cache=')
   procs = [_start(*args, f'--input_file={source}', '--seed=5', stdin=subprocess.DEVNULL),
            _start(*args, f'--input_file={source}', '--seed=5', stdin=subprocess.DEVNULL),
@@ -167,6 +167,8 @@ MT_REFUSALS = {
                                         'in [1, 1024]',
     '--batch_size=0': '--batch_size=0 must be an integer in [1, 65536]',
     '--max_len=99999999999999999999': '--max_len=99999999999999999999 must be an integer',
+    '--max_new_tokens=99999999999999999999': '--max_new_tokens=99999999999999999999 must be an '
+                                             'integer',
     '--nbest=99999999999999999999': '--nbest=99999999999999999999 must be an integer',
     '--average_last=99999999999999999999': '--average_last=99999999999999999999 must be',
     '--step=-1': '--step=-1 must be an integer in [0, ',
@@ -195,7 +197,7 @@ LM_REFUSALS = {
     '--num_tokens=99999999999999999999': '--num_tokens=99999999999999999999 must be an integer',
     '--score_reference=README.md': '--score_reference is for translation',
     '--beam_size=2': '--beam_size is for translation',
-    '--max_len=5': '--max_len is for translation, but',
+    '--max_new_tokens=5': '--max_new_tokens is for translation, but',
     '--nbest=2': '--nbest is for translation',
     '--sample': '--sample is for translation',
     '--temperature=0 --top_k=3': '--top_k applies to sampling, but the temperature is 0',

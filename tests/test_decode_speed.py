@@ -11,7 +11,7 @@ from autoregressive import beam_search, decoding
 from autoregressive.decode_loop import compact_sizes, prepare
 from autoregressive.translator import Translator
 from model import ModelConfig, build_model
-from model.kinds import kind_of
+from model.kinds import adapter_of
 
 BATCH = 12
 ROWS = 8  # drop_finished=ROWS: the loop goes on with 8 rows once at most 8 are unfinished
@@ -22,7 +22,7 @@ def _model(kind='encoder_decoder', seed=0):
   cfg = ModelConfig(kind=kind, vocab_size=20, num_encoder_layers=2, num_decoder_layers=2,
                     d_model=32, num_heads=4, d_ff=64, dropout_rate=0.0, max_len=24)
   module = build_model(cfg)
-  params = module.init(jax.random.PRNGKey(seed), *kind_of(module).example_inputs(4))['params']
+  params = module.init(jax.random.PRNGKey(seed), *adapter_of(module).example_inputs(4))['params']
   return module, jax.tree.map(lambda x: x * 2.0, params)  # peakier than the init
 
 
@@ -58,7 +58,7 @@ def _varied_eos(tokens) -> int:
 
 
 def _greedy_eos(module, params, **inputs) -> int:
-  return _varied_eos(decoding.greedy_decode(module, params, max_len=MAX_LEN, eos_id=None,
+  return _varied_eos(decoding.greedy_decode(module, params, max_new_tokens=MAX_LEN, eos_id=None,
                                             drop_finished=False, **inputs))
 
 
@@ -78,7 +78,7 @@ def test_greedy_drops_finished_rows_with_the_same_tokens():
   module, params = _model()
   src = _sources()
   eos = _greedy_eos(module, params, inputs=src)
-  kw = {'max_len': MAX_LEN, 'eos_id': eos}
+  kw = {'max_new_tokens': MAX_LEN, 'eos_id': eos}
   plain = np.asarray(decoding.greedy_decode(module, params, src, drop_finished=False, **kw))
   assert _second_stage_runs(_steps(plain, eos))
   for drop in (ROWS, True, STAGES):  # True: compact_sizes(BATCH) rows
@@ -91,7 +91,7 @@ def test_beam_search_drops_finished_sentences_with_the_same_results(beam_size):
   module, params = _model(seed=1)
   src = _sources(seed=1)
   eos = _greedy_eos(module, params, inputs=src)
-  kw = {'beam_size': beam_size, 'alpha': 0.6, 'max_len': MAX_LEN, 'eos_id': eos}
+  kw = {'beam_size': beam_size, 'alpha': 0.6, 'max_new_tokens': MAX_LEN, 'eos_id': eos}
   ref_tokens, ref_scores = decoding.beam_search_decode(module, params, src,
                                                        drop_finished=False, **kw)
   if beam_size == 1:  # beam 1 ends a sentence when greedy decoding ends it
@@ -109,7 +109,7 @@ def test_decoder_only_prompts_of_different_lengths_drop_finished_rows():
   for i in range(BATCH):
     prompt[i, :i % 6] = np.arange(4, 4 + i % 6)  # lengths 0..5, force-fed in the loop
   eos = _greedy_eos(module, params, prompt=prompt)
-  kw = {'prompt': prompt, 'max_len': MAX_LEN, 'eos_id': eos}
+  kw = {'prompt': prompt, 'max_new_tokens': MAX_LEN, 'eos_id': eos}
   greedy = [decoding.greedy_decode(module, params, drop_finished=d, **kw) for d in (ROWS, False)]
   assert _second_stage_runs(_steps(greedy[1], eos))
   np.testing.assert_array_equal(np.asarray(greedy[0]), np.asarray(greedy[1]))
@@ -123,7 +123,7 @@ def test_decoder_only_prompts_of_different_lengths_drop_finished_rows():
 def test_sampling_with_keys_per_row_drops_finished_rows_with_the_same_samples():
   module, params = _model(seed=3)
   keys = jax.random.split(jax.random.PRNGKey(7), BATCH)
-  kw = {'inputs': _sources(seed=3), 'rng': keys, 'max_len': MAX_LEN, 'temperature': 0.7}
+  kw = {'inputs': _sources(seed=3), 'rng': keys, 'max_new_tokens': MAX_LEN, 'temperature': 0.7}
   eos = _varied_eos(decoding.sample(module, params, eos_id=None, **kw))
   fast = decoding.sample(module, params, eos_id=eos, drop_finished=ROWS, **kw)
   plain = decoding.sample(module, params, eos_id=eos, drop_finished=False, **kw)
@@ -142,7 +142,7 @@ def test_beam_search_first_window_gives_the_same_results(kind):
   eos = _greedy_eos(module, params, **({'inputs': inputs} if prompt is None else
                                       {'prompt': prompt}))
   args = prepare(module, inputs, prompt, MAX_LEN)
-  kw = {'beam_size': 3, 'max_len': MAX_LEN, 'prefill_len': args[3], 'eos_id': eos}
+  kw = {'beam_size': 3, 'max_new_tokens': MAX_LEN, 'prefill_len': args[3], 'eos_id': eos}
   found = [beam_search.search(module, params, *args[:3], jnp.float32(0.6), first_window=w,
                               compact_rows=rows, **kw)
            for w, rows in ((0, ()), (2, ()), (3, STAGES))]
@@ -157,8 +157,8 @@ def test_translator_drop_finished_option_gives_the_same_hypotheses():
   src = _sources(seed=1)
   eos = _greedy_eos(module, params, inputs=src)
   sources = [[int(t) for t in row if t] for row in src]
-  found = [Translator(module, params, beam_size=3, alpha=0.6, max_len=MAX_LEN, batch_size=BATCH,
-                      eos_id=eos, nbest=3, drop_finished=d).search(sources)
+  found = [Translator(module, params, beam_size=3, alpha=0.6, max_new_tokens=MAX_LEN,
+                      batch_size=BATCH, eos_id=eos, nbest=3, drop_finished=d).search(sources)
            for d in (ROWS, False)]
   for fast, plain in zip(found[0], found[1], strict=True):
     assert [h.tokens for h in fast] == [h.tokens for h in plain]
@@ -172,7 +172,7 @@ def test_translator_workers_give_the_same_hypotheses_in_order():
   rng = np.random.RandomState(2)
   sources = [list(rng.randint(3, 20, size=n)) + [1] for n in (3, 20, 5, 18, 2, 7, 21, 4, 6)]
   sources.insert(4, None)  # an empty line stays None
-  kw = {'beam_size': 2, 'alpha': 0.6, 'max_len': MAX_LEN, 'batch_size': 2, 'nbest': 2}
+  kw = {'beam_size': 2, 'alpha': 0.6, 'max_new_tokens': MAX_LEN, 'batch_size': 2, 'nbest': 2}
   done = []
   found = [Translator(module, params, workers=w, **kw).search(sources, progress=done.append)
            for w in (1, 2)]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from model import ModelConfig, build_model, decoding
-from model.kinds import kind_of
+from model.kinds import adapter_of
 
 EOS = 1
 
@@ -19,7 +19,7 @@ def _model(kind='encoder_decoder', vocab=20, max_len=24, seed=0, eos_boost=1.0, 
   cfg = ModelConfig(kind=kind, vocab_size=vocab, num_encoder_layers=2, num_decoder_layers=2,
                     d_model=32, num_heads=4, d_ff=64, dropout_rate=0.0, max_len=max_len, **kw)
   module = build_model(cfg)
-  params = module.init(jax.random.PRNGKey(seed), *kind_of(module).example_inputs(4))['params']
+  params = module.init(jax.random.PRNGKey(seed), *adapter_of(module).example_inputs(4))['params']
   # Larger weights give peakier, more varied distributions than the near-uniform init.
   params = jax.tree.map(lambda x: x * 2.0, params)
   if eos_boost != 1.0:  # make EOS likely enough that some (not all) sequences end early
@@ -75,7 +75,7 @@ def _greedy_full(module, params, inputs, max_len, eos=EOS):
   return out
 
 
-_step = jax.jit(lambda module, *args: kind_of(module).decoder_step(module, *args),
+_step = jax.jit(lambda module, *args: adapter_of(module).decoder_step(module, *args),
                 static_argnums=0)
 
 
@@ -99,7 +99,7 @@ def _full_and_cached_steps(module, params, src, tgt):
   full = np.asarray(jax.jit(module.apply)({'params': params}, *args))
   encoded = None if src is None else jax.jit(
       lambda p, s: module.apply({'params': p}, s, method=module.encode))(params, src)
-  cache = kind_of(module).init_cache(module, encoded, src, *tgt.shape)
+  cache = adapter_of(module).init_cache(module, encoded, src, *tgt.shape)
   dec_in = np.pad(tgt, ((0, 0), (1, 0)))[:, :-1]
   steps = []
   for t in range(tgt.shape[1]):
@@ -119,7 +119,7 @@ def test_cached_prefill_then_steps_equals_full_forward_decoder_only():
   module, params = _model('decoder_only', positional_encoding='learned', norm_position='pre')
   tokens = np.random.RandomState(2).randint(2, 20, size=(2, 8)).astype(np.int32)
   full = jax.jit(module.apply)({'params': params}, tokens)
-  cache = kind_of(module).init_cache(module, None, None, 2, 8)
+  cache = adapter_of(module).init_cache(module, None, None, 2, 8)
   dec_in = np.pad(tokens, ((0, 0), (1, 0)))[:, :-1]
   logits, cache = _step(module, params, cache, None, None, dec_in[:, :3])
   np.testing.assert_allclose(logits, full[:, :3], atol=1e-4, rtol=1e-4)
@@ -148,7 +148,7 @@ def test_float32_residual_in_bfloat16_caches_like_the_full_forward(kind, scan):
 def test_greedy_equals_full_forward_greedy_with_eos():
   module, params = _model(eos_boost=1.6)
   src = _sources(batch=4)
-  out = np.asarray(decoding.greedy_decode(module, params, src, max_len=8))
+  out = np.asarray(decoding.greedy_decode(module, params, src, max_new_tokens=8))
   ref = _greedy_full(module, params, src, 8)
   np.testing.assert_array_equal(out, ref)
   assert out.shape == (4, 8)
@@ -167,8 +167,9 @@ def test_greedy_decoder_only_prompts_of_different_lengths():
   batch = np.zeros((len(prompts), width), np.int32)
   for i, p in enumerate(prompts):
     batch[i, :len(p)] = p
-  out = np.asarray(decoding.greedy_decode(module, params, prompt=batch, max_len=6, eos_id=None))
-  alone = np.asarray(decoding.greedy_decode(module, params, prompt=batch[:1, :5], max_len=6,
+  out = np.asarray(decoding.greedy_decode(module, params, prompt=batch, max_new_tokens=6,
+                                          eos_id=None))
+  alone = np.asarray(decoding.greedy_decode(module, params, prompt=batch[:1, :5], max_new_tokens=6,
                                             eos_id=None))
   np.testing.assert_array_equal(out[0], alone[0])
   for i, p in enumerate(prompts):
@@ -179,9 +180,9 @@ def test_greedy_decoder_only_prompts_of_different_lengths():
 def test_too_long_is_a_clear_error():
   module, params = _model(max_len=10)
   with pytest.raises(ValueError, match='max_len'):
-    decoding.greedy_decode(module, params, _sources(length=7), max_len=11)
+    decoding.greedy_decode(module, params, _sources(length=7), max_new_tokens=11)
   with pytest.raises(ValueError, match='max_len'):
-    decoding.greedy_decode(module, params, _sources(length=11), max_len=4)
+    decoding.greedy_decode(module, params, _sources(length=11), max_new_tokens=4)
 
 
 # ----------------------------------------------------------------------------- beam search
@@ -190,8 +191,8 @@ def test_beam_size_one_equals_greedy():
   module, params = _model(eos_boost=1.6)
   src = _sources(batch=4)
   tokens, scores = decoding.beam_search_decode(module, params, src, beam_size=1, alpha=0.6,
-                                               max_len=8)
-  greedy = decoding.greedy_decode(module, params, src, max_len=8)
+                                               max_new_tokens=8)
+  greedy = decoding.greedy_decode(module, params, src, max_new_tokens=8)
   np.testing.assert_array_equal(np.asarray(tokens)[:, 0], np.asarray(greedy))
   assert tokens.shape == (4, 1, 8) and scores.shape == (4, 1)
 
@@ -212,7 +213,7 @@ def test_beam_search_matches_exhaustive_enumeration(alpha):
   # Wide enough to keep every candidate of every step: the search is exhaustive.
   beam = (vocab - 1) * (vocab - 2) ** (max_len - 2)
   tokens, scores = decoding.beam_search_decode(module, params, src, beam_size=beam, alpha=alpha,
-                                               max_len=max_len)
+                                               max_new_tokens=max_len)
   tokens, scores = np.asarray(tokens), np.asarray(scores)
   for b in range(src.shape[0]):
     lp = _log_probs_full(module, params, np.repeat(src[b:b + 1], len(seqs), 0), seqs)
@@ -223,7 +224,7 @@ def test_beam_search_matches_exhaustive_enumeration(alpha):
     np.testing.assert_array_equal(tokens[b], seqs[order])
   # A narrower beam still returns real, correctly scored sequences.
   _, scores4 = decoding.beam_search_decode(module, params, src, beam_size=4, alpha=alpha,
-                                                 max_len=max_len)
+                                                 max_new_tokens=max_len)
   assert np.all(np.diff(np.asarray(scores4), axis=1) <= 1e-6)
 
 
@@ -232,7 +233,7 @@ def test_beam_scores_sorted_and_equal_model_log_probs():
   src = _sources(batch=3)
   alpha = 0.6
   tokens, scores = decoding.beam_search_decode(module, params, src, beam_size=4, alpha=alpha,
-                                               max_len=7)
+                                               max_new_tokens=7)
   tokens, scores = np.asarray(tokens), np.asarray(scores)
   assert np.isfinite(scores).all()
   assert np.all(np.diff(scores, axis=1) <= 1e-6)
@@ -244,7 +245,7 @@ def test_beam_scores_sorted_and_equal_model_log_probs():
   # A row's result does not depend on the other rows of its batch (nor on when they finish).
   for b in range(3):
     alone, alone_scores = decoding.beam_search_decode(module, params, src[b:b + 1], beam_size=4,
-                                                      alpha=alpha, max_len=7)
+                                                      alpha=alpha, max_new_tokens=7)
     np.testing.assert_array_equal(np.asarray(alone)[0], tokens[b])
     np.testing.assert_allclose(np.asarray(alone_scores)[0], scores[b], rtol=1e-5, atol=1e-5)
   # decoding.sequence_log_probs agrees with the hand-made scorer.
@@ -257,13 +258,13 @@ def test_beam_search_decoder_only_with_prompts():
   module, params = _model('decoder_only', vocab=12, max_len=16, eos_boost=1.4)
   prompt = np.array([[4, 5, 6], [7, 0, 0]], np.int32)
   tokens, scores = decoding.beam_search_decode(module, params, prompt=prompt, beam_size=3,
-                                               alpha=0.6, max_len=5)
+                                               alpha=0.6, max_new_tokens=5)
   tokens, scores = np.asarray(tokens), np.asarray(scores)
   lens = np.where((tokens == EOS).any(-1), np.argmax(tokens == EOS, -1) + 1, tokens.shape[-1])
   lp = np.asarray(decoding.sequence_log_probs(module, params, prompt=prompt, tokens=tokens))
   np.testing.assert_allclose(lp / ((5 + lens) / 6) ** 0.6, scores, rtol=1e-4, atol=1e-4)
   alone, _ = decoding.beam_search_decode(module, params, prompt=prompt[1:, :1], beam_size=3,
-                                         alpha=0.6, max_len=5)
+                                         alpha=0.6, max_new_tokens=5)
   np.testing.assert_array_equal(np.asarray(alone)[0], tokens[1])
 
 
@@ -272,14 +273,14 @@ def test_beam_search_equals_reference_cache_reordering(case):
   """The hypotheses-as-queries cache layout returns what reordering the caches returns."""
   if case in ('eos', 'no_eos'):
     module, params = _model(eos_boost=1.5, seed=1)
-    kw = {'inputs': _sources(batch=3), 'max_len': 9, 'beam_size': 4}
+    kw = {'inputs': _sources(batch=3), 'max_new_tokens': 9, 'beam_size': 4}
     if case == 'no_eos':
       kw.update(eos_id=None, beam_size=3)
   else:
     extra = ({'positional_encoding': 'rope', 'attention_impl': 'xla', 'norm_position': 'pre'}
              if case == 'rope_fused' else {})
     module, params = _model('decoder_only', vocab=12, max_len=16, eos_boost=1.4, **extra)
-    kw = {'prompt': np.array([[4, 5, 6], [7, 0, 0], [0, 0, 0]], np.int32), 'max_len': 6,
+    kw = {'prompt': np.array([[4, 5, 6], [7, 0, 0], [0, 0, 0]], np.int32), 'max_new_tokens': 6,
           'beam_size': 3}
   tokens, scores = decoding.beam_search_decode(module, params, alpha=0.6, **kw)
   ref_tokens, ref_scores = decoding.beam_search_decode(module, params, alpha=0.6,
@@ -294,7 +295,7 @@ def test_sampling_reproducible_and_top_k():
   module, params = _model('decoder_only', vocab=20, max_len=24)
   prompt = np.tile(np.array([[5, 6, 7]], np.int32), (16, 1))
   prompt[8:, 1:] = 0  # two prompt lengths
-  kw = {'max_len': 10, 'temperature': 1.0, 'top_k': 3, 'eos_id': None}
+  kw = {'max_new_tokens': 10, 'temperature': 1.0, 'top_k': 3, 'eos_id': None}
   a = np.asarray(decoding.sample(module, params, prompt, rng=jax.random.PRNGKey(0), **kw))
   b = np.asarray(decoding.sample(module, params, prompt, rng=jax.random.PRNGKey(0), **kw))
   c = np.asarray(decoding.sample(module, params, prompt, rng=jax.random.PRNGKey(1), **kw))
@@ -314,13 +315,13 @@ def test_sampling_reproducible_and_top_k():
 def test_sampling_top_p_and_temperature_zero():
   module, params = _model(eos_boost=1.5)
   src = _sources(batch=4)
-  greedy = np.asarray(decoding.greedy_decode(module, params, src, max_len=6))
-  zero_t = np.asarray(decoding.sample(module, params, src, rng=jax.random.PRNGKey(3), max_len=6,
-                                      temperature=0.0))
+  greedy = np.asarray(decoding.greedy_decode(module, params, src, max_new_tokens=6))
+  zero_t = np.asarray(decoding.sample(module, params, src, rng=jax.random.PRNGKey(3),
+                                      max_new_tokens=6, temperature=0.0))
   np.testing.assert_array_equal(greedy, zero_t)
   # A tiny nucleus keeps only the most likely token: greedy again.
   tiny_p = np.asarray(decoding.sample(module, params, inputs=src, rng=jax.random.PRNGKey(3),
-                                      max_len=6, top_p=1e-6))
+                                      max_new_tokens=6, top_p=1e-6))
   np.testing.assert_array_equal(greedy, tiny_p)
 
 
@@ -328,7 +329,8 @@ def test_greedy_rope_and_fused_attention_equal_full_forward():
   module, params = _model('decoder_only', vocab=20, max_len=20, positional_encoding='rope',
                           attention_impl='xla', norm_position='pre')
   prompt = np.array([[5, 6, 7], [9, 0, 0]], np.int32)
-  out = np.asarray(decoding.greedy_decode(module, params, prompt=prompt, max_len=5, eos_id=None))
+  out = np.asarray(decoding.greedy_decode(module, params, prompt=prompt, max_new_tokens=5,
+                                          eos_id=None))
   for i, p in enumerate([[5, 6, 7], [9]]):
     np.testing.assert_array_equal(out[i], _greedy_by_full_forward(module, params, p, 5, 10))
 
@@ -345,12 +347,12 @@ def test_scan_layers_model_decodes_like_the_unrolled_model(kind):
   else:
     args, kwargs = (), {'prompt': np.array([[5, 6, 7], [9, 0, 0]], np.int32)}
   np.testing.assert_array_equal(
-      decoding.greedy_decode(scanned, stacked, *args, max_len=6, **kwargs),
-      decoding.greedy_decode(module, params, *args, max_len=6, **kwargs))
-  got = decoding.beam_search_decode(scanned, stacked, *args, beam_size=3, alpha=0.6, max_len=6,
-                                    **kwargs)
-  want = decoding.beam_search_decode(module, params, *args, beam_size=3, alpha=0.6, max_len=6,
-                                     **kwargs)
+      decoding.greedy_decode(scanned, stacked, *args, max_new_tokens=6, **kwargs),
+      decoding.greedy_decode(module, params, *args, max_new_tokens=6, **kwargs))
+  got = decoding.beam_search_decode(scanned, stacked, *args, beam_size=3, alpha=0.6,
+                                    max_new_tokens=6, **kwargs)
+  want = decoding.beam_search_decode(module, params, *args, beam_size=3, alpha=0.6,
+                                     max_new_tokens=6, **kwargs)
   np.testing.assert_array_equal(got[0], want[0])
   np.testing.assert_allclose(got[1], want[1], rtol=1e-5)
 
@@ -376,9 +378,9 @@ def test_pin_is_a_barrier_on_the_cross_attention_cache_only():
   module, params = _model()
   src = _sources()
   encoded = module.apply({'params': params}, src, method=module.encode)
-  kind = kind_of(module)
-  cache = kind.init_cache(module, encoded, src, 3, 4)
-  _, cache = kind.decoder_step(module, params, cache, encoded, src, np.zeros((3, 1), np.int32))
+  adapter = adapter_of(module)
+  cache = adapter.init_cache(module, encoded, src, 3, 4)
+  _, cache = adapter.decoder_step(module, params, cache, encoded, src, np.zeros((3, 1), np.int32))
   pinned = pin(cache)
   jax.tree.map(np.testing.assert_array_equal, pinned, cache)
   jaxpr = jax.make_jaxpr(pin)(cache)

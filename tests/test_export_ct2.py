@@ -93,8 +93,8 @@ def test_generator_logits_and_greedy_equal_ours(tmp_path, norm, positions, tied,
   n = config.max_len - len(ids)  # the start token, the prompt and n - 1 fed-back tokens
   options = {**options, 'max_length': n}
   result = generator.generate_batch([['<pad>'] + list(prompt)], **options)[0]
-  greedy = decoding.greedy_decode(module, params, prompt=np.array([ids], np.int32), max_len=n,
-                                  eos_id=None)
+  greedy = decoding.greedy_decode(module, params, prompt=np.array([ids], np.int32),
+                                  max_new_tokens=n, eos_id=None)
   assert TOKENIZER.encode(''.join(result.sequences[0])) == np.asarray(greedy)[0].tolist()
   if positions != 'rope':  # past its positions it stops with a message naming the limit
     with pytest.raises(RuntimeError, match=f'positions >= {config.max_len}'):
@@ -154,7 +154,7 @@ def test_trained_export_decodes_as_decode_py(exported):
   ours = {}
   for beam in sorted({1, 4, options['beam_size']}):
     ours[beam] = decode.translate(restored, sources, beam_size=beam, alpha=0.0,
-                                  max_len=options['max_decoding_length'], batch_size=16,
+                                  max_new_tokens=options['max_decoding_length'], batch_size=16,
                                   progress=False)
     results = translator.translate_batch(pieces, **{**options, 'beam_size': beam})
     theirs = [[sp.piece_to_id(p) for p in r.hypotheses[0]] for r in results]

@@ -29,7 +29,7 @@ transformers = pytest.importorskip('transformers')
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, 'data', 'multi30k')
-DECODE = {'beam_size': 4, 'alpha': 0.0, 'max_len': 16, 'temperature': 1.0, 'top_k': 0}
+DECODE = {'beam_size': 4, 'alpha': 0.0, 'max_new_tokens': 16, 'temperature': 1.0, 'top_k': 0}
 CHARS = export_workdirs.CHARS  # 44 characters: ids 1..44
 
 
@@ -114,7 +114,7 @@ def test_decoder_only_logits_and_greedy_equal(tmp_path, positions, activation):
   ids = tokenizer(prompt)['input_ids']
   assert ids == [0] + CharTokenizer(CHARS).encode(prompt)
   ours = decoding.greedy_decode(module, params, prompt=np.array([ids[1:]], np.int32),
-                                max_len=12, eos_id=None)
+                                max_new_tokens=12, eos_id=None)
   # The tokenizer's attention mask keeps the start token: it is id 0, which is also pad.
   theirs = model.generate(**tokenizer([prompt], return_tensors='pt'), do_sample=False,
                           max_new_tokens=12)
@@ -222,7 +222,7 @@ def test_trained_export_translates_as_decode_py(trained, tmp_path):
   np.testing.assert_allclose(theirs[targets > 0], ours[targets > 0], atol=1e-4, rtol=0)
 
   # Beam 4 with no length penalty: the same search (see the README), so the same output.
-  outputs = decode.translate(restored, sources, beam_size=4, alpha=0.0, max_len=32,
+  outputs = decode.translate(restored, sources, beam_size=4, alpha=0.0, max_new_tokens=32,
                              batch_size=len(lines), progress=False)
   batch = tokenizer(lines, return_tensors='pt', padding=True, truncation=True)
   assert batch['input_ids'][-1].tolist() == sources[-1]  # max_len - 1 pieces, then EOS

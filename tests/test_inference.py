@@ -18,7 +18,7 @@ import inference
 from autoregressive import decoding
 from inference import streaming
 from model import ModelConfig, build_model
-from model.kinds import kind_of
+from model.kinds import adapter_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALPHABET = 'abcdefghijklmnopqrstuvwxyz '
@@ -45,9 +45,9 @@ def _session(kind='encoder_decoder', **decode):
                     num_decoder_layers=2, d_model=32, num_heads=4, d_ff=64, dropout_rate=0.0,
                     max_len=24)
   module = build_model(cfg)
-  params = module.init(jax.random.PRNGKey(0), *kind_of(module).example_inputs(4))['params']
+  params = module.init(jax.random.PRNGKey(0), *adapter_of(module).example_inputs(4))['params']
   params = jax.tree.map(lambda x: x * 2.0, params)  # peakier, more varied distributions
-  settings = dict(beam_size=3, alpha=0.6, max_len=8, batch_size=4, temperature=1.0, top_k=0)
+  settings = dict(beam_size=3, alpha=0.6, max_new_tokens=8, batch_size=4, temperature=1.0, top_k=0)
   config = ml_collections.ConfigDict({'decode': {**settings, **decode}})
   restored = types.SimpleNamespace(config=config, module=module, params=params,
                                    tokenizer=_Tokenizer(), step=0, kind=kind, seconds=0.0)

@@ -115,13 +115,13 @@ def test_packed_examples_equal_examples_alone(positional_encoding):
                            'positional_encoding': positional_encoding})
   lm_vars = init(lm_module, tgt_a)
   packed_lm = lm_module.apply(lm_vars, jnp.concatenate([tgt_a, tgt_b], 1),
-                              segmentation=jnp.array([[1] * 5 + [2] * 3]),
+                              segment_ids=jnp.array([[1] * 5 + [2] * 3]),
                               positions=jnp.array([[0, 1, 2, 3, 4, 0, 1, 2]]))
   np.testing.assert_allclose(packed_lm[:, 5:], lm_module.apply(lm_vars, tgt_b), atol=1e-5)
 
 
 def zero_cache(module, *args, **kwargs):
-  shapes = jax.eval_shape(lambda: module.init(jax.random.key(0), *args, decode=True,
+  shapes = jax.eval_shape(lambda: module.init(jax.random.key(0), *args, use_cache=True,
                                               **kwargs))['cache']
   return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
@@ -141,7 +141,7 @@ def test_kv_cache_matches_full_forward_encoder_decoder(positional_encoding, norm
   steps = []
   for t in range(tgt.shape[1]):
     logits, mutated = module.apply({'params': variables['params'], 'cache': cache}, encoded, src,
-                                   decoder_inputs[:, t:t + 1], decode=True,
+                                   decoder_inputs[:, t:t + 1], use_cache=True,
                                    method=module.decode, mutable=['cache'])
     cache = mutated['cache']
     steps.append(logits)
@@ -159,12 +159,12 @@ def test_kv_cache_matches_full_forward_decoder_only(positional_encoding):
   inputs = jnp.pad(x, ((0, 0), (1, 0)))[:, :-1]
   # A 4-token prefill, then one token at a time.
   logits, mutated = module.apply({'params': variables['params'], 'cache': cache}, inputs[:, :4],
-                                 decode=True, mutable=['cache'])
+                                 use_cache=True, mutable=['cache'])
   steps = [logits]
   cache = mutated['cache']
   for t in range(4, 10):
     logits, mutated = module.apply({'params': variables['params'], 'cache': cache},
-                                   inputs[:, t:t + 1], decode=True, mutable=['cache'])
+                                   inputs[:, t:t + 1], use_cache=True, mutable=['cache'])
     cache = mutated['cache']
     steps.append(logits)
   np.testing.assert_allclose(jnp.concatenate(steps, 1), full, atol=1e-4)

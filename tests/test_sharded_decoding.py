@@ -74,12 +74,12 @@ def decode_all(mesh=None) -> dict[str, np.ndarray]:
                                        for x in jax.tree.leaves(params))
     x = _inputs(kind)
     given = {'inputs': x} if kind == 'encoder_decoder' else {'prompt': x}
-    out[f'{kind}/greedy'] = decoding.greedy_decode(module, params, **given, max_len=8)
+    out[f'{kind}/greedy'] = decoding.greedy_decode(module, params, **given, max_new_tokens=8)
     if kind == 'encoder_decoder':
       out[f'{kind}/beam'], out[f'{kind}/beam_scores'] = decoding.beam_search_decode(
-          module, params, **given, beam_size=3, alpha=0.6, max_len=8)
+          module, params, **given, beam_size=3, alpha=0.6, max_new_tokens=8)
     else:
-      out[f'{kind}/sample'] = decoding.sample(module, params, **given, max_len=8, top_k=12,
+      out[f'{kind}/sample'] = decoding.sample(module, params, **given, max_new_tokens=8, top_k=12,
                                               rng=jax.random.PRNGKey(1), temperature=0.9)
   return {k: np.asarray(v) for k, v in out.items()}
 
@@ -158,7 +158,7 @@ def _finish(procs, stdin=SENTENCES):
 
 def test_decode_py_with_mesh_decodes_a_2x4x1_checkpoint_as_one_device(runs):
   workdir = str(runs[0] / 'workdir')
-  args = (f'--workdir={workdir}', '--beam_size=3', '--max_len=8')
+  args = (f'--workdir={workdir}', '--beam_size=3', '--max_new_tokens=8')
   one, sharded = _finish([_decode_py(*args), _decode_py(*args, '--mesh=1,2,4', devices=8)])
   assert one[0] == 0, one[1][1][-3000:]
   assert sharded[0] == 0, sharded[1][1][-3000:]

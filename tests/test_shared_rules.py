@@ -10,7 +10,7 @@ import pytest
 from common import messages, tokens
 from input_pipeline import datasets, pipeline, textfiles
 from input_pipeline.errors import DataError, DataFileError
-from model.kinds import KINDS
+from model.kinds import ADAPTERS
 
 
 def test_truncate_keeps_eos():
@@ -42,9 +42,10 @@ def test_read_utf8_lines(tmp_path):
 
 
 def test_every_kind_names_a_layout_the_pipeline_builds():
-  for kind in KINDS.values():
-    assert kind.batch_layout in pipeline.LAYOUTS, kind.name
-    assert kind.layer_fields, kind.name
+  for kind, adapter in ADAPTERS.items():
+    assert adapter.kind == kind
+    assert adapter.batch_layout in pipeline.LAYOUTS, kind
+    assert adapter.layer_fields, kind
 
 
 def _config(kind):

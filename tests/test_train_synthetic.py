@@ -197,7 +197,7 @@ def tiny_config(kind: str = 'encoder_decoder', **overrides):
   t.eval_every_steps = 1000
   t.num_eval_batches = 2
   config.optimizer.warmup_steps = 3
-  config.decode.max_len = 8
+  config.decode.max_new_tokens = 8
   config.decode.num_eval_sentences = 0
   return set_fields(config, overrides)
 

@@ -1,14 +1,16 @@
 """The resolved config in `DIR/config.json`, config validation, and workdir compatibility.
 
 `save_config(config, workdir)` writes `DIR/config.json`; `load_config(workdir)` reads it back as
-an `ml_collections.ConfigDict`. `check_compatible(config, workdir)` refuses (with
-`IncompatibleWorkdirError`) a workdir holding a run whose model shape or data/tokenizer setup
-differs. `validate_config(config)` checks the train/optimizer/decode fields (and the model via
-`model.ModelConfig`) so a bad value fails with one line before anything is compiled.
+an `ml_collections.ConfigDict`, with renamed fields under their new names (`upgrade_config`).
+`check_compatible(config, workdir)` refuses (with `IncompatibleWorkdirError`) a workdir holding a
+run whose model shape or data/tokenizer setup differs. `validate_config(config)` checks the
+train/optimizer/decode fields (and the model via `model.ModelConfig`) so a bad value fails with
+one line before anything is compiled.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import json
@@ -19,8 +21,9 @@ from typing import Any
 import ml_collections
 import numpy as np
 
+from common.deprecation import rename_keys
 from model.config import ConfigError, ModelConfig
-from model.kinds import KINDS, kind_of
+from model.kinds import ADAPTERS, adapter_of
 from training import mesh as mesh_lib
 from training.accelerator import MATMUL_PRECISIONS
 from training.atomic_file import atomic_write
@@ -40,6 +43,10 @@ SHAPE_FIELDS = (
     'data.tokenizer', 'data.vocab_size', 'data.source_lang', 'data.target_lang',
 )
 
+# Renamed fields, section -> {old name: new name}: an old config.json, preset or override still
+# loads, with a DeprecationWarning, for one release (config.model's: model.config.RENAMED_FIELDS).
+RENAMED_FIELDS = {'decode': {'max_len': 'max_new_tokens'}}
+
 MIN_MAX_LENGTH = 2  # a token and its EOS
 # Floats are used as float32 (the schedule, the optimizer, decoding): a value must be finite
 # there, and a positive one must not underflow to 0 (nor to a subnormal, which XLA may flush
@@ -48,7 +55,7 @@ FLOAT32_TINY = 1.1754944e-38  # the smallest normal float32
 ALPHA_MAX = 10.0  # decode.py's --alpha bound: ((5 + len) / 6) ** alpha stays finite in float32
 TEMPERATURE_MIN, TEMPERATURE_MAX = 1e-3, 1e3  # decode.py's --temperature bounds (0 = greedy)
 BEAM_SIZE_MAX, DECODE_BATCH_MAX = 1024, 65_536  # decode.py's --beam_size, --batch_size bounds
-TRAINABLE_KINDS = tuple(name for name, kind in KINDS.items() if kind.has_decoder)
+TRAINABLE_KINDS = tuple(kind for kind, adapter in ADAPTERS.items() if adapter.has_decoder)
 
 
 class IncompatibleWorkdirError(ConfigError):
@@ -86,7 +93,29 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
       values = json.load(f)
   except (OSError, ValueError) as e:
     raise ConfigError(f'{path} is not a readable config: {e}') from None
-  return ml_collections.ConfigDict(values)
+  return upgrade_config(ml_collections.ConfigDict(values))
+
+
+def upgrade_config(config):
+  """`config` (a ConfigDict, locked or not, or a dict) with the fields of `RENAMED_FIELDS` moved
+  to their new names, one DeprecationWarning each; changed in place and returned."""
+  unlocked = config.unlocked() if hasattr(config, 'unlocked') else contextlib.nullcontext()
+  with unlocked:
+    for section, renames in RENAMED_FIELDS.items():
+      if section in config:
+        rename_keys(config[section], renames, f'config.{section}', stacklevel=5)
+  return config
+
+
+def renamed_override(arg: str) -> str | None:
+  """The new form of a command-line override naming a renamed field (`--config.decode.max_len=8`
+  -> `--config.decode.max_new_tokens=8`), or None if it names none."""
+  name, eq, value = arg.partition('=')
+  for section, renames in RENAMED_FIELDS.items():
+    for old, new in renames.items():
+      if name == f'--config.{section}.{old}':
+        return f'--config.{section}.{new}{eq}{value}'
+  return None
 
 
 def _get(values: dict[str, Any], dotted: str):
@@ -253,7 +282,7 @@ def _check_train(t, process_count: int) -> None:
 def _check_data(d, model_config: ModelConfig) -> None:
   _require(_is_int(d.max_length) and d.max_length >= MIN_MAX_LENGTH,
            f'config.data.max_length={d.max_length!r} must be an integer >= {MIN_MAX_LENGTH}')
-  target_len = kind_of(model_config).target_length(d.max_length)
+  target_len = adapter_of(model_config).target_length(d.max_length)
   _require(model_config.positional_encoding == 'rope' or target_len <= model_config.max_len,
            f'config.data.max_length={d.max_length} needs config.model.max_len >= {target_len} '
            f'(positional_encoding={model_config.positional_encoding!r})')
@@ -264,7 +293,8 @@ def _check_data(d, model_config: ModelConfig) -> None:
 
 def _check_decode(dec) -> None:
   """The validation BLEU's decoding settings, and decode.py's defaults: decode.py's bounds."""
-  bounds = {'beam_size': BEAM_SIZE_MAX, 'max_len': INT32_MAX, 'batch_size': DECODE_BATCH_MAX}
+  bounds = {'beam_size': BEAM_SIZE_MAX, 'max_new_tokens': INT32_MAX,
+            'batch_size': DECODE_BATCH_MAX}
   for field, most in bounds.items():
     _require(_is_int(dec[field]) and 0 < dec[field] <= most,
              f'config.decode.{field}={dec[field]!r} must be an integer in [1, {most}]')

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from model import build_model
-from model.kinds import kind_of
+from model.kinds import adapter_of
 from training import config_io, mesh as mesh_lib, optim, state as state_lib, steps
 
 GIB = 2 ** 30
@@ -47,7 +47,7 @@ def format_table(memory: dict[str, int], mesh) -> str:
 
 def abstract_batch(config, model_config, mesh) -> dict[str, jax.ShapeDtypeStruct]:
   """The global train batch as ShapeDtypeStructs split over data x fsdp."""
-  shapes = kind_of(model_config).train_batch_shapes(
+  shapes = adapter_of(model_config).train_batch_shapes(
       config.train.batch_size, config.data.max_length, bool(config.data.get('packing', False)))
   sharding = mesh_lib.batch_sharding(mesh)
   return {k: jax.ShapeDtypeStruct(s, d, sharding=sharding) for k, (s, d) in shapes.items()}

@@ -138,13 +138,13 @@ def local_batch_shards(mesh: Mesh) -> int:
 
 
 def describe(mesh: Mesh) -> str:
-  kinds = sorted({d.platform for d in mesh.devices.flat})
+  platforms = sorted({d.platform for d in mesh.devices.flat})
   shape = ', '.join(f'{name}={size}' for name, size in mesh.shape.items())
   what = 'parameters replicated'
   if mesh.shape['fsdp'] > 1 or mesh.shape['tensor'] > 1:
     what = 'parameters and optimizer state sharded over ' + ' x '.join(
         a for a in ('fsdp', 'tensor') if mesh.shape[a] > 1)
-  return (f'mesh ({shape}) over {mesh.devices.size} {"/".join(kinds)} device(s) in '
+  return (f'mesh ({shape}) over {mesh.devices.size} {"/".join(platforms)} device(s) in '
           f'{jax.process_count()} process(es); batch sharded over data x fsdp, {what}')
 
 

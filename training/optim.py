@@ -72,8 +72,9 @@ WEIGHT_DECAY_MASKS = ('ndim', 'matrices')
 _NOT_MATRICES = ('bias', 'scale')  # parameter names of biases and LayerNorm scales
 
 
-def _decay_mask(params, kind='ndim'):
-  if kind == 'matrices':
+def _decay_mask(params, rule='ndim'):
+  """Which parameters decay, by `rule` (one of WEIGHT_DECAY_MASKS)."""
+  if rule == 'matrices':
     return jax.tree_util.tree_map_with_path(
         lambda path, _: getattr(path[-1], 'key', None) not in _NOT_MATRICES, params)
   return jax.tree.map(lambda p: p.ndim >= 2, params)
@@ -86,12 +87,12 @@ def make_optimizer(config, schedule: optax.Schedule | None = None) -> optax.Grad
   if o.name == 'adam':
     opt = optax.adam(schedule, b1=o.b1, b2=o.b2, eps=o.eps)
   elif o.name == 'adamw':
-    kind = o.get('weight_decay_mask', 'ndim')  # configs saved before the field: 'ndim'
-    if kind not in WEIGHT_DECAY_MASKS:
-      raise ValueError(f'config.optimizer.weight_decay_mask={kind!r} is not one of '
+    rule = o.get('weight_decay_mask', 'ndim')  # configs saved before the field: 'ndim'
+    if rule not in WEIGHT_DECAY_MASKS:
+      raise ValueError(f'config.optimizer.weight_decay_mask={rule!r} is not one of '
                        f'{list(WEIGHT_DECAY_MASKS)}')
     opt = optax.adamw(schedule, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay,
-                      mask=lambda params: _decay_mask(params, kind))
+                      mask=lambda params: _decay_mask(params, rule))
   else:
     raise ValueError(f'config.optimizer.name={o.name!r} is not one of {list(OPTIMIZERS)}')
   if o.grad_clip_norm:

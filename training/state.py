@@ -11,7 +11,7 @@ import optax
 from jax.sharding import Mesh
 
 from model import partitioning
-from model.kinds import kind_of
+from model.kinds import adapter_of
 from model.partitioning import Rules
 from training import mesh as mesh_lib
 
@@ -28,7 +28,7 @@ class TrainState:
 
 def init_params(module, seed_key: jax.Array) -> Any:
   """Float32 parameters from `init` on a dummy batch."""
-  args = kind_of(module).example_inputs()
+  args = adapter_of(module).example_inputs()
   return module.init({'params': seed_key}, *args, deterministic=True)['params']
 
 
@@ -54,7 +54,7 @@ def _layout(module, tx, mesh, rules) -> tuple[TrainState, TrainState]:
   """(ShapeDtypeStructs, shardings) of the train state (shapes do not depend on the seed)."""
   rules = mesh_lib.rules() if rules is None else rules
   shapes = jax.eval_shape(make_init_fn(module, tx, 0))
-  logical = partitioning.logical_axes(module, kind_of(module).example_inputs())
+  logical = partitioning.logical_axes(module, adapter_of(module).example_inputs())
   params = partitioning.shardings(logical, shapes.params, mesh, rules)
   replicated = mesh_lib.replicated(mesh)
   opt_state = optax.tree_utils.tree_map_params(

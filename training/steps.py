@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import optax
 
 from model import partitioning
-from model.kinds import kind_of
+from model.kinds import adapter_of
 from model.partitioning import Rules
 from training import mesh as mesh_lib, state as state_lib
 from training.losses import cross_entropy_and_accuracy
@@ -39,7 +39,7 @@ def apply_model(module, params, batch: Batch, *, deterministic: bool,
                 dropout_rng: jax.Array | None = None) -> jax.Array:
   """Logits `[batch, len, vocab]` (float32); `logits[:, t]` predicts `targets[:, t]`."""
   rngs = {} if dropout_rng is None else {'dropout': dropout_rng}
-  return kind_of(module).apply_batch(module, {'params': params}, batch,
+  return adapter_of(module).apply_batch(module, {'params': params}, batch,
                                      deterministic=deterministic, rngs=rngs)
 
 

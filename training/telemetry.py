@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 import jax
 import jax.monitoring
 
-from model.kinds import kind_of
+from model.kinds import adapter_of
 
 # Dense peak TFLOP/s per chip (vendor data sheets, no sparsity): bf16 compute, and float32
 # at the backend's default precision (TF32 tensor cores on NVIDIA; bf16 passes on TPU).
@@ -46,8 +46,8 @@ def peak_flops(device_kind: str, dtype: str) -> float | None:
 
 def train_step_flops(model_config, batch_shapes: Mapping[str, Sequence[int]]) -> int:
   """Analytic FLOPs of one train step for a batch with these `[batch, len]` shapes (padding
-  included: it is computed): 3 x the forward pass's matmuls (`ModelKind.forward_flops`)."""
-  return 3 * kind_of(model_config).forward_flops(model_config, batch_shapes)
+  included: it is computed): 3 x the forward pass's matmuls (`ModelAdapter.forward_flops`)."""
+  return 3 * adapter_of(model_config).forward_flops(model_config, batch_shapes)
 
 
 def mfu(flops_per_step: float, seconds_per_step: float, dtype: str,

@@ -21,7 +21,7 @@ import numpy as np
 
 from autoregressive.translator import Translator
 from model import build_model
-from model.kinds import kind_of
+from model.kinds import adapter_of
 from training import (
   accelerator,
   checkpoint as ckpt_lib,
@@ -83,7 +83,7 @@ class _StopSignal:
 def _get_datasets(config, workdir: str):
   import input_pipeline  # pylint: disable=import-outside-toplevel
   return input_pipeline.get_datasets(config, workdir=workdir,
-                                     layout=kind_of(config.model).batch_layout,
+                                     layout=adapter_of(config.model).batch_layout,
                                      process_index=jax.process_index(),
                                      process_count=jax.process_count())
 
@@ -92,7 +92,7 @@ class _Run:
   """State of one call to `train_and_evaluate` (kept small: the loop lives in `run`)."""
 
   def __init__(self, config, workdir: str, datasets=None, preset=None):
-    self.config, self.workdir, self.preset = config, workdir, preset
+    self.config, self.workdir, self.preset = config_io.upgrade_config(config), workdir, preset
     self.model_config = config_io.validate_config(
         config, num_devices=jax.device_count(), process_count=jax.process_count())
     self.mesh = mesh_lib.make_mesh(mesh_config=config.get('mesh'))
@@ -230,7 +230,7 @@ class _Run:
       self.best.update('loss', results['loss'], step)
       line = (f'eval step {step} | loss {results["loss"]:.4f} | accuracy '
               f'{results["accuracy"]:.4f} | perplexity {results["perplexity"]:.2f}')
-      if kind_of(self.model_config).has_source and cfg.decode.num_eval_sentences > 0:
+      if adapter_of(self.model_config).has_source and cfg.decode.num_eval_sentences > 0:
         score, signature = self.bleu(state)
         if score is not None:
           results['bleu'] = score
@@ -258,7 +258,7 @@ class _Run:
       return None, ''
     translator = Translator(  # a scan_layers model is unrolled here, once
         self.module, params, beam_size=dec.beam_size,
-        alpha=dec.alpha, max_len=min(dec.max_len, self.model_config.max_len),
+        alpha=dec.alpha, max_new_tokens=min(dec.max_new_tokens, self.model_config.max_len),
         batch_size=min(dec.batch_size, len(examples)), eos_id=self.datasets.tokenizer.eos_id)
     what = 'beam search for evaluation' if dec.beam_size > 1 else 'greedy search for evaluation'
     with self._compiling(what) as timer:
