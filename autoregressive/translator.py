@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import os
 from collections.abc import Callable, Sequence
 
 import jax
@@ -104,14 +105,15 @@ class Translator:
   at most; `batch_size` sentences per decoder call. `drop_finished=False` decodes every
   sentence of a batch until the batch's last one ends (the plain path, same outputs).
   `workers` > 1 decodes that many batches at once (threads; same outputs): on a CPU a
-  batch's decoder step is a chain of small ops that mostly keep one core busy.
+  batch's decoder step is a chain of small ops that mostly keep one core busy (test2016,
+  batch 64, 2 cores: 1.3x the sentences per second). None: `default_workers()`.
   """
 
   @renamed_keywords(max_len='max_new_tokens')
   def __init__(self, module, params, *, beam_size: int, alpha: float, max_new_tokens: int,
                batch_size: int, eos_id: int | None = decoding.EOS_ID, nbest: int = 1,
                sampling: Sampling | None = None, drop_finished: bool | int = True,
-               workers: int = 1):
+               workers: int | None = None):
     self.module, self.params = decoding_model(module, params)
     if sampling is None and nbest > beam_size:
       raise ValueError(f'nbest={nbest} is more than the beam size {beam_size}')
@@ -120,7 +122,8 @@ class Translator:
     self.beam_size, self.alpha, self.max_new_tokens = beam_size, alpha, max_new_tokens
     self.batch_size, self.eos_id = batch_size, eos_id
     self.nbest, self.sampling = nbest, sampling
-    self.drop_finished, self.workers = drop_finished, max(1, int(workers))
+    self.drop_finished = drop_finished
+    self.workers = default_workers() if workers is None else max(1, int(workers))
 
   @property
   def max_len(self) -> int:
@@ -208,6 +211,13 @@ class Translator:
     ids = until_eos(tokens, self.eos_id)
     penalty = float(decoding.length_penalty(len(ids), self.alpha))
     return Hypothesis(ids, score, score * penalty)
+
+
+def default_workers() -> int:
+  """Batches decoded at once by default: 2 on a CPU with 2 cores or more (XLA's own threads
+  split only the larger ops), else 1 (an accelerator runs one program at a time anyway)."""
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
+  return 2 if jax.default_backend() == 'cpu' and (cores or 1) >= 2 else 1
 
 
 def _in_order(fn, batches, workers: int):
