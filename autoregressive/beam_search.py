@@ -27,12 +27,10 @@ from autoregressive.decode_loop import (
   NEG_INF,
   PAD_ID,
   forced_tokens,
+  later_stages,
   length_penalty,
   pin,
-  put_rows,
   start,
-  take_rows,
-  unfinished_first,
 )
 from model.kinds import adapter_of
 
@@ -95,18 +93,21 @@ def _gather_beams(tree, batch_index):
   return jax.tree_util.tree_map_with_path(gather, tree)
 
 
+@jax.tree_util.register_pytree_node_class
 class _Stepper:
   """One extension of every alive beam (`__call__`), for the prompt, `max_new_tokens` and `alpha`
-  of one search."""
+  of one search. A pytree (prompt and lengths per row), so `take_rows` selects sentences."""
 
   def __init__(self, prompt, lengths, alpha, k: int, max_new_tokens: int, eos_id):
     self.prompt, self.lengths, self.alpha = prompt, lengths, alpha
     self.k, self.max_new_tokens, self.eos_id = k, max_new_tokens, eos_id
 
-  def take(self, rows) -> _Stepper:
-    """The stepper of the batch made of `rows` `[n]` of this one."""
-    return _Stepper(self.prompt[rows], self.lengths[rows], self.alpha, self.k,
-                    self.max_new_tokens, self.eos_id)
+  def tree_flatten(self):
+    return (self.prompt, self.lengths, self.alpha), (self.k, self.max_new_tokens, self.eos_id)
+
+  @classmethod
+  def tree_unflatten(cls, static, arrays):
+    return cls(*arrays, *static)
 
   def candidates(self, t, logits, alive_lp):
     """Log-probs of every (beam, token) extension -> (top 2k values, beam, token, forced)."""
@@ -203,24 +204,13 @@ def _slot_search(module, params, inputs, prompt, prefill_len, max_new_tokens, k,
   visible = jnp.broadcast_to(jnp.arange(n0 + k * window) < n0, (prompt.shape[0], k,
                                                                 n0 + k * window))
   state = (jnp.asarray(t0, jnp.int32), cache, visible, beams)
-  loop = functools.partial(_slot_loop, module, params, n0, t0)
-  first = sizes[0] if sizes else 0
-  state = loop(step, encoded, inputs, state, first, window)
+  stage = functools.partial(_slot_loop, module, params, n0, t0)
+  rows, first = (step, encoded, inputs), sizes[0] if sizes else 0
+  state = stage(rows, state, first, window)
   if window < calls:
-    state = loop(step, encoded, inputs, _grow(state, n0 + k * calls), first, calls)
-  return _compacted(loop, step, encoded, inputs, state, sizes, calls)
-
-
-def _compacted(loop, step, encoded, inputs, state, sizes, calls):
-  """The beams of `state` once each later stage of `sizes` has run on the unfinished
-  sentences of the stage before (`decode_loop.in_stages`, with the slot loop's arguments)."""
-  if not sizes:
-    return state[3]
-  keep = unfinished_first(state[3].done, sizes[0])
-  step, (encoded, inputs), part = step.take(keep), take_rows((encoded, inputs), keep), \
-      take_rows(state, keep)
-  part = loop(step, encoded, inputs, part, sizes[1] if len(sizes) > 1 else 0, calls)
-  return put_rows(state[3], keep, _compacted(loop, step, encoded, inputs, part, sizes[1:], calls))
+    state = stage(rows, _grow(state, n0 + k * calls), first, calls)
+  return later_stages(functools.partial(stage, calls=calls), rows, state, sizes,
+                      done=lambda s: s[3].done, result=lambda s: s[3])
 
 
 def _grow(state, cache_len: int):
@@ -237,10 +227,12 @@ def _grow(state, cache_len: int):
   return t, cache, jnp.pad(visible, ((0, 0), (0, 0), (0, pad))), beams
 
 
-def _slot_loop(module, params, n0, t0, step, encoded, inputs, state, stop_at: int, calls: int):
+def _slot_loop(module, params, n0, t0, rows, state, stop_at: int, calls: int):
   """`_slot_search`'s decoder steps until at most `stop_at` sentences are unfinished or
-  `calls` loop calls are done (the cache is full); state (t, cache, visible, beams)."""
+  `calls` loop calls are done (the cache is full); rows (stepper, encoded, inputs) and state
+  (t, cache, visible, beams) of a batch of sentences."""
   adapter = adapter_of(module)
+  step, encoded, inputs = rows
   batch, k, cache_len = state[2].shape
 
   def body(state):

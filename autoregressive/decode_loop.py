@@ -182,8 +182,15 @@ def compact_sizes(batch: int, drop_finished: bool | int | tuple = True) -> tuple
 def in_stages(loop, rows, state, sizes: tuple[int, ...], done, result):
   """`loop(rows, state, stop_at)` over the whole batch until at most `sizes[0]` rows are
   unfinished, then over those rows only (and so on for the later sizes) -> `result(state)`
-  with every row's final value. `done(state)` `[batch]` says which rows are finished."""
+  with every row's final value. `done(state)` `[batch]` says which rows are finished; `rows`
+  is a pytree of the rows' own inputs (`take_rows`)."""
   state = loop(rows, state, sizes[0] if sizes else 0)
+  return later_stages(loop, rows, state, sizes, done, result)
+
+
+def later_stages(loop, rows, state, sizes: tuple[int, ...], done, result):
+  """`in_stages` after its first stage: `state` has run until at most `sizes[0]` rows were
+  unfinished."""
   if not sizes:
     return result(state)
   keep = unfinished_first(done(state), sizes[0])
