@@ -88,7 +88,9 @@ def test_encoder_decoder_logits_equal(tmp_path, norm, share, tied, activation):
   valid = targets > 0  # our logits at padded target positions are not defined the same way
   cls = getattr(transformers, arch)
   theirs = _hf_seq2seq_logits(_load(tmp_path, cls), inputs, targets)
-  np.testing.assert_allclose(theirs[valid], ours[valid], atol=1e-4, rtol=0)
+  # Marian's hard-coded LayerNorm epsilon (1e-5, ours 1e-6) moves these logits by ~1e-4 (1.13e-4
+  # seen once in CI on 'post-True-False-gelu'); the exact check is the same-epsilon one below.
+  np.testing.assert_allclose(theirs[valid], ours[valid], atol=2e-4, rtol=0)
   same_eps = _hf_seq2seq_logits(_load(tmp_path, cls, eps=1e-6), inputs, targets)
   np.testing.assert_allclose(same_eps[valid], ours[valid], atol=1e-5, rtol=0)
 
