@@ -44,8 +44,8 @@ def argv_config(argv: list[str]) -> str:
 
 
 def _fail(message: str, code: int = 2) -> None:
-  print(f'train.py: error: {" ".join(str(message).split())}', file=sys.stderr, flush=True)
-  sys.exit(code)
+  from training import cli  # pylint: disable=import-outside-toplevel
+  cli.fail('train.py', message, code=code)
 
 
 def _warn(message: str) -> None:
@@ -233,7 +233,8 @@ def main(argv: list[str]) -> None:
     name = argv_config(sys.argv)
     name = 'configs/default.py' if name == DEFAULT_CONFIG else name
     trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir,
-                               preset=None if preset is None else (name, preset))
+                               preset=None if preset is None else (name, preset),
+                               on_second_interrupt=_interrupted_now)
   except checkpoint.CheckpointWriteError as e:  # ran, then failed to save
     print(f'train.py: error: {" ".join(str(e).split())}', file=sys.stderr, flush=True)
     sys.stdout.flush()
@@ -244,6 +245,13 @@ def main(argv: list[str]) -> None:
     _fail(e, code=getattr(e, 'exit_code', 2))  # 1: damaged files (a tokenizer checksum)
   except KeyboardInterrupt:  # a second Ctrl-C (the first saves and stops), or one in the setup
     _interrupted(checkpoint.list_steps(FLAGS.workdir) if FLAGS.workdir else [])
+
+
+def _interrupted_now() -> None:
+  """A second Ctrl-C, from the signal handler: exits here rather than through a
+  KeyboardInterrupt, which is lost when the signal lands in a gc callback."""
+  from training import checkpoint  # pylint: disable=import-outside-toplevel
+  _interrupted(checkpoint.list_steps(FLAGS.workdir))
 
 
 def _interrupted(steps: list[int]) -> None:

@@ -160,7 +160,7 @@ def test_sigterm_saves_and_sigkill_loses_only_recent_steps(tmp_path):
 
 
 _ABANDONED_TASKS = '''
-import asyncio, gc, os
+import asyncio, gc, os, threading
 from absl import logging as _  # the CLIs' handler on the root logger
 from training import orbax_noise
 
@@ -182,9 +182,15 @@ class WakesAClosedLoop:  # as TensorStore's late callbacks do (an unraisable Run
   def __del__(self):
     self.loop.call_soon(print)
 
+def wake_from_a_thread(loop):  # a thread that dies waking a closed loop
+  thread = threading.Thread(target=loop.call_soon_threadsafe, args=(print,))
+  thread.start()
+  thread.join()
+
 closed = asyncio.new_event_loop()
 closed.close()
 WakesAClosedLoop(closed)  # before any abandoned Orbax work: reported
+wake_from_a_thread(closed)  # reported too
 with orbax_noise.quiet_orbax_logs():  # our restore call; Orbax gives up on a damaged read
   orbax = orbax_loop()
   abandoned = [orbax.create_task(fail('of an abandoned Orbax loop')),
@@ -193,6 +199,7 @@ with orbax_noise.quiet_orbax_logs():  # our restore call; Orbax gives up on a da
   orbax.run_until_complete(asyncio.sleep(0))
   orbax.close()
 WakesAClosedLoop(closed)  # now: dropped
+wake_from_a_thread(closed)  # dropped
 other = asyncio.new_event_loop()  # not Orbax's, closed the same way: its reports stay
 lost_other = other.create_task(fail('of another closed loop'))
 other.run_until_complete(asyncio.sleep(0))
@@ -209,13 +216,15 @@ ours.close()
 def test_only_what_orbax_abandoned_in_our_calls_is_dropped():
   """Tasks and futures Orbax abandons on its closed event loop inside our restore call can
   end after it (even at exit); asyncio's reports of them, and closed-loop wake-ups after
-  such an abandonment, are dropped. Lost errors of any other loop, closed or running, and a
-  closed-loop wake-up before Orbax abandoned anything, are still shown."""
+  such an abandonment (unraisable, or a thread's death), are dropped. Lost errors of any
+  other loop, closed or running, and closed-loop wake-ups before Orbax abandoned anything,
+  are still shown."""
   proc = subprocess.run([sys.executable, '-c', _ABANDONED_TASKS], env=syn.subprocess_env(1),
                         cwd=syn.REPO, capture_output=True, text=True, timeout=120, check=False)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert proc.stderr.count('exception was never retrieved') == 2, proc.stderr[-2000:]
   assert 'of a running loop' in proc.stderr and 'of another closed loop' in proc.stderr
   assert 'abandoned Orbax loop' not in proc.stderr, proc.stderr
-  assert proc.stderr.count('RuntimeError: Event loop is closed') == 1, proc.stderr[-2000:]
+  assert proc.stderr.count('RuntimeError: Event loop is closed') == 2, proc.stderr[-2000:]
+  assert proc.stderr.count('Exception in thread') == 1, proc.stderr[-2000:]
   assert 'destroyed but it is pending' not in proc.stderr, proc.stderr[-2000:]

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from common import waiting
 from common.messages import first_few
 from training import checkpoint_files as files
 from training.checkpoint_files import shape_mismatches  # noqa: F401  (public: decode.py)
@@ -164,7 +165,8 @@ class Checkpointer:
     if step is None:
       return
     try:
-      self._manager.wait_until_finished()  # `_checksum_pending` runs meanwhile: keep _pending
+      # `_checksum_pending` runs meanwhile: keep _pending. Interruptible by a second Ctrl-C.
+      waiting.wait_interruptibly(self._manager.wait_until_finished)
     except Exception as e:  # pylint: disable=broad-except
       self._write_failed(step, e)
     self._pending = None

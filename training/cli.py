@@ -10,11 +10,14 @@ float flag a float32 scalar on the device, so `1e308` (finite in Python, inf in 
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections.abc import Callable, Sequence
 
 import numpy as np
 from absl import flags
+
+from training import orbax_noise
 
 INT32_MAX = int(np.iinfo(np.int32).max)
 UINT32_MAX = int(np.iinfo(np.uint32).max)  # jax.random.PRNGKey takes a 32-bit seed on CPU
@@ -28,6 +31,9 @@ class UsageError(ValueError):
 def fail(prog: str, message, code: int = 2) -> None:
   """Prints `PROG: error: MESSAGE` (whitespace folded to one line) and exits."""
   print(f'{prog}: error: {" ".join(str(message).split())}', file=sys.stderr, flush=True)
+  if orbax_noise.abandoned_work():  # no shutdown for Orbax's leftovers to print in
+    sys.stdout.flush()
+    os._exit(code)  # pylint: disable=protected-access
   sys.exit(code)
 
 

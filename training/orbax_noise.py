@@ -76,12 +76,13 @@ def _is_orbax_leftover(unraisable) -> bool:
   if (_state['abandoned'] and isinstance(unraisable.exc_value, RuntimeError)
       and str(unraisable.exc_value) == 'Event loop is closed'):
     return True
-  code = getattr(unraisable.object, 'cr_code', None)  # a coroutine's code object
+  code = getattr(getattr(unraisable, 'object', None), 'cr_code', None)  # a coroutine's
   return code is not None and _ORBAX_DIR in code.co_filename
 
 
 def _install_unraisable_hook() -> None:
-  previous = sys.unraisablehook
+  """Also for threads: a thread of Orbax's that wakes a closed loop dies the same way."""
+  previous, previous_thread = sys.unraisablehook, threading.excepthook
   if getattr(previous, 'drops_orbax_leftovers', False):
     return
 
@@ -89,8 +90,19 @@ def _install_unraisable_hook() -> None:
     if not _is_orbax_leftover(unraisable):
       previous(unraisable)
 
+  def thread_hook(args):
+    if not _is_orbax_leftover(args):  # .exc_value as an unraisable's; no .object
+      previous_thread(args)
+
   hook.drops_orbax_leftovers = True
-  sys.unraisablehook = hook
+  sys.unraisablehook, threading.excepthook = hook, thread_hook
+
+
+def abandoned_work() -> bool:
+  """Did Orbax give up work in one of our calls? Then a program that stops should leave with
+  os._exit: TensorStore's late wake-ups of the closed loop can come during the interpreter's
+  shutdown, after the hooks above are gone, and print a traceback after the error line."""
+  return _state['abandoned']
 
 
 def _reporting_loop():

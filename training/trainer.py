@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -45,11 +46,15 @@ class NonFiniteLossError(RuntimeError):
 
 
 class _StopSignal:
-  """Records SIGTERM/SIGINT; a second SIGINT interrupts at once."""
+  """Records SIGTERM/SIGINT; a second SIGINT interrupts at once: `on_second()` when given
+  (it should end the process), else KeyboardInterrupt. A KeyboardInterrupt raised from a
+  handler is lost when the signal lands in a garbage-collection callback (JAX's), so a
+  program that must stop calls os._exit from `on_second` instead."""
 
-  def __init__(self):
+  def __init__(self, on_second: Callable[[], None] | None = None):
     self.signum = None
     self._previous = {}
+    self._on_second = on_second
 
   def __enter__(self):
     if threading.current_thread() is threading.main_thread():
@@ -59,6 +64,8 @@ class _StopSignal:
 
   def _handle(self, signum, frame):
     if self.signum is not None and signum == signal.SIGINT:
+      if self._on_second is not None:
+        self._on_second()
       raise KeyboardInterrupt
     self.signum = signum
     metrics_lib.warn(f'received {signal.Signals(signum).name}: saving a checkpoint and stopping '
@@ -91,8 +98,9 @@ def _get_datasets(config, workdir: str):
 class _Run:
   """State of one call to `train_and_evaluate` (kept small: the loop lives in `run`)."""
 
-  def __init__(self, config, workdir: str, datasets=None, preset=None):
+  def __init__(self, config, workdir: str, datasets=None, preset=None, on_second_interrupt=None):
     self.config, self.workdir, self.preset = config_io.upgrade_config(config), workdir, preset
+    self.on_second_interrupt = on_second_interrupt
     self.model_config = config_io.validate_config(
         config, num_devices=jax.device_count(), process_count=jax.process_count())
     self.mesh = mesh_lib.make_mesh(mesh_config=config.get('mesh'))
@@ -289,7 +297,7 @@ class _Run:
     last_eval = interrupted = None
     if start_step >= t.num_steps:
       log(f'already trained to step {start_step} (config.train.num_steps={t.num_steps})')
-    with _StopSignal() as stop:
+    with _StopSignal(self.on_second_interrupt) as stop:
       step = start_step
       while step < t.num_steps:
         batch = mesh_lib.shard_batch(next(self.datasets.train_iter), self.mesh)
@@ -355,20 +363,24 @@ class _Run:
     return summary
 
 
-def train_and_evaluate(config, workdir: str, *, datasets=None, preset=None) -> dict[str, Any]:
+def train_and_evaluate(config, workdir: str, *, datasets=None, preset=None,
+                       on_second_interrupt: Callable[[], None] | None = None) -> dict[str, Any]:
   """Trains `config` in `workdir` (resuming from its newest good checkpoint) -> summary dict
   with 'step', 'interrupted', 'total_time', best eval loss/BLEU and the final 'state'.
 
   `preset`: (name, the preset's config before overrides), e.g. ('configs/default.py:tiny',
   ...): the run prints the name and every field that differs from it (default: compared with
   `configs/base.py`). `datasets` (tests) replaces `input_pipeline.get_datasets(config,
-  workdir=...)`. Raises `model.ConfigError` (bad config, incompatible workdir),
+  workdir=...)`. A second Ctrl-C during the loop (the first saves and stops) calls
+  `on_second_interrupt()` from the signal handler, which should end the process (default:
+  KeyboardInterrupt, which a signal landing in a gc callback can swallow). Raises
+  `model.ConfigError` (bad config, incompatible workdir),
   `CheckpointError`, `NonFiniteLossError`.
   """
   t = config.train
   accelerator.check_deterministic(t.get('deterministic', False))
   with accelerator.matmul_precision(t.get('matmul_precision', 'default')):
-    run = _Run(config, workdir, datasets, preset)
+    run = _Run(config, workdir, datasets, preset, on_second_interrupt)
     try:
       return run.run()
     finally:
