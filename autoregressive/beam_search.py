@@ -24,9 +24,11 @@ import jax.numpy as jnp
 
 from autoregressive.decode_loop import (
   EOS_ID,
+  FIRST_WINDOW,
   NEG_INF,
   PAD_ID,
   forced_tokens,
+  grow_cache,
   later_stages,
   length_penalty,
   pin,
@@ -38,8 +40,6 @@ Array = jax.Array
 
 # Cache leaves that hold one row per hypothesis and follow the beams (see layers.py).
 _BEAM_CACHE_LEAVES = ('cached_key', 'cached_value')
-# The slot layout's first steps attend over a cache of this many steps (`_slot_search`).
-FIRST_WINDOW = 16
 
 
 class Beams(NamedTuple):
@@ -218,13 +218,7 @@ def _grow(state, cache_len: int):
   padded to `cache_len` positions (empty, invisible)."""
   t, cache, visible, beams = state
   pad = cache_len - visible.shape[-1]
-
-  def grow(path, x):
-    if getattr(path[-1], 'key', None) not in _BEAM_CACHE_LEAVES:
-      return x
-    return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)])  # positions last (layers.py)
-  cache = jax.tree_util.tree_map_with_path(grow, cache)
-  return t, cache, jnp.pad(visible, ((0, 0), (0, 0), (0, pad))), beams
+  return t, grow_cache(cache, cache_len), jnp.pad(visible, ((0, 0), (0, 0), (0, pad))), beams
 
 
 def _slot_loop(module, params, n0, t0, rows, state, stop_at: int, calls: int):

@@ -143,6 +143,21 @@ def pin(cache):
   return jax.tree_util.tree_map_with_path(barrier, cache)
 
 
+# A decoding loop's first steps attend over a cache of this many steps (`grow_cache`).
+FIRST_WINDOW = 16
+
+
+def grow_cache(cache, cache_len: int):
+  """`cache` with its self-attention keys/values padded to `cache_len` positions (empty; the
+  causal mask hides them). A loop's first steps can run on a short cache: attention over the
+  cache costs in proportion to its length, and most outputs are short."""
+  def grow(path, x):
+    if getattr(path[-1], 'key', None) not in ('cached_key', 'cached_value'):
+      return x
+    return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, cache_len - x.shape[-1])])  # positions last
+  return jax.tree_util.tree_map_with_path(grow, cache)
+
+
 def forced_tokens(prompt, lengths, t):
   """(forced `[batch]` bool, the prompt token at target index t `[batch]`)."""
   forced = t < lengths

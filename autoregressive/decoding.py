@@ -41,12 +41,14 @@ import numpy as np
 from autoregressive import beam_search
 from autoregressive.decode_loop import (
   EOS_ID,
+  FIRST_WINDOW,
   NEG_INF,
   PAD_ID,
   compact_sizes,
   decoding_model,
   forced_tokens,
-  in_stages,
+  grow_cache,
+  later_stages,
   length_penalty,
   pin,
   prepare,
@@ -110,11 +112,18 @@ def _fold_in(rng, t):
 
 
 @functools.partial(jax.jit, static_argnames=('module', 'max_new_tokens', 'prefill_len', 'greedy',
-                                             'top_k', 'use_top_p', 'eos_id', 'compact_rows'))
+                                             'top_k', 'use_top_p', 'eos_id', 'compact_rows',
+                                             'first_window'))
 def _generate(module, params, inputs, prompt, lengths, rng, temperature, top_p, *,
-              max_new_tokens, prefill_len, greedy, top_k, use_top_p, eos_id, compact_rows=()):
+              max_new_tokens, prefill_len, greedy, top_k, use_top_p, eos_id, compact_rows=(),
+              first_window=FIRST_WINDOW):
+  """The loop's first `first_window` calls attend over a cache of that many steps (0: the
+  whole cache), then it grows to full length (same tokens: the empty positions are masked)."""
+  n0 = 1 + prefill_len  # cache positions written by the first call
+  calls = prompt.shape[1] + max_new_tokens - n0  # the loop's most decoder calls
+  window = first_window if 0 < first_window < calls else calls
   logits, cache, encoded, inputs, t0 = start(module, params, inputs, prompt, prefill_len,
-                                             max_new_tokens)
+                                             max_new_tokens, cache_len=n0 + window)
   batch = prompt.shape[0]
   choose = functools.partial(_choose, temperature=temperature, top_p=top_p, greedy=greedy,
                              top_k=top_k, use_top_p=use_top_p, max_new_tokens=max_new_tokens,
@@ -124,9 +133,15 @@ def _generate(module, params, inputs, prompt, lengths, rng, temperature, top_p, 
   tok, out, done = choose(rows, rng, t0, logits, jnp.zeros((batch, max_new_tokens), jnp.int32),
                           jnp.zeros((batch,), jnp.bool_))
   state = (jnp.asarray(t0, jnp.int32), tok, cache, out, done)
-  loop = functools.partial(_generate_loop, module, params, choose, rng)
+  loop = functools.partial(_generate_loop, module, params, choose, rng, t0)
   sizes = compact_rows if greedy or _per_row(rng) else ()
-  return in_stages(loop, rows, state, sizes, done=lambda s: s[4], result=lambda s: s[3])
+  state = loop(rows, state, sizes[0] if sizes else 0, window)
+  if window < calls:
+    t, tok, cache, out, done = state
+    state = loop(rows, (t, tok, grow_cache(cache, n0 + calls), out, done),
+                 sizes[0] if sizes else 0, calls)
+  return later_stages(functools.partial(loop, calls=calls), rows, state, sizes,
+                      done=lambda s: s[4], result=lambda s: s[3])
 
 
 class _Rows(NamedTuple):
@@ -156,9 +171,9 @@ def _choose(rows, rng, t, logits, out, done, *, temperature, top_p, greedy, top_
   return tok, out, done | finished
 
 
-def _generate_loop(module, params, choose, rng, rows, state, stop_at: int):
-  """Decoder steps until at most `stop_at` rows are unfinished; state (t, tok, cache, out,
-  done) of `rows`' batch."""
+def _generate_loop(module, params, choose, rng, t0, rows, state, stop_at: int, calls: int):
+  """Decoder steps until at most `stop_at` rows are unfinished or `calls` loop calls are done
+  (the cache is full); state (t, tok, cache, out, done) of `rows`' batch."""
   adapter = adapter_of(module)
 
   def body(state):
@@ -168,7 +183,10 @@ def _generate_loop(module, params, choose, rng, rows, state, stop_at: int):
     tok, out, done = choose(rows, rng, t + 1, logits[:, -1], out, done)
     return t + 1, tok, cache, out, done
 
-  return jax.lax.while_loop(lambda s: jnp.sum(~s[4]) > stop_at, body, state)
+  def cond(state):
+    return (jnp.sum(~state[4]) > stop_at) & (state[0] - t0 < calls)
+
+  return jax.lax.while_loop(cond, body, state)
 
 
 # The three searches share one argument order, `(module, params, inputs=None, *, prompt=None,

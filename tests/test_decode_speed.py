@@ -152,6 +152,30 @@ def test_beam_search_first_window_gives_the_same_results(kind):
                                atol=1e-6)
 
 
+@pytest.mark.parametrize('kind', ['encoder_decoder', 'decoder_only'])
+def test_greedy_and_sampling_first_window_give_the_same_tokens(kind):
+  """Greedy decoding's (and sampling's) first loop calls on a shorter cache, then the whole
+  one: the same tokens, with and without finished rows dropped, with keys per row."""
+  module, params = _model(kind, seed=6)
+  if kind == 'encoder_decoder':
+    inputs, prompt = _sources(seed=6), None
+  else:  # a prefilled prompt prefix (n0 > 1) and force-fed tokens
+    inputs, prompt = None, np.array([[4, 5, 6], [7, 8, 0], [9, 0, 0]] * 4, np.int32)
+  eos = _greedy_eos(module, params, **({'inputs': inputs} if prompt is None else
+                                      {'prompt': prompt}))
+  inputs, prompt, lengths, prefill_len = prepare(module, inputs, prompt, MAX_LEN)
+  keys = jax.random.split(jax.random.PRNGKey(3), BATCH)
+  for greedy, rng in ((True, jax.random.PRNGKey(0)), (False, keys)):
+    found = [decoding._generate(module, params, inputs, prompt, lengths, rng, jnp.float32(0.8),
+                                jnp.float32(1.0), max_new_tokens=MAX_LEN,
+                                prefill_len=prefill_len, greedy=greedy, top_k=None,
+                                use_top_p=False, eos_id=eos, compact_rows=rows, first_window=w)
+             for w, rows in ((0, ()), (2, ()), (3, STAGES))]
+    assert _second_stage_runs(_steps(found[0], eos))
+    for tokens in found[1:]:
+      np.testing.assert_array_equal(np.asarray(tokens), np.asarray(found[0]))
+
+
 def test_translator_drop_finished_option_gives_the_same_hypotheses():
   module, params = _model(seed=1)
   src = _sources(seed=1)
