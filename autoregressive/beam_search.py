@@ -7,7 +7,11 @@ by log-probability; those among the best k that end (EOS, or `max_new_tokens` re
 finished set, scored `log P(y) / lp(y)` with the GNMT penalty `lp(y) = ((5 + |y|) / 6) **
 alpha` (|y| counts the EOS); the best k that did not end stay alive. A batch row is done once
 it has k finished hypotheses (so beam size 1 is exactly greedy decoding), and the loop stops
-when every row is done.
+when every row is done. When only the n best are wanted (`nbest`, e.g. decode.py's 1-best), a
+row is also done once its n best cannot be overtaken: no alive hypothesis can score above the
+n-th finished one (log-probabilities only fall; the penalty is monotonic in the length). The
+n best are then exactly those of the full search, found in fewer steps (CTranslate2 stops the
+same way).
 
 Two cache layouts give the same results: `_slot_search` (the default: a sentence's k
 hypotheses are k queries of one decoder row, an ancestry mask instead of cache reordering)
@@ -98,12 +102,15 @@ class _Stepper:
   """One extension of every alive beam (`__call__`), for the prompt, `max_new_tokens` and `alpha`
   of one search. A pytree (prompt and lengths per row), so `take_rows` selects sentences."""
 
-  def __init__(self, prompt, lengths, alpha, k: int, max_new_tokens: int, eos_id):
+  def __init__(self, prompt, lengths, alpha, k: int, max_new_tokens: int, eos_id,
+               nbest: int | None = None):
     self.prompt, self.lengths, self.alpha = prompt, lengths, alpha
     self.k, self.max_new_tokens, self.eos_id = k, max_new_tokens, eos_id
+    self.nbest = k if nbest is None else nbest
 
   def tree_flatten(self):
-    return (self.prompt, self.lengths, self.alpha), (self.k, self.max_new_tokens, self.eos_id)
+    return ((self.prompt, self.lengths, self.alpha),
+            (self.k, self.max_new_tokens, self.eos_id, self.nbest))
 
   @classmethod
   def tree_unflatten(cls, static, arrays):
@@ -119,6 +126,13 @@ class _Stepper:
     cand = (alive_lp[:, :, None] + lp).reshape(lp.shape[0], -1)
     top_lp, top_idx = top_k(cand, 2 * self.k)  # [batch, 2k]
     return top_lp, top_idx // lp.shape[-1], top_idx % lp.shape[-1], forced
+
+  def best_reachable(self, alive_lp, g):
+    """The highest score an extension of a hypothesis with log-probability `alive_lp`
+    `[batch]` (g + 1 tokens) can reach: its log-probability can only fall, and the length
+    penalty is monotonic in the length, so the bound is at the shortest or the longest."""
+    return jnp.maximum(alive_lp / length_penalty(g + 1, self.alpha),
+                       alive_lp / length_penalty(self.max_new_tokens, self.alpha))
 
   def __call__(self, t, logits, beams: Beams) -> Beams:
     """`logits` `[batch, k, vocab]` (or `[batch, 1, vocab]` while every beam has the same
@@ -147,6 +161,8 @@ class _Stepper:
     # A row is done with k finished hypotheses, or nothing left alive, or at max_new_tokens.
     done = ((g >= self.max_new_tokens - 1) | jnp.isfinite(fin_score[:, -1]) |
             ~jnp.isfinite(alive_lp[:, 0]))
+    if self.nbest < k:  # or the n best are final: no alive hypothesis can score above them
+      done |= fin_score[:, self.nbest - 1] >= self.best_reachable(alive_lp[:, 0], g)
     done = (done & ~(t + 1 < self.lengths)) | was_done
     return Beams(alive_seq=seq[rows, idx], alive_lp=alive_lp, fin_seq=fin_seq,
                  fin_score=fin_score, origin=beam[rows, idx], next_tok=tok[rows, idx],
@@ -155,16 +171,17 @@ class _Stepper:
 
 @functools.partial(jax.jit, static_argnames=('module', 'beam_size', 'max_new_tokens',
                                              'prefill_len', 'eos_id', 'reorder_cache',
-                                             'compact_rows', 'first_window'))
+                                             'compact_rows', 'first_window', 'nbest'))
 def search(module, params, inputs, prompt, lengths, alpha, *, beam_size, max_new_tokens,
            prefill_len, eos_id=EOS_ID, reorder_cache=False, compact_rows=(),
-           first_window=FIRST_WINDOW):
+           first_window=FIRST_WINDOW, nbest=None):
   """-> (tokens `[batch, k, max_new_tokens]`, scores `[batch, k]`), best first (arguments
   prepared by `decode_loop.prepare`). With `compact_rows` (a tuple of decreasing row counts)
   the slot layout's loop goes on with the unfinished sentences only once they are at most that
   many, in stages (`decode_loop.compact_sizes`); its first `first_window` steps attend over a
-  cache of that many steps (0: the whole cache)."""
-  step = _Stepper(prompt, lengths, alpha, beam_size, max_new_tokens, eos_id)
+  cache of that many steps (0: the whole cache). `nbest` < k: only the first `nbest` results
+  are wanted (module docstring); the later ones are then the finished ones so far."""
+  step = _Stepper(prompt, lengths, alpha, beam_size, max_new_tokens, eos_id, nbest)
   beams = Beams.initial(prompt.shape[0], beam_size, max_new_tokens)
   if reorder_cache:
     beams = _reordered_search(module, params, inputs, prompt, prefill_len, max_new_tokens,

@@ -279,7 +279,8 @@ def sample(module, params, inputs=None, *, prompt=None, rng, max_new_tokens: int
 @renamed_keywords(max_len='max_new_tokens')
 def beam_search_decode(module, params, inputs=None, *, prompt=None, beam_size: int,
                        alpha: float, max_new_tokens: int, eos_id: int | None = EOS_ID,
-                       reorder_cache: bool = False, drop_finished: bool | int = True):
+                       reorder_cache: bool = False, drop_finished: bool | int = True,
+                       nbest: int | None = None):
   """Beam search -> (tokens `[batch, beam, max_new_tokens]`, scores `[batch, beam]`), best first.
 
   `scores` are `sum log P(token) / ((5 + len) / 6) ** alpha` of each returned sequence
@@ -289,16 +290,22 @@ def beam_search_decode(module, params, inputs=None, *, prompt=None, beam_size: i
   -inf and all-zero tokens. Arguments as in `greedy_decode`. `reorder_cache=True` runs the
   reference implementation (one decoder row per hypothesis, caches reordered every step):
   same results, slower. `drop_finished` as in `greedy_decode` (sentences, not hypotheses).
+  `nbest=n` (<= beam_size) when only the n best are wanted: a sentence stops once they cannot
+  be overtaken, so those n are the same and come sooner; the entries after them are what was
+  finished by then.
   """
   module, params = decoding_model(module, params)
   if not isinstance(beam_size, (int, np.integer)) or beam_size <= 0:
     raise ValueError(f'beam_size must be a positive integer, got {beam_size!r}')
+  if nbest is not None and not 0 < nbest <= beam_size:
+    raise ValueError(f'nbest must be in [1, beam_size={beam_size}], got {nbest!r}')
   inputs, prompt, lengths, prefill_len = prepare(module, inputs, prompt, max_new_tokens)
   return beam_search.search(module, params, inputs, prompt, lengths, jnp.float32(alpha),
                             beam_size=int(beam_size), max_new_tokens=max_new_tokens,
                             prefill_len=prefill_len, eos_id=eos_id,
                             reorder_cache=bool(reorder_cache),
-                            compact_rows=compact_sizes(prompt.shape[0], drop_finished))
+                            compact_rows=compact_sizes(prompt.shape[0], drop_finished),
+                            nbest=None if nbest is None else int(nbest))
 
 
 # ----------------------------------------------------------------------------- scoring

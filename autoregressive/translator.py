@@ -184,7 +184,7 @@ class Translator:
       tokens, found = decoding.beam_search_decode(
           self.module, self.params, inputs, beam_size=self.beam_size, alpha=self.alpha,
           max_new_tokens=self.max_new_tokens, eos_id=self.eos_id,
-          drop_finished=self.drop_finished)
+          drop_finished=self.drop_finished, nbest=self.nbest)
       tokens, found = np.asarray(tokens)[:n, :self.nbest], np.asarray(found)[:n, :self.nbest]
       return [[self._beam_hypothesis(t, float(s)) for t, s in zip(tokens[r], found[r], strict=True)
                if np.isfinite(s)] for r in range(n)]

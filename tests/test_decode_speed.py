@@ -176,6 +176,30 @@ def test_greedy_and_sampling_first_window_give_the_same_tokens(kind):
       np.testing.assert_array_equal(np.asarray(tokens), np.asarray(found[0]))
 
 
+@pytest.mark.parametrize('alpha', [0.0, 1.5, -0.5])
+@pytest.mark.parametrize('reorder_cache', [False, True])
+def test_beam_search_stopping_at_the_final_nbest_gives_the_same_nbest(alpha, reorder_cache):
+  """With `nbest` < beam size a sentence stops once its n best cannot be overtaken: the same
+  n tokens and scores as the full search (any length penalty sign), and it does stop sooner.
+  (Seed 0 and alpha 1.5: a bound that forgets the penalty can grow stops too soon here.)"""
+  module, params = _model(seed=0)
+  src = _sources(seed=0)
+  kw = {'beam_size': 4, 'alpha': alpha, 'max_new_tokens': MAX_LEN, 'reorder_cache': reorder_cache,
+        'eos_id': _greedy_eos(module, params, inputs=src)}
+  full_tokens, full_scores = decoding.beam_search_decode(module, params, src, **kw)
+  sooner = False
+  for n in (1, 2):
+    tokens, scores = decoding.beam_search_decode(module, params, src, nbest=n, **kw)
+    np.testing.assert_array_equal(np.asarray(tokens)[:, :n], np.asarray(full_tokens)[:, :n])
+    np.testing.assert_allclose(np.asarray(scores)[:, :n], np.asarray(full_scores)[:, :n],
+                               rtol=1e-5, atol=1e-6)
+    sooner |= bool(np.any(~np.isfinite(np.asarray(scores)[:, n:]) &
+                          np.isfinite(np.asarray(full_scores)[:, n:])))
+  assert sooner  # some sentence stopped before it had 4 finished hypotheses
+  with pytest.raises(ValueError, match='nbest must be in'):
+    decoding.beam_search_decode(module, params, src, nbest=5, **kw)
+
+
 def test_translator_drop_finished_option_gives_the_same_hypotheses():
   module, params = _model(seed=1)
   src = _sources(seed=1)
