@@ -271,7 +271,9 @@ def _matmul_precision(config):
 
 
 def enable_compilation_cache(directory: str) -> None:
-  """JAX's persistent compilation cache: a second run with the same shapes skips compiling."""
+  """JAX's persistent compilation cache: a second run with the same shapes skips compiling;
+  with the decoding programs kept exported beside it (`autoregressive.program_cache`), it
+  skips tracing them too."""
   if not directory:
     return
   import jax  # pylint: disable=import-outside-toplevel
@@ -280,5 +282,7 @@ def enable_compilation_cache(directory: str) -> None:
     os.makedirs(path, exist_ok=True)
     jax.config.update('jax_compilation_cache_dir', path)
     jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)
+    from autoregressive import program_cache  # pylint: disable=import-outside-toplevel
+    program_cache.enable(os.path.join(path, 'programs'))  # and skips tracing them
   except Exception as e:  # noqa: BLE001  # a cache is only an optimisation
     _warn(f'no compilation cache ({e})')

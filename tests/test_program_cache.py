@@ -1,0 +1,69 @@
+"""autoregressive.program_cache: decoding programs exported to disk give the plain path's
+tokens, are loaded (not traced) by a later process, and a damaged file is only re-exported."""
+
+import os
+
+import jax
+import numpy as np
+import pytest
+from test_decode_speed import MAX_LEN, _model, _sources
+
+from autoregressive import decoding, program_cache
+
+
+@pytest.fixture
+def cache_dir(tmp_path):
+  program_cache.enable(str(tmp_path / 'programs'))
+  program_cache._loaded.clear()  # pylint: disable=protected-access
+  yield tmp_path / 'programs'
+  program_cache.enable(None)
+  program_cache._loaded.clear()  # pylint: disable=protected-access
+
+
+def _searches(module, params, src):
+  greedy = decoding.greedy_decode(module, params, src, max_new_tokens=MAX_LEN)
+  tokens, scores = decoding.beam_search_decode(module, params, src, beam_size=2, alpha=0.6,
+                                               max_new_tokens=MAX_LEN, nbest=1)
+  return [np.asarray(x) for x in (greedy, tokens, scores)]
+
+
+def _files(directory):
+  return sorted(os.listdir(directory)) if os.path.isdir(directory) else []
+
+
+def test_exported_programs_give_the_same_results_and_load_without_tracing(cache_dir,
+                                                                           monkeypatch):
+  module, params = _model(seed=1)
+  src = _sources(seed=1)
+  program_cache.enable(None)
+  plain = _searches(module, params, src)
+  assert _files(cache_dir) == []  # off: nothing written
+  program_cache.enable(str(cache_dir))
+  first = _searches(module, params, src)
+  assert len(_files(cache_dir)) == 2  # one program per search
+  program_cache._loaded.clear()  # pylint: disable=protected-access  # as a new process
+
+  def no_tracing(*args, **kwargs):
+    raise AssertionError('traced again')
+  monkeypatch.setattr(jax.export, 'export', no_tracing)
+  again = _searches(module, params, src)
+  for a, b, c in zip(plain, first, again, strict=True):
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(a, c)
+
+
+def test_a_damaged_program_is_exported_again(cache_dir):
+  module, params = _model(seed=2)
+  src = _sources(seed=2)
+  expected = np.asarray(decoding.greedy_decode(module, params, src, max_new_tokens=MAX_LEN))
+  [name] = _files(cache_dir)
+  with open(cache_dir / name, 'wb') as f:
+    f.write(b'not a program')
+  program_cache._loaded.clear()  # pylint: disable=protected-access
+  found = decoding.greedy_decode(module, params, src, max_new_tokens=MAX_LEN)
+  np.testing.assert_array_equal(np.asarray(found), expected)
+  assert (cache_dir / name).read_bytes() != b'not a program'
+  # Other static arguments, other shapes: other programs.
+  decoding.greedy_decode(module, params, src, max_new_tokens=MAX_LEN - 1)
+  decoding.greedy_decode(module, params, src[:4], max_new_tokens=MAX_LEN)
+  assert len(_files(cache_dir)) == 3
