@@ -31,19 +31,20 @@ from autoregressive.decode_loop import (
   FIRST_WINDOW,
   NEG_INF,
   PAD_ID,
+  SELF_CACHE_LEAVES,
   forced_tokens,
   grow_cache,
   later_stages,
   length_penalty,
   pin,
   start,
+  window_then_whole,
+  windows,
 )
 from model.kinds import adapter_of
 
 Array = jax.Array
 
-# Cache leaves that hold one row per hypothesis and follow the beams (see layers.py).
-_BEAM_CACHE_LEAVES = ('cached_key', 'cached_value')
 
 
 class Beams(NamedTuple):
@@ -91,7 +92,7 @@ def _gather_beams(tree, batch_index):
   """Reorders the per-hypothesis cache leaves by `batch_index` `[batch * beam]`."""
   def gather(path, x):
     name = getattr(path[-1], 'key', None)
-    if name in _BEAM_CACHE_LEAVES:
+    if name in SELF_CACHE_LEAVES:  # one row per hypothesis: they follow the beams
       return x.at[batch_index].get(mode='promise_in_bounds')
     return x
   return jax.tree_util.tree_map_with_path(gather, tree)
@@ -212,9 +213,7 @@ def _slot_search(module, params, inputs, prompt, prefill_len, max_new_tokens, k,
   most: 65 positions instead of 253 for the steps most sentences need). Once at most
   `sizes[0]` sentences are unfinished the loop goes on with those rows only, and so on.
   """
-  n0 = 1 + prefill_len
-  calls = prompt.shape[1] + max_new_tokens - n0  # the loop's most decoder calls
-  window = window if 0 < window < calls else calls
+  n0, window, calls = windows(window, prompt.shape[1], max_new_tokens, prefill_len)
   logits, cache, encoded, inputs, t0 = start(module, params, inputs, prompt, prefill_len,
                                              max_new_tokens, cache_len=n0 + k * window)
   beams = step(t0, logits[:, None], beams)
@@ -223,9 +222,8 @@ def _slot_search(module, params, inputs, prompt, prefill_len, max_new_tokens, k,
   state = (jnp.asarray(t0, jnp.int32), cache, visible, beams)
   stage = functools.partial(_slot_loop, module, params, n0, t0)
   rows, first = (step, encoded, inputs), sizes[0] if sizes else 0
-  state = stage(rows, state, first, window)
-  if window < calls:
-    state = stage(rows, _grow(state, n0 + k * calls), first, calls)
+  state = window_then_whole(stage, rows, state, first, window, calls,
+                            grow=lambda s: _grow(s, n0 + k * calls))
   return later_stages(functools.partial(stage, calls=calls), rows, state, sizes,
                       done=lambda s: s[3].done, result=lambda s: s[3])
 

@@ -145,6 +145,23 @@ def pin(cache):
 
 # A decoding loop's first steps attend over a cache of this many steps (`grow_cache`).
 FIRST_WINDOW = 16
+# The self-attention cache leaves: one position per decoder input, positions last (layers.py).
+SELF_CACHE_LEAVES = ('cached_key', 'cached_value')
+
+
+def windows(first_window: int, prompt_len: int, max_new_tokens: int, prefill_len: int):
+  """(n0, window, calls) of a decoding loop: the cache positions the first call writes, the
+  loop calls run on the short cache (`first_window`, or all of them), and all loop calls."""
+  n0 = 1 + prefill_len
+  calls = prompt_len + max_new_tokens - n0
+  return n0, first_window if 0 < first_window < calls else calls, calls
+
+
+def window_then_whole(loop, rows, state, stop_at: int, window: int, calls: int, grow):
+  """`loop(rows, state, stop_at, n)` for the first `window` calls, then, with `grow(state)`
+  (the cache padded to full length), up to `calls`."""
+  state = loop(rows, state, stop_at, window)
+  return loop(rows, grow(state), stop_at, calls) if window < calls else state
 
 
 def grow_cache(cache, cache_len: int):
@@ -152,7 +169,7 @@ def grow_cache(cache, cache_len: int):
   causal mask hides them). A loop's first steps can run on a short cache: attention over the
   cache costs in proportion to its length, and most outputs are short."""
   def grow(path, x):
-    if getattr(path[-1], 'key', None) not in ('cached_key', 'cached_value'):
+    if getattr(path[-1], 'key', None) not in SELF_CACHE_LEAVES:
       return x
     return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, cache_len - x.shape[-1])])  # positions last
   return jax.tree_util.tree_map_with_path(grow, cache)

@@ -54,6 +54,8 @@ from autoregressive.decode_loop import (
   prepare,
   prompt_lengths,
   start,
+  window_then_whole,
+  windows,
 )
 from common.deprecation import renamed_keywords, warn_renamed
 from model.kinds import adapter_of
@@ -119,9 +121,7 @@ def _generate(module, params, inputs, prompt, lengths, rng, temperature, top_p, 
               first_window=FIRST_WINDOW):
   """The loop's first `first_window` calls attend over a cache of that many steps (0: the
   whole cache), then it grows to full length (same tokens: the empty positions are masked)."""
-  n0 = 1 + prefill_len  # cache positions written by the first call
-  calls = prompt.shape[1] + max_new_tokens - n0  # the loop's most decoder calls
-  window = first_window if 0 < first_window < calls else calls
+  n0, window, calls = windows(first_window, prompt.shape[1], max_new_tokens, prefill_len)
   logits, cache, encoded, inputs, t0 = start(module, params, inputs, prompt, prefill_len,
                                              max_new_tokens, cache_len=n0 + window)
   batch = prompt.shape[0]
@@ -135,11 +135,8 @@ def _generate(module, params, inputs, prompt, lengths, rng, temperature, top_p, 
   state = (jnp.asarray(t0, jnp.int32), tok, cache, out, done)
   loop = functools.partial(_generate_loop, module, params, choose, rng, t0)
   sizes = compact_rows if greedy or _per_row(rng) else ()
-  state = loop(rows, state, sizes[0] if sizes else 0, window)
-  if window < calls:
-    t, tok, cache, out, done = state
-    state = loop(rows, (t, tok, grow_cache(cache, n0 + calls), out, done),
-                 sizes[0] if sizes else 0, calls)
+  state = window_then_whole(loop, rows, state, sizes[0] if sizes else 0, window, calls,
+                            grow=lambda s: (*s[:2], grow_cache(s[2], n0 + calls), *s[3:]))
   return later_stages(functools.partial(loop, calls=calls), rows, state, sizes,
                       done=lambda s: s[4], result=lambda s: s[3])
 

@@ -28,7 +28,7 @@ from common.atomic_file import atomic_write
 
 _PACKAGES = ('autoregressive', 'model')  # whose code the programs are traced from
 _state: dict[str, Any] = {'directory': None}
-_loaded: dict[str, Callable] = {}  # key -> jitted call of the exported program
+_loaded: dict[tuple, Callable] = {}  # call's signature -> the exported program, jitted
 
 
 def enable(directory: str | None) -> None:
@@ -42,14 +42,17 @@ def call(fn, module, *args, **static):
   directory = _state['directory']
   if directory is None or jax.device_count() != 1:
     return fn(module, *args, **static)
-  key = _key(fn, module, args, static)
-  program = _loaded.get(key)
+  leaves, tree = jax.tree.flatten(args)
+  signature = (fn, module, tuple(sorted(static.items())), tree,
+               tuple((jax.numpy.shape(x), str(jax.numpy.result_type(x)),
+                      getattr(x, 'weak_type', False)) for x in leaves))
+  program = _loaded.get(signature)  # the same search again in this process: no hashing
   if program is None:
     try:
-      program = jax.jit(_load_or_export(directory, key, fn, module, args, static))
+      program = jax.jit(_load_or_export(directory, _key(signature), fn, module, args, static))
     except Exception:  # noqa: BLE001  # what jax.export cannot express runs as it is
       program = functools.partial(fn, module, **static)
-    _loaded[key] = program
+    _loaded[signature] = program
   return program(*args)
 
 
@@ -70,12 +73,12 @@ def _load_or_export(directory, key, fn, module, args, static) -> Callable:
   return exported.call
 
 
-def _key(fn, module, args, static) -> str:
-  leaves, tree = jax.tree.flatten(args)
+def _key(signature) -> str:
+  """The file name of a program: `call`'s signature, with what the process runs on."""
+  fn, module, static, tree, shapes = signature
   parts = [jax.__version__, jax.default_backend(), jax.devices()[0].device_kind, _source_hash(),
-           getattr(fn, '__qualname__', repr(fn)), repr(module), repr(sorted(static.items())),
-           str(tree), repr([(jax.numpy.shape(x), str(jax.numpy.result_type(x)),
-                             getattr(x, 'weak_type', False)) for x in leaves])]
+           getattr(fn, '__qualname__', repr(fn)), repr(module), repr(static), str(tree),
+           repr(shapes)]
   return hashlib.sha256('\n'.join(parts).encode()).hexdigest()[:32]
 
 

@@ -131,16 +131,24 @@ def test_sampling_with_keys_per_row_drops_finished_rows_with_the_same_samples():
   np.testing.assert_array_equal(np.asarray(fast), np.asarray(plain))
 
 
-@pytest.mark.parametrize('kind', ['encoder_decoder', 'decoder_only'])
-def test_beam_search_first_window_gives_the_same_results(kind):
-  """The slot layout's first steps on a shorter cache, then the whole one: same results."""
-  module, params = _model(kind, seed=5)
+def _window_case(kind, seed):
+  """(module, params, inputs, prompt, eos) for the first-window tests: an encoder-decoder's
+  sources, or a decoder-only model's prompts with a prefilled prefix (n0 > 1) and force-fed
+  tokens."""
+  module, params = _model(kind, seed=seed)
   if kind == 'encoder_decoder':
-    inputs, prompt = _sources(seed=5), None
-  else:  # a prefilled prompt prefix (n0 > 1) and force-fed tokens
+    inputs, prompt = _sources(seed=seed), None
+  else:
     inputs, prompt = None, np.array([[4, 5, 6], [7, 8, 0], [9, 0, 0]] * 4, np.int32)
   eos = _greedy_eos(module, params, **({'inputs': inputs} if prompt is None else
                                       {'prompt': prompt}))
+  return module, params, inputs, prompt, eos
+
+
+@pytest.mark.parametrize('kind', ['encoder_decoder', 'decoder_only'])
+def test_beam_search_first_window_gives_the_same_results(kind):
+  """The slot layout's first steps on a shorter cache, then the whole one: same results."""
+  module, params, inputs, prompt, eos = _window_case(kind, seed=5)
   args = prepare(module, inputs, prompt, MAX_LEN)
   kw = {'beam_size': 3, 'max_new_tokens': MAX_LEN, 'prefill_len': args[3], 'eos_id': eos}
   found = [beam_search.search(module, params, *args[:3], jnp.float32(0.6), first_window=w,
@@ -156,13 +164,7 @@ def test_beam_search_first_window_gives_the_same_results(kind):
 def test_greedy_and_sampling_first_window_give_the_same_tokens(kind):
   """Greedy decoding's (and sampling's) first loop calls on a shorter cache, then the whole
   one: the same tokens, with and without finished rows dropped, with keys per row."""
-  module, params = _model(kind, seed=6)
-  if kind == 'encoder_decoder':
-    inputs, prompt = _sources(seed=6), None
-  else:  # a prefilled prompt prefix (n0 > 1) and force-fed tokens
-    inputs, prompt = None, np.array([[4, 5, 6], [7, 8, 0], [9, 0, 0]] * 4, np.int32)
-  eos = _greedy_eos(module, params, **({'inputs': inputs} if prompt is None else
-                                      {'prompt': prompt}))
+  module, params, inputs, prompt, eos = _window_case(kind, seed=6)
   inputs, prompt, lengths, prefill_len = prepare(module, inputs, prompt, MAX_LEN)
   keys = jax.random.split(jax.random.PRNGKey(3), BATCH)
   for greedy, rng in ((True, jax.random.PRNGKey(0)), (False, keys)):
