@@ -14,6 +14,7 @@ import numpy as np
 
 from model import transformer
 from model.kinds import adapter_of
+from model.layers import CACHE_POSITION_AXIS
 
 Array = jax.Array
 
@@ -145,7 +146,7 @@ def pin(cache):
 
 # A decoding loop's first steps attend over a cache of this many steps (`grow_cache`).
 FIRST_WINDOW = 16
-# The self-attention cache leaves: one position per decoder input, positions last (layers.py).
+# The self-attention cache leaves: one position per decoder input (layers.py says on which axis).
 SELF_CACHE_LEAVES = ('cached_key', 'cached_value')
 
 
@@ -169,9 +170,12 @@ def grow_cache(cache, cache_len: int):
   causal mask hides them). A loop's first steps can run on a short cache: attention over the
   cache costs in proportion to its length, and most outputs are short."""
   def grow(path, x):
-    if getattr(path[-1], 'key', None) not in SELF_CACHE_LEAVES:
+    name = getattr(path[-1], 'key', None)
+    if name not in SELF_CACHE_LEAVES:
       return x
-    return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, cache_len - x.shape[-1])])  # positions last
+    axis = x.ndim + CACHE_POSITION_AXIS[name]
+    return jnp.pad(x, [(0, cache_len - x.shape[axis]) if i == axis else (0, 0)
+                       for i in range(x.ndim)])
   return jax.tree_util.tree_map_with_path(grow, cache)
 
 

@@ -94,15 +94,18 @@ class MultiHeadAttention(nn.Module):
 
   With `use_cache=True` the module keeps a KV cache in the `cache` collection (`decode=True` is
   the flag's deprecated name):
-    self-attention: `cached_key`/`cached_value` `[batch, heads, head_dim, cache_len]` and
-      `cache_index`; each call appends its `x` (one or more tokens) at `cache_index`.
-    cross-attention: `cross_key`/`cross_value` `[batch, heads, head_dim, src_len]`, the
-      projected encoder keys/values. `init` does not create them; the first decode call
-      (whose cache lacks them) projects and stores them, later calls only read them, so a
-      decoding loop after the first step does no projection and no conditional.
-  The caches are heads-major, positions last: that is the layout XLA:CPU's batched matmuls
-  of decode attention read them in (queries of 1 or a few tokens), so no step transposes a
-  whole cache (the attention functions get `[batch, len, heads, head_dim]` views).
+    self-attention: `cached_key` `[batch, heads, head_dim, cache_len]`, `cached_value`
+      `[batch, heads, cache_len, head_dim]` and `cache_index`; each call appends its `x` (one
+      or more tokens) at `cache_index`.
+    cross-attention: `cross_key` `[batch, heads, head_dim, src_len]` and `cross_value`
+      `[batch, heads, src_len, head_dim]`, the projected encoder keys/values. `init` does not
+      create them; the first decode call (whose cache lacks them) projects and stores them,
+      later calls only read them, so a decoding loop after the first step does no projection
+      and no conditional.
+  The caches are heads-major (`CACHE_LAYOUTS`), keys with positions last and values with
+  positions before head_dim: the operands of the batched matmuls Q K^T and weights V as
+  XLA:CPU reads them for queries of 1 or a few tokens, so no step transposes a whole cache
+  (the attention functions get `[batch, len, heads, head_dim]` views).
   The cache length is the length of `x` when the cache is created (init or the first
   mutable apply), as in the Flax WMT example.
   """
@@ -193,24 +196,26 @@ class MultiHeadAttention(nn.Module):
   def _update_self_cache(self, key, value, mask):
     """Writes this call's keys/values at `cache_index` and returns the whole cache."""
     initializing = not self.has_variable('cache', 'cached_key')
-    cached_key = self.variable('cache', 'cached_key', jnp.zeros, _to_cache(key).shape, key.dtype)
-    cached_value = self.variable('cache', 'cached_value', jnp.zeros, _to_cache(value).shape,
-                                 value.dtype)
+    new = {'cached_key': key, 'cached_value': value}
+    cached = {name: self.variable('cache', name, jnp.zeros, _to_cache(x, name).shape, x.dtype)
+              for name, x in new.items()}
     cache_index = self.variable('cache', 'cache_index', lambda: jnp.array(0, jnp.int32))
     if initializing:
       return key, value, mask
-    cache_len = cached_key.value.shape[-1]
+    cache_len = cached['cached_key'].value.shape[CACHE_POSITION_AXIS['cached_key']]
     num_new = key.shape[1]
     index = cache_index.value
-    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, _to_cache(key),
-                                                    (0, 0, 0, index))
-    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, _to_cache(value),
-                                                      (0, 0, 0, index))
+    for name, x in new.items():
+      start = [0] * 4
+      start[CACHE_POSITION_AXIS[name]] = index
+      cached[name].value = jax.lax.dynamic_update_slice(cached[name].value, _to_cache(x, name),
+                                                        start)
     cache_index.value = index + num_new
     # Query i (at absolute position index + i) sees cache slots 0 .. index + i.
     query_pos = index + jnp.arange(num_new)
     causal = (jnp.arange(cache_len)[None, :] <= query_pos[:, None])[None, None]
-    return (_from_cache(cached_key.value), _from_cache(cached_value.value),
+    return (_from_cache(cached['cached_key'].value, 'cached_key'),
+            _from_cache(cached['cached_value'].value, 'cached_value'),
             attn.combine_masks(mask, causal))
 
   def _cross_cache(self, kv, heads):
@@ -220,24 +225,36 @@ class MultiHeadAttention(nn.Module):
     loop body holds no projection and no `lax.cond` copying the keys/values each step.
     """
     if self.has_variable('cache', 'cross_key'):
-      return (_from_cache(self.get_variable('cache', 'cross_key')),
-              _from_cache(self.get_variable('cache', 'cross_value')))
+      return (_from_cache(self.get_variable('cache', 'cross_key'), 'cross_key'),
+              _from_cache(self.get_variable('cache', 'cross_value'), 'cross_value'))
     key, value = self._project_kv(kv, heads)
     key, value = key.astype(self.dtype), value.astype(self.dtype)
     if not self.is_initializing():
-      self.put_variable('cache', 'cross_key', _to_cache(key))
-      self.put_variable('cache', 'cross_value', _to_cache(value))
+      self.put_variable('cache', 'cross_key', _to_cache(key, 'cross_key'))
+      self.put_variable('cache', 'cross_value', _to_cache(value, 'cross_value'))
     return key, value
 
 
-def _to_cache(x):
-  """`[batch, len, heads, head_dim]` -> the cache layout `[batch, heads, head_dim, len]`."""
-  return jnp.transpose(x, (0, 2, 3, 1))
+# Each cache's axes, as a permutation of `[batch, len, heads, head_dim]`: keys
+# `[batch, heads, head_dim, len]` and values `[batch, heads, len, head_dim]`. With values also
+# positions last, weights V was ~3.5x slower per decoder step on XLA:CPU (a transposed
+# batched matmul; measured at 64 rows x 4 beams, 65 positions).
+CACHE_LAYOUTS = {'cached_key': (0, 2, 3, 1), 'cached_value': (0, 2, 1, 3),
+                 'cross_key': (0, 2, 3, 1), 'cross_value': (0, 2, 1, 3)}
+# Where each cache keeps its positions, from the end (decoding loops grow the self-attention
+# caches there).
+CACHE_POSITION_AXIS = {name: layout.index(1) - 4 for name, layout in CACHE_LAYOUTS.items()}
 
 
-def _from_cache(x):
-  """The cache layout `[batch, heads, head_dim, len]` -> a `[batch, len, heads, head_dim]` view."""
-  return jnp.transpose(x, (0, 3, 1, 2))
+def _to_cache(x, name: str):
+  """`[batch, len, heads, head_dim]` -> the layout of the cache `name` (`CACHE_LAYOUTS`)."""
+  return jnp.transpose(x, CACHE_LAYOUTS[name])
+
+
+def _from_cache(x, name: str):
+  """The cache `name`'s layout -> a `[batch, len, heads, head_dim]` view."""
+  inverse = sorted(range(4), key=CACHE_LAYOUTS[name].__getitem__)
+  return jnp.transpose(x, inverse)
 
 
 class Dropout(nn.Module):
