@@ -32,6 +32,7 @@ from autoregressive.decode_loop import (
   NEG_INF,
   PAD_ID,
   SELF_CACHE_LEAVES,
+  block_size,
   forced_tokens,
   grow_cache,
   later_stages,
@@ -78,7 +79,7 @@ def top_k(x, k: int, block: int = 128):
   included.
   """
   rows, n = x.shape
-  block = max(b for b in range(1, min(block, n) + 1) if n % b == 0)
+  block = block_size(n, block)
   if block < 32 or n // block <= k:
     return jax.lax.top_k(x, k)
   blocks = x.reshape(rows, n // block, block)

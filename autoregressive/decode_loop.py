@@ -165,6 +165,11 @@ def window_then_whole(loop, rows, state, stop_at: int, window: int, calls: int, 
   return loop(rows, grow(state), stop_at, calls) if window < calls else state
 
 
+def block_size(n: int, most: int) -> int:
+  """The largest divisor of n up to `most`: the block length of a two-level reduction over n."""
+  return max(b for b in range(1, min(most, n) + 1) if n % b == 0)
+
+
 def grow_cache(cache, cache_len: int):
   """`cache` with its self-attention keys/values padded to `cache_len` positions (empty; the
   causal mask hides them). A loop's first steps can run on a short cache: attention over the

@@ -44,6 +44,7 @@ from autoregressive.decode_loop import (
   FIRST_WINDOW,
   NEG_INF,
   PAD_ID,
+  block_size,
   compact_sizes,
   decoding_model,
   forced_tokens,
@@ -71,9 +72,9 @@ __all__ = ['greedy_decode', 'sample', 'beam_search_decode', 'sequence_log_probs'
 def _select(logits, rng, temperature, top_p, *, greedy: bool, top_k: int | None,
             use_top_p: bool):
   """Next token `[batch]` from logits `[batch, vocab]` (pad excluded)."""
-  logits = jnp.where(jnp.arange(logits.shape[-1]) == PAD_ID, NEG_INF, logits)
   if greedy:
-    return first_argmax(logits)
+    return first_argmax(logits, exclude=PAD_ID)
+  logits = jnp.where(jnp.arange(logits.shape[-1]) == PAD_ID, NEG_INF, logits)
   logits = logits / temperature
   if top_k is not None:
     kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
@@ -91,11 +92,35 @@ def _select(logits, rng, temperature, top_p, *, greedy: bool, top_k: int | None,
   return jax.random.categorical(rng, logits, axis=-1).astype(jnp.int32)
 
 
-def first_argmax(x):
+def first_argmax(x, exclude: int | None = None, block: int = 32):
   """`jnp.argmax(x, axis=-1)` `[rows]` int32 of `x` `[rows, n]` (the first maximum; the first
-  NaN if any) as two plain reductions: XLA:CPU runs argmax's (value, index) reduction about
-  3x slower than a max and a min over the same array (the greedy step's largest op after the
-  output projection)."""
+  NaN if any), column `exclude` (e.g. pad) left out, reading `x` once.
+
+  A max over blocks of about `block` columns (`decode_loop.block_size`) picks the first block
+  holding the maximum, then the maximum's first column in that block (the greedy step's
+  largest cost after the output projection: masking pad, then argmax's (value, index)
+  reduction or a max and a min over the whole row, read the logits 2-3 times).
+  """
+  rows, n = x.shape
+  block = block_size(n, block)
+  blocks = x.reshape(rows, n // block, block)
+  peak = jnp.max(blocks, axis=-1)  # [rows, n // block]
+  if exclude is not None:
+    first = exclude // block * block
+    own = x[:, first:first + block]
+    own = jnp.where(jnp.arange(first, first + block) == exclude, NEG_INF, own)
+    peak = peak.at[:, exclude // block].set(jnp.max(own, axis=-1))
+  which = _first_max(peak)
+  chosen = jnp.take_along_axis(blocks, which[:, None, None], axis=1)[:, 0]  # [rows, block]
+  columns = which[:, None] * block + jnp.arange(block)
+  if exclude is not None:
+    chosen = jnp.where(columns == exclude, NEG_INF, chosen)
+  return which * block + _first_max(chosen)
+
+
+def _first_max(x):
+  """The first maximum's (or NaN's) index `[rows]` int32 of `x` `[rows, n]`, as a max and a min
+  (XLA:CPU runs argmax's (value, index) reduction ~3x slower)."""
   best = jnp.max(x, axis=-1, keepdims=True)
   hit = (x == best) | jnp.isnan(x)
   return jnp.min(jnp.where(hit, jnp.arange(x.shape[-1]), x.shape[-1]), axis=-1).astype(jnp.int32)

@@ -247,3 +247,10 @@ def test_first_argmax_equals_argmax_ties_infinities_and_nan_included():
   got = np.asarray(jax.jit(decoding.first_argmax)(jnp.asarray(x)))
   np.testing.assert_array_equal(got, np.asarray(jnp.argmax(jnp.asarray(x), axis=-1)))
   assert got.dtype == np.int32 and list(got[1:6]) == [0, 7, 50, 0, 299]
+  # A left-out column (pad) is never chosen, even as the only maximum or NaN; blocks of 30.
+  x[0, 0], x[5, 0], x[1, 1] = 99.0, np.nan, 5.0
+  for exclude in (0, 1, 31):
+    left_out = x.copy()
+    left_out[:, exclude] = -np.inf
+    got = np.asarray(jax.jit(decoding.first_argmax, static_argnums=1)(jnp.asarray(x), exclude))
+    np.testing.assert_array_equal(got, np.asarray(jnp.argmax(jnp.asarray(left_out), axis=-1)))
