@@ -35,7 +35,6 @@ from autoregressive.decode_loop import (
   block_size,
   forced_tokens,
   grow_cache,
-  later_stages,
   length_penalty,
   pin,
   start,
@@ -250,11 +249,9 @@ def _slot_search(module, params, inputs, prompt, prefill_len, max_new_tokens, k,
                                                                 n0 + k * window))
   state = (jnp.asarray(t0, jnp.int32), cache, visible, beams)
   stage = functools.partial(_slot_loop, module, params, n0, t0)
-  rows, first = (step, encoded, inputs), sizes[0] if sizes else 0
-  state = window_then_whole(stage, rows, state, first, window, calls,
-                            grow=lambda s: _grow(s, n0 + k * calls))
-  return later_stages(functools.partial(stage, calls=calls), rows, state, sizes,
-                      done=lambda s: s[3].done, result=lambda s: s[3])
+  return window_then_whole(stage, (step, encoded, inputs), state, sizes, window, calls,
+                           grow=lambda s: _grow(s, n0 + k * calls), done=lambda s: s[3].done,
+                           result=lambda s: s[3])
 
 
 def _grow(state, cache_len: int):

@@ -8,6 +8,8 @@ kind's adapter (`model.kinds`).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -158,11 +160,37 @@ def windows(first_window: int, prompt_len: int, max_new_tokens: int, prefill_len
   return n0, first_window if 0 < first_window < calls else calls, calls
 
 
-def window_then_whole(loop, rows, state, stop_at: int, window: int, calls: int, grow):
-  """`loop(rows, state, stop_at, n)` for the first `window` calls, then, with `grow(state)`
-  (the cache padded to full length), up to `calls`."""
+def window_then_whole(loop, rows, state, sizes: tuple[int, ...], window: int, calls: int, *,
+                      grow, done, result):
+  """`in_stages` for a loop whose first `window` calls run on a short cache: `loop(rows, state,
+  stop_at, n)` runs until at most `stop_at` rows are unfinished or n calls are done, and
+  `grow(state)` pads the cache to full length for the later calls (up to `calls`).
+
+  When the short cache's calls end with at most `sizes[0]` rows unfinished (most batches), only
+  those rows' caches are grown: padding every row's cache cost ~10% of a beam search.
+  """
+  stop_at = sizes[0] if sizes else 0
   state = loop(rows, state, stop_at, window)
-  return loop(rows, grow(state), stop_at, calls) if window < calls else state
+  whole = functools.partial(loop, calls=calls)
+  if window >= calls:
+    return later_stages(whole, rows, state, sizes, done, result)
+  if not sizes:
+    return result(whole(rows, grow(state), 0))
+
+  def compact(state):  # -> (the kept rows, their state, every row's result so far)
+    keep = unfinished_first(done(state), sizes[0])
+    return keep, take_rows(state, keep), result(state)
+
+  def few_left(state):
+    keep, part, found = compact(state)
+    return keep, grow(part), found
+
+  def many_left(state):
+    return compact(whole(rows, grow(state), stop_at))
+
+  keep, part, found = jax.lax.cond(jnp.sum(~done(state)) <= stop_at, few_left, many_left, state)
+  part = in_stages(whole, take_rows(rows, keep), part, sizes[1:], done, result)
+  return put_rows(found, keep, part)
 
 
 def block_size(n: int, most: int) -> int:

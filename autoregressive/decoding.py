@@ -49,7 +49,6 @@ from autoregressive.decode_loop import (
   decoding_model,
   forced_tokens,
   grow_cache,
-  later_stages,
   length_penalty,
   pin,
   prepare,
@@ -160,10 +159,9 @@ def _generate(module, params, inputs, prompt, lengths, rng, temperature, top_p, 
   state = (jnp.asarray(t0, jnp.int32), tok, cache, out, done)
   loop = functools.partial(_generate_loop, module, params, choose, rng, t0)
   sizes = compact_rows if greedy or _per_row(rng) else ()
-  state = window_then_whole(loop, rows, state, sizes[0] if sizes else 0, window, calls,
-                            grow=lambda s: (*s[:2], grow_cache(s[2], n0 + calls), *s[3:]))
-  return later_stages(functools.partial(loop, calls=calls), rows, state, sizes,
-                      done=lambda s: s[4], result=lambda s: s[3])
+  return window_then_whole(loop, rows, state, sizes, window, calls,
+                           grow=lambda s: (*s[:2], grow_cache(s[2], n0 + calls), *s[3:]),
+                           done=lambda s: s[4], result=lambda s: s[3])
 
 
 class _Rows(NamedTuple):

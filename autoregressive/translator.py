@@ -209,7 +209,8 @@ class Translator:
 
   def _beam_hypothesis(self, tokens, score: float) -> Hypothesis:
     ids = until_eos(tokens, self.eos_id)
-    penalty = float(decoding.length_penalty(len(ids), self.alpha))
+    # `decoding.length_penalty` in NumPy: one jax call per sentence took ~5% of a warm pass.
+    penalty = float((np.float32(5 + len(ids)) / np.float32(6)) ** np.float32(self.alpha))
     return Hypothesis(ids, score, score * penalty)
 
 
