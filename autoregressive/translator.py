@@ -124,6 +124,7 @@ class Translator:
     self.nbest, self.sampling = nbest, sampling
     self.drop_finished = drop_finished
     self.workers = default_workers() if workers is None else max(1, int(workers))
+    self._ran_shapes: set[tuple[int, ...]] = set()  # batch shapes decoded (compiled) already
 
   @property
   def max_len(self) -> int:
@@ -169,7 +170,7 @@ class Translator:
       chunk, inputs = batch
       return chunk, self._batch(inputs, [line_ids[i] for i in chunk], scores)
 
-    for chunk, found in _in_order(run, batches, self.workers):
+    for chunk, found in _in_order(run, batches, self.workers, self._ran_shapes):
       for row, i in enumerate(chunk):
         outputs[i] = found[row]
       if progress is not None:
@@ -221,23 +222,29 @@ def default_workers() -> int:
   return 2 if jax.default_backend() == 'cpu' and (cores or 1) >= 2 else 1
 
 
-def _in_order(fn, batches, workers: int):
+def _in_order(fn, batches, workers: int, ready: set):
   """`fn(batch)` for each of `batches` (chunk, inputs `[rows, len]`), yielded in order; with
-  `workers` > 1 that many run at once. A batch whose shape is new runs alone, after the ones
-  before it, so that each shape compiles once."""
+  `workers` > 1 that many run at once. The first batch of a shape not in `ready` (the shapes
+  that have run) runs before the others of its shape start, so that each shape compiles
+  once; batches of other shapes run beside it. `ready` gains each shape that has run."""
+  def run(batch, first):
+    if first is not None:
+      first.result()  # compiled (or failed: then this batch fails the same way)
+    found = fn(batch)
+    ready.add(batch[1].shape)
+    return found
+
   if workers <= 1:
-    yield from map(fn, batches)
+    yield from (run(batch, None) for batch in batches)
     return
-  shapes, pending = set(), collections.deque()
+  firsts, pending = {}, collections.deque()
   with concurrent.futures.ThreadPoolExecutor(workers) as pool:
     for batch in batches:
-      if batch[1].shape not in shapes:
-        while pending:
-          yield pending.popleft().result()
-        shapes.add(batch[1].shape)
-        yield fn(batch)
-        continue
-      pending.append(pool.submit(fn, batch))
+      shape = batch[1].shape
+      # FIFO: a batch's first-of-shape was taken up before it, so waiting on it is safe.
+      pending.append(pool.submit(run, batch, None if shape in ready else firsts.get(shape)))
+      if shape not in ready:
+        firsts.setdefault(shape, pending[-1])
       while len(pending) > workers:
         yield pending.popleft().result()
     while pending:

@@ -2,6 +2,8 @@
 (`drop_finished`, on by default; same tokens, beam scores equal to float rounding, as the
 smaller batch's matmuls may round differently) and the two-reduction argmax of greedy decoding."""
 
+import threading
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,7 +11,7 @@ import pytest
 
 from autoregressive import beam_search, decoding
 from autoregressive.decode_loop import compact_sizes, prepare
-from autoregressive.translator import Translator
+from autoregressive.translator import Translator, _in_order
 from model import ModelConfig, build_model
 from model.kinds import adapter_of
 
@@ -217,7 +219,7 @@ def test_translator_drop_finished_option_gives_the_same_hypotheses():
 
 def test_translator_workers_give_the_same_hypotheses_in_order():
   """Batches decoded two at a time (threads) come back as one at a time gives them: sources
-  of two length buckets (two shapes, each compiled by a batch run alone first)."""
+  of two length buckets (two shapes, each compiled by its first batch)."""
   module, params = _model(seed=2)
   rng = np.random.RandomState(2)
   sources = [list(rng.randint(3, 20, size=n)) + [1] for n in (3, 20, 5, 18, 2, 7, 21, 4, 6)]
@@ -232,6 +234,36 @@ def test_translator_workers_give_the_same_hypotheses_in_order():
     if one is not None:
       assert [h.tokens for h in two] == [h.tokens for h in one]
       np.testing.assert_allclose([h.score for h in two], [h.score for h in one], rtol=1e-6)
+
+
+def test_in_order_runs_a_new_shape_beside_other_shapes_and_before_its_own():
+  """The first batch of a new shape (it compiles) runs beside the other shapes' batches, the
+  later batches of its shape start after it; once a shape has run, nothing waits."""
+  log, lock, events = [], threading.Lock(), {}
+
+  def fn(batch):
+    name, _ = batch
+    with lock:
+      log.append(('start', name))
+    events[name].set()
+    if name in waits_for:  # runs until the batch it names has started beside it (or fails)
+      assert events[waits_for[name]].wait(20), f'{name} ran alone'
+    with lock:
+      log.append(('end', name))
+    return name
+
+  a, b = np.zeros((2, 16), np.int32), np.zeros((2, 32), np.int32)
+  batches = [('a1', a), ('b1', b), ('a2', a), ('b2', b)]
+  ready, waits_for = set(), {'a1': 'b1'}
+  events.update({name: threading.Event() for name, _ in batches})
+  assert list(_in_order(fn, batches, 2, ready)) == ['a1', 'b1', 'a2', 'b2']
+  assert log.index(('start', 'a2')) > log.index(('end', 'a1'))
+  assert log.index(('start', 'b2')) > log.index(('end', 'b1'))
+  assert ready == {a.shape, b.shape}
+  log.clear()
+  waits_for = {'a1': 'a2'}  # a shape that has run: its batches run side by side
+  events.update({name: threading.Event() for name, _ in batches})
+  assert list(_in_order(fn, batches, 2, ready)) == ['a1', 'b1', 'a2', 'b2']
 
 
 def test_first_argmax_equals_argmax_ties_infinities_and_nan_included():
