@@ -96,6 +96,9 @@ def _bucket_rows(n: int, batch_size: int) -> int:
   return min(batch_size, 1 << max(0, n - 1).bit_length())
 
 
+_RAN_SHAPES: dict[tuple, set[tuple[int, ...]]] = {}  # a search's settings -> shapes it has run
+
+
 class Translator:
   """`translator(sources)` -> best output ids per source (None where the source is None);
   `translator.search(sources)` -> `nbest` `Hypothesis` per source, best first.
@@ -124,7 +127,10 @@ class Translator:
     self.nbest, self.sampling = nbest, sampling
     self.drop_finished = drop_finished
     self.workers = default_workers() if workers is None else max(1, int(workers))
-    self._ran_shapes: set[tuple[int, ...]] = set()  # batch shapes decoded (compiled) already
+    # The batch shapes this search has run (compiled) in this process, by any Translator.
+    self._ran_shapes = _RAN_SHAPES.setdefault(
+        (self.module, beam_size, max_new_tokens, eos_id, nbest, sampling is None,
+         str(drop_finished)), set())
 
   @property
   def max_len(self) -> int:
