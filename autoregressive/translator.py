@@ -109,7 +109,8 @@ class Translator:
   sentence of a batch until the batch's last one ends (the plain path, same outputs).
   `workers` > 1 decodes that many batches at once (threads; same outputs): on a CPU a
   batch's decoder step is a chain of small ops that mostly keep one core busy (test2016,
-  batch 64, 2 cores: 1.3x the sentences per second). None: `default_workers()`.
+  batch 64, 2 cores: 1.5x the sentences per second at beam 4, 1.4x greedy). None:
+  `default_workers()`.
   """
 
   @renamed_keywords(max_len='max_new_tokens')
