@@ -155,7 +155,10 @@ def test_beam_search_first_window_gives_the_same_results(kind):
   kw = {'beam_size': 3, 'max_new_tokens': MAX_LEN, 'prefill_len': args[3], 'eos_id': eos}
   found = [beam_search.search(module, params, *args[:3], jnp.float32(0.6), first_window=w,
                               compact_rows=rows, **kw)
-           for w, rows in ((0, ()), (2, ()), (3, STAGES))]
+           for w, rows in ((0, ()), (2, ()), (3, STAGES), (3, (2,)))]
+  # After the short cache's calls, at most 8 rows are left (only they grow), and more than 2
+  # (every row grows, then the loop goes on): both of window_then_whole's branches.
+  assert 2 < np.sum(_steps(np.asarray(found[0][0])[:, 0], eos) == MAX_LEN) <= ROWS
   for tokens, scores in found[1:]:
     np.testing.assert_array_equal(np.asarray(tokens), np.asarray(found[0][0]))
     np.testing.assert_allclose(np.asarray(scores), np.asarray(found[0][1]), rtol=1e-5,
@@ -174,8 +177,10 @@ def test_greedy_and_sampling_first_window_give_the_same_tokens(kind):
                                 jnp.float32(1.0), max_new_tokens=MAX_LEN,
                                 prefill_len=prefill_len, greedy=greedy, top_k=None,
                                 use_top_p=False, eos_id=eos, compact_rows=rows, first_window=w)
-             for w, rows in ((0, ()), (2, ()), (3, STAGES))]
+             for w, rows in ((0, ()), (2, ()), (3, STAGES), (3, (2,)))]
     assert _second_stage_runs(_steps(found[0], eos))
+    if greedy:  # both of window_then_whole's branches, as in the beam search test above
+      assert 2 < np.sum(_steps(found[0], eos) == MAX_LEN) <= ROWS
     for tokens in found[1:]:
       np.testing.assert_array_equal(np.asarray(tokens), np.asarray(found[0]))
 
