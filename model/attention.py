@@ -104,28 +104,31 @@ def dot_product_attention(query: Array, key: Array, value: Array, *, mask: Array
 
 
 def heads_major_dot_product_attention(query: Array, key: Array, value: Array, *,
-                                      mask: Array | None = None, scale: float | None = None,
-                                      dropout_rate: float = 0.0, dropout_rng: Array | None = None,
+                                      mask: Array | None = None, bias: Array | None = None,
+                                      scale: float | None = None, dropout_rate: float = 0.0,
+                                      dropout_rng: Array | None = None,
                                       dropout_rng_impl: str = 'hash', deterministic: bool = True):
   """`dot_product_attention(..., return_weights=True)` computed with (batch, heads) as its
   batch dimensions; query `[batch, q_len, heads, head_dim]`, key/value `[batch, kv_len, heads,
-  head_dim]`, mask `[batch|1, heads|1, q_len, kv_len]`.
+  head_dim]`, mask and bias `[batch|1, heads|1, q_len, kv_len]`.
 
   For decoding: the KV caches are heads-major (`key`/`value` are transposed views of them),
   and a query of a few tokens makes each head's products tiny. Q K^T gets `[batch, heads,
   len, 1, head_dim]` operands (one "head" per batch entry) and weights V plain `[batch, heads,
   ...]` ones: XLA then emits batched matmuls on the caches as they are (with the `[batch, len,
   heads, ...]` views, transposed matrix-vector-like products ~3x slower per decoder step;
-  a size-1 axis in weights V made it copy the values cache at every step, ~10x). Same
-  arithmetic, hence the same values.
+  a size-1 axis in weights V made it copy the values cache at every step, ~10x). The same
+  products and sums: the weights are equal, the output equal to float rounding (a matmul may
+  add in another order).
   """
   def as_batch(x):  # [b, len, h, d] -> [b, h, len, 1, d]
     return jnp.swapaxes(x, 1, 2)[:, :, :, None]
 
-  if mask is not None:
-    mask = mask[:, :, None]  # [b|1, h|1, q, k] -> [b|1, h|1, 1, q, k]
-  weights = dot_product_attention_weights(as_batch(query), as_batch(key), mask=mask,
-                                          scale=scale)[:, :, 0]  # [b, h, q, k]
+  def as_heads(x):  # [b|1, h|1, q, k] -> [b|1, h|1, 1, q, k]
+    return None if x is None else jnp.asarray(x)[:, :, None]
+
+  weights = dot_product_attention_weights(as_batch(query), as_batch(key), mask=as_heads(mask),
+                                          bias=as_heads(bias), scale=scale)[:, :, 0]
   attended = weights
   if not deterministic and dropout_rate > 0.0:
     if dropout_rng is None:
