@@ -68,14 +68,14 @@ class Beams(NamedTuple):
                next_tok=jnp.zeros((batch, k), jnp.int32), done=jnp.zeros((batch,), jnp.bool_))
 
 
-def top_k(x, k: int, block: int = 128):
+def top_k(x, k: int, block: int = 32):
   """`lax.top_k` over the last axis of `x` `[rows, n]`, reading most of `x` only once.
 
   The k largest values lie in the k blocks (of about `block` columns: the largest divisor of
   n up to `block`) with the largest maxima, so a max-reduction over blocks, a top-k over the
   block maxima and a top-k over the gathered k blocks replace a top-k over all n (XLA's CPU
-  TopK costs ~10x a reduction per element). Same values and indices as `lax.top_k`, ties
-  included.
+  TopK costs ~10x a reduction per element; blocks of 32 were the fastest for beam search's
+  `[rows, 8000]`). Same values and indices as `lax.top_k`, ties included.
   """
   rows, n = x.shape
   block = block_size(n, block)
@@ -90,9 +90,6 @@ def top_k(x, k: int, block: int = 128):
   return values, jnp.take_along_axis(columns, idx, axis=1)
 
 
-TOP_BLOCK = 32
-
-
 def log_softmax_top(logits, n: int):
   """The n most likely tokens of each row of `logits` `[..., vocab]` -> (their log-softmax
   `[..., n]`, tokens `[..., n]`), pad excluded (n + 1 are read, in case pad is one).
@@ -103,7 +100,7 @@ def log_softmax_top(logits, n: int):
   """
   *lead, vocab = logits.shape
   n = min(n + 1, vocab)
-  top, tok = top_k(logits.reshape(-1, vocab), n, block=TOP_BLOCK)
+  top, tok = top_k(logits.reshape(-1, vocab), n)
   top, tok = top.reshape(*lead, n), tok.reshape(*lead, n)
   peak = top[..., :1]  # the row's maximum
   log_sum = jnp.log(jnp.sum(jnp.exp(logits - peak), axis=-1, keepdims=True))

@@ -75,6 +75,15 @@ def dot_product_attention_weights(query: Array, key: Array, *, mask: Array | Non
   return weights.astype(query.dtype)
 
 
+def _weights_dropout(weights, rate, rng, rng_impl, deterministic):
+  """The attention weights as the values see them: dropped out when training asks for it."""
+  if deterministic or rate <= 0.0:
+    return weights
+  if rng is None:
+    raise ValueError('dot_product_attention: dropout_rate > 0 needs a dropout_rng')
+  return dropout(weights, rate, rng, rng_impl=rng_impl)
+
+
 def dot_product_attention(query: Array, key: Array, value: Array, *, mask: Array | None = None,
                           bias: Array | None = None, scale: float | None = None,
                           dropout_rate: float = 0.0, dropout_rng: Array | None = None,
@@ -94,11 +103,8 @@ def dot_product_attention(query: Array, key: Array, value: Array, *, mask: Array
     `[batch..., q_len, heads, v_head_dim]` (and the weights when asked).
   """
   weights = dot_product_attention_weights(query, key, mask=mask, bias=bias, scale=scale)
-  attended = weights
-  if not deterministic and dropout_rate > 0.0:
-    if dropout_rng is None:
-      raise ValueError('dot_product_attention: dropout_rate > 0 needs a dropout_rng')
-    attended = dropout(weights, dropout_rate, dropout_rng, rng_impl=dropout_rng_impl)
+  attended = _weights_dropout(weights, dropout_rate, dropout_rng, dropout_rng_impl,
+                              deterministic)
   out = jnp.einsum('...hqk,...khd->...qhd', attended, value)
   return (out, weights) if return_weights else out
 
@@ -129,11 +135,8 @@ def heads_major_dot_product_attention(query: Array, key: Array, value: Array, *,
 
   weights = dot_product_attention_weights(as_batch(query), as_batch(key), mask=as_heads(mask),
                                           bias=as_heads(bias), scale=scale)[:, :, 0]
-  attended = weights
-  if not deterministic and dropout_rate > 0.0:
-    if dropout_rng is None:
-      raise ValueError('dot_product_attention: dropout_rate > 0 needs a dropout_rng')
-    attended = dropout(weights, dropout_rate, dropout_rng, rng_impl=dropout_rng_impl)
+  attended = _weights_dropout(weights, dropout_rate, dropout_rng, dropout_rng_impl,
+                              deterministic)
   out = jnp.einsum('bhqk,bhkd->bhqd', attended, jnp.swapaxes(value, 1, 2))
   return jnp.swapaxes(out, 1, 2), weights
 
