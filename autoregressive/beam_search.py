@@ -68,43 +68,45 @@ class Beams(NamedTuple):
                next_tok=jnp.zeros((batch, k), jnp.int32), done=jnp.zeros((batch,), jnp.bool_))
 
 
-def top_k(x, k: int, block: int = 32):
-  """`lax.top_k` over the last axis of `x` `[rows, n]`, reading most of `x` only once.
+def best_extensions(logits, alive_lp, n: int, block: int = 32):
+  """The n most likely one-token extensions of a sentence's beams -> (log-probabilities,
+  beams, tokens), each `[batch, n]`, best first, pad excluded (`NEG_INF` entries fill in
+  when fewer exist).
 
-  The k largest values lie in the k blocks (of about `block` columns: the largest divisor of
-  n up to `block`) with the largest maxima, so a max-reduction over blocks, a top-k over the
-  block maxima and a top-k over the gathered k blocks replace a top-k over all n (XLA's CPU
-  TopK costs ~10x a reduction per element; blocks of 32 were the fastest for beam search's
-  `[rows, 8000]`). Same values and indices as `lax.top_k`, ties included.
+  logits `[batch, b, vocab]` (b = k beams, or 1 while they share their prefix), alive_lp
+  `[batch, k]`. An extension's log-probability `alive_lp + (x - max) - log(sum(exp(x - max)))`
+  (`jax.nn.log_softmax`'s arithmetic) only grows with its logit x within a beam, so the n best
+  lie in the n blocks (of about `block` tokens: `block_size`) whose best tokens score highest
+  over all beams. Two top-ks, over the `[batch, b * vocab / block]` block scores and the `[batch,
+  n * block]` tokens of the chosen blocks, replace one per beam over its vocabulary (XLA's CPU
+  TopK costs ~10x a reduction per element), and the log-softmax of the whole vocabulary is never
+  written. Exactly `lax.top_k` over all `[batch, b * vocab]` extensions, ties included (to the
+  lower beam, then token): a block ranks as its best token, and blocks do not overlap.
   """
-  rows, n = x.shape
-  block = block_size(n, block)
-  if block < 32 or n // block <= k:
-    return jax.lax.top_k(x, k)
-  blocks = x.reshape(rows, n // block, block)
-  _, best = jax.lax.top_k(jnp.max(blocks, axis=-1), k)  # [rows, k] block ids
-  best = jnp.sort(best, axis=-1)  # keeps ties in index order, as lax.top_k
-  candidates = jnp.take_along_axis(blocks, best[:, :, None], axis=1).reshape(rows, k * block)
-  values, idx = jax.lax.top_k(candidates, k)
-  columns = (best[:, :, None] * block + jnp.arange(block)).reshape(rows, k * block)
-  return values, jnp.take_along_axis(columns, idx, axis=1)
-
-
-def log_softmax_top(logits, n: int):
-  """The n most likely tokens of each row of `logits` `[..., vocab]` -> (their log-softmax
-  `[..., n]`, tokens `[..., n]`), pad excluded (n + 1 are read, in case pad is one).
-
-  The same arithmetic as `jax.nn.log_softmax` for those n, `(x - max) - log(sum(exp(x - max)))`,
-  without writing the log-softmax of the whole vocabulary (on CPU, writing it and adding the
-  beams' scores to it cost ~10% of a beam-search step).
-  """
-  *lead, vocab = logits.shape
-  n = min(n + 1, vocab)
-  top, tok = top_k(logits.reshape(-1, vocab), n)
-  top, tok = top.reshape(*lead, n), tok.reshape(*lead, n)
-  peak = top[..., :1]  # the row's maximum
+  batch, b, vocab = logits.shape
+  size = block_size(vocab, block)
+  blocks = logits.reshape(batch, b, vocab // size, size)
+  pad_block = jnp.where(jnp.arange(size) == PAD_ID % size, NEG_INF, blocks[:, :, PAD_ID // size])
+  maxima = jnp.max(blocks, axis=-1).at[:, :, PAD_ID // size].set(jnp.max(pad_block, axis=-1))
+  # The row maximum from the block maxima (written so, XLA would reread the logits for it).
+  peak = jnp.maximum(jnp.max(maxima, axis=-1), logits[:, :, PAD_ID])[:, :, None]  # [batch, b, 1]
   log_sum = jnp.log(jnp.sum(jnp.exp(logits - peak), axis=-1, keepdims=True))
-  return jnp.where(tok == PAD_ID, NEG_INF, (top - peak) - log_sum), tok
+  alive_lp = alive_lp[:, :b, None]
+  scores = (alive_lp + ((maxima - peak) - log_sum)).reshape(batch, -1)  # [batch, b * blocks]
+  _, chosen = jax.lax.top_k(scores, min(n, scores.shape[1]))
+  chosen = jnp.sort(chosen, axis=-1)  # candidates in (beam, token) order: ties as lax.top_k
+  x = jnp.take_along_axis(blocks.reshape(batch, -1, size), chosen[:, :, None], axis=1)
+  beam = chosen // (vocab // size)  # [batch, m]
+  pick = lambda y: jnp.take_along_axis(y[..., 0], beam, axis=1)[:, :, None]  # noqa: E731
+  lp = (pick(alive_lp) + ((x - pick(peak)) - pick(log_sum))).reshape(batch, -1)
+  beam = jnp.repeat(beam, size, axis=1)
+  tok = ((chosen % (vocab // size))[:, :, None] * size + jnp.arange(size)).reshape(batch, -1)
+  lp = jnp.where(tok == PAD_ID, NEG_INF, lp)
+  top, idx = jax.lax.top_k(lp, min(n, lp.shape[1]))
+  missing = ((0, 0), (0, n - top.shape[1]))
+  return (jnp.pad(top, missing, constant_values=NEG_INF),
+          jnp.pad(jnp.take_along_axis(beam, idx, axis=1), missing),
+          jnp.pad(jnp.take_along_axis(tok, idx, axis=1), missing, constant_values=PAD_ID))
 
 
 def _gather_beams(tree, batch_index):
@@ -137,21 +139,18 @@ class _Stepper:
     return cls(*arrays, *static)
 
   def candidates(self, t, logits, alive_lp):
-    """Log-probs of every (beam, token) extension -> (top 2k values, beam, token, forced).
-    The best 2k extensions of all beams are among the best 2k tokens of each beam, so only
-    those are scored (`log_softmax_top`); the same choice as over the whole vocabulary, but
-    when two extensions' log-probabilities round to the same float."""
-    batch, k2 = alive_lp.shape[0], 2 * self.k
-    lp, tok = log_softmax_top(logits, k2)  # [batch, k|1, n]
+    """Log-probs of every (beam, token) extension -> (top 2k values, beam, token, forced),
+    the best 2k found by `best_extensions`."""
+    k2 = 2 * self.k
+    top_lp, beam, tok = best_extensions(logits, alive_lp, k2)  # [batch, 2k]
     forced, forced_tok = forced_tokens(self.prompt, self.lengths, t)
-    if self.prompt.shape[1]:  # a forced prompt token: log-prob 0, no other extension
-      only = jnp.where(jnp.arange(lp.shape[-1]) == 0, 0.0, NEG_INF)
-      lp = jnp.where(forced[:, None, None], only, lp)
-      tok = jnp.where(forced[:, None, None], forced_tok[:, None, None], tok)
-    cand = alive_lp[:, :, None] + lp  # [batch, k, n]
-    tok = jnp.broadcast_to(tok, cand.shape).reshape(batch, -1)
-    top_lp, pos = jax.lax.top_k(cand.reshape(batch, -1), k2)  # [batch, 2k]
-    return top_lp, pos // cand.shape[-1], jnp.take_along_axis(tok, pos, axis=1), forced
+    if self.prompt.shape[1]:  # a forced prompt token: log-prob 0, each beam's only extension
+      only, only_beam = jax.lax.top_k(
+        jnp.concatenate([alive_lp, jnp.full_like(alive_lp, NEG_INF)], axis=1), k2)
+      top_lp = jnp.where(forced[:, None], only, top_lp)
+      beam = jnp.where(forced[:, None], only_beam % self.k, beam)
+      tok = jnp.where(forced[:, None], forced_tok[:, None], tok)
+    return top_lp, beam, tok, forced
 
   def best_reachable(self, alive_lp, g):
     """The highest score an extension of a hypothesis with log-probability `alive_lp`

@@ -359,18 +359,28 @@ def test_scan_layers_model_decodes_like_the_unrolled_model(kind):
 
 # ----------------------------------------------------------------------------- loop helpers
 
-def test_block_top_k_equals_lax_top_k_ties_included():
-  """The block path of beam search's top-k (taken when k x vocab >= 2 blocks per beam, i.e.
-  for any real vocabulary) gives `lax.top_k`'s values and indices, ties in index order."""
-  from autoregressive.beam_search import top_k  # pylint: disable=import-outside-toplevel
-  rng = np.random.RandomState(0)
-  x = jnp.asarray(rng.randint(0, 40, (5, 1024)).astype(np.float32))  # many ties
-  x = x.at[1].set(-jnp.inf).at[1, 700].set(3.0)  # one finite entry in a row
-  for k in (1, 4, 7):
-    values, idx = top_k(x, k)
-    ref_values, ref_idx = jax.lax.top_k(x, k)
-    np.testing.assert_array_equal(values, ref_values)
-    np.testing.assert_array_equal(idx, ref_idx)
+@pytest.mark.parametrize('beams, vocab', [(4, 1024), (1, 1024), (4, 5), (3, 97)])
+def test_best_extensions_are_the_best_over_the_whole_vocabulary_ties_included(beams, vocab):
+  """Beam search's candidates (block path for a real vocabulary; 97 is prime: blocks of one
+  token; 5 < 2k: NEG_INF fills in) are the top 2k of `alive_lp + log_softmax(logits)` over every
+  (beam, token) but pad, ties to the lower beam then token, with log_softmax's values."""
+  from autoregressive.beam_search import best_extensions  # pylint: disable=import-outside-toplevel
+  k, batch = 4, 3
+  rng = np.random.RandomState(vocab + beams)
+  logits = rng.randint(0, 40, (batch, beams, vocab)).astype(np.float32)  # many ties
+  logits[1, :, 1:] = -5.0  # pad (0) is the best token of every beam of sentence 1
+  alive_lp = rng.randint(-3, 0, (batch, k)).astype(np.float32)
+  alive_lp[2, 1:] = -np.inf  # one live beam
+  got = best_extensions(jnp.asarray(logits), jnp.asarray(alive_lp), 2 * k)
+  lp = alive_lp[:, :beams, None] + jax.nn.log_softmax(jnp.asarray(logits))
+  lp = lp.at[..., 0].set(-jnp.inf).reshape(batch, -1)
+  n = min(2 * k, lp.shape[1])
+  values, pos = jax.lax.top_k(lp, n)
+  np.testing.assert_array_equal(got[0][:, :n], values)
+  finite = np.isfinite(np.asarray(values))
+  np.testing.assert_array_equal(np.asarray(got[1][:, :n])[finite], (pos // vocab)[finite])
+  np.testing.assert_array_equal(np.asarray(got[2][:, :n])[finite], (pos % vocab)[finite])
+  assert np.all(np.asarray(got[0][:, n:]) == -np.inf)
 
 
 def test_pin_is_a_barrier_on_the_cross_attention_cache_only():
