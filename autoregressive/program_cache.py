@@ -5,7 +5,8 @@ cache already skips XLA's compilation on a second run, but every program is stil
 (the whole model, inside every loop of the search) and lowered first: ~0.4 s per shape, about
 half of a cold run's time. `enable(directory)` (decode.py's `--compilation_cache`) makes
 `call` store each program, exported, under `directory` and load it in later processes; off,
-`call` is the plain jitted call. Same program, so the same outputs (tested).
+`call` is the plain jitted call. Same program, so the same tokens (tested); XLA may lay out
+an exported program's arrays otherwise, so beam scores may differ in float rounding.
 
 The key of a program covers everything it was built from: JAX's version and backend, the
 source of the model and search packages, the module (its config), the static arguments and
