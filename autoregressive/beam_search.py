@@ -96,10 +96,13 @@ def best_extensions(logits, alive_lp, n: int, block: int = 32):
   _, chosen = jax.lax.top_k(scores, min(n, scores.shape[1]))
   chosen = jnp.sort(chosen, axis=-1)  # candidates in (beam, token) order: ties as lax.top_k
   x = jnp.take_along_axis(blocks.reshape(batch, -1, size), chosen[:, :, None], axis=1)
-  beam = chosen // (vocab // size)  # [batch, m]
-  pick = lambda y: jnp.take_along_axis(y[..., 0], beam, axis=1)[:, :, None]  # noqa: E731
-  lp = (pick(alive_lp) + ((x - pick(peak)) - pick(log_sum))).reshape(batch, -1)
-  beam = jnp.repeat(beam, size, axis=1)
+  chosen_beam = chosen // (vocab // size)  # [batch, m]
+
+  def of_chosen(y):  # a per-beam value `[batch, b, 1]` -> that of each chosen block's beam
+    return jnp.take_along_axis(y[..., 0], chosen_beam, axis=1)[:, :, None]
+
+  lp = (of_chosen(alive_lp) + ((x - of_chosen(peak)) - of_chosen(log_sum))).reshape(batch, -1)
+  beam = jnp.repeat(chosen_beam, size, axis=1)
   tok = ((chosen % (vocab // size))[:, :, None] * size + jnp.arange(size)).reshape(batch, -1)
   lp = jnp.where(tok == PAD_ID, NEG_INF, lp)
   top, idx = jax.lax.top_k(lp, min(n, lp.shape[1]))
