@@ -234,7 +234,10 @@ def _in_order(fn, batches, workers: int, ready: set):
   """`fn(batch)` for each of `batches` (chunk, inputs `[rows, len]`), yielded in order; with
   `workers` > 1 that many run at once. The first batch of a shape not in `ready` (the shapes
   that have run) runs before the others of its shape start, so that each shape compiles
-  once; batches of other shapes run beside it. `ready` gains each shape that has run."""
+  once; the first batches of the new shapes are taken up before all others, so that their
+  programs load (or compile) side by side rather than one worker waiting idle for another's
+  (sources sorted by length put each shape's batches together). `ready` gains each shape
+  that has run."""
   def run(batch, first):
     if first is not None:
       first.result()  # compiled (or failed: then this batch fails the same way)
@@ -245,14 +248,17 @@ def _in_order(fn, batches, workers: int, ready: set):
   if workers <= 1:
     yield from (run(batch, None) for batch in batches)
     return
-  firsts, pending = {}, collections.deque()
+  batches, pending = list(batches), collections.deque()
   with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-    for batch in batches:
-      shape = batch[1].shape
-      # FIFO: a batch's first-of-shape was taken up before it, so waiting on it is safe.
-      pending.append(pool.submit(run, batch, None if shape in ready else firsts.get(shape)))
-      if shape not in ready:
-        firsts.setdefault(shape, pending[-1])
+    firsts = {}  # a new shape -> (index of its first batch, that batch's future)
+    for i, (_, inputs) in enumerate(batches):
+      if inputs.shape not in ready and inputs.shape not in firsts:
+        firsts[inputs.shape] = i, pool.submit(run, batches[i], None)
+    early = dict(firsts.values())
+    for i, batch in enumerate(batches):
+      # FIFO: every first-of-shape was taken up before this batch, so waiting on it is safe.
+      first = firsts.get(batch[1].shape, (None, None))[1]
+      pending.append(early[i] if i in early else pool.submit(run, batch, first))
       while len(pending) > workers:
         yield pending.popleft().result()
     while pending:

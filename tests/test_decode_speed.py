@@ -269,6 +269,16 @@ def test_in_order_runs_a_new_shape_beside_other_shapes_and_before_its_own():
   waits_for = {'a1': 'a2'}  # a shape that has run: its batches run side by side
   events.update({name: threading.Event() for name, _ in batches})
   assert list(_in_order(fn, batches, 2, ready)) == ['a1', 'b1', 'a2', 'b2']
+  # Sorted by length (each shape's batches together): two new shapes' first batches still
+  # run side by side, and a later batch of the second shape waits for its first.
+  c, d = np.zeros((2, 48), np.int32), np.zeros((2, 64), np.int32)
+  batches = [('c1', c), ('c2', c), ('c3', c), ('d1', d), ('d2', d)]
+  log.clear()
+  waits_for = {'c1': 'd1'}
+  events.update({name: threading.Event() for name, _ in batches})
+  assert list(_in_order(fn, batches, 2, ready)) == ['c1', 'c2', 'c3', 'd1', 'd2']
+  assert log.index(('start', 'c2')) > log.index(('end', 'c1'))
+  assert log.index(('start', 'd2')) > log.index(('end', 'd1'))
 
 
 def test_first_argmax_equals_argmax_ties_infinities_and_nan_included():
