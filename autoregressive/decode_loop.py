@@ -97,10 +97,12 @@ def prepare(module, inputs, prompt, max_new_tokens: int):
   prefill_len = 0
   if prompt.shape[1] and not isinstance(prompt, jax.core.Tracer):
     prefill_len = int(prompt_lengths(np.asarray(prompt)).min())
+  # A host prompt's lengths on the host: as jnp ops they would each compile in a new process.
+  lengths = prompt_lengths(prompt if isinstance(prompt, np.ndarray) else jnp.asarray(prompt))
   prompt = jnp.asarray(prompt, jnp.int32)
   if inputs is not None:
     inputs = jnp.asarray(inputs, jnp.int32)
-  return inputs, prompt, prompt_lengths(prompt), prefill_len
+  return inputs, prompt, jnp.asarray(lengths, jnp.int32), prefill_len
 
 
 def start(module, params, inputs, prompt, prefill_len, max_new_tokens, batch_repeat=1,

@@ -255,7 +255,7 @@ def greedy_decode(module, params, inputs=None, *, prompt=None, max_new_tokens: i
   module, params = decoding_model(module, params)
   inputs, prompt, lengths, prefill_len = prepare(module, inputs, prompt, max_new_tokens)
   return program_cache.call(_generate, module, params, inputs, prompt, lengths,
-                            jax.random.PRNGKey(0), jnp.float32(1.0), jnp.float32(1.0),
+                            jax.random.PRNGKey(0), np.float32(1.0), np.float32(1.0),
                             max_new_tokens=max_new_tokens, prefill_len=prefill_len, greedy=True,
                             top_k=None, use_top_p=False, eos_id=eos_id,
                             compact_rows=compact_sizes(prompt.shape[0], drop_finished))
@@ -288,8 +288,8 @@ def sample(module, params, inputs=None, *, prompt=None, rng, max_new_tokens: int
   inputs, prompt, lengths, prefill_len = prepare(module, inputs, prompt, max_new_tokens)
   greedy = temperature == 0
   return program_cache.call(_generate, module, params, inputs, prompt, lengths, rng,
-                            jnp.float32(temperature if not greedy else 1.0),
-                            jnp.float32(1.0 if top_p is None else top_p),
+                            np.float32(temperature if not greedy else 1.0),
+                            np.float32(1.0 if top_p is None else top_p),
                             max_new_tokens=max_new_tokens, prefill_len=prefill_len,
                             greedy=greedy, top_k=top_k,
                             use_top_p=top_p is not None and top_p < 1.0, eos_id=eos_id,
@@ -323,7 +323,7 @@ def beam_search_decode(module, params, inputs=None, *, prompt=None, beam_size: i
     raise ValueError(f'nbest must be in [1, beam_size={beam_size}], got {nbest!r}')
   inputs, prompt, lengths, prefill_len = prepare(module, inputs, prompt, max_new_tokens)
   return program_cache.call(beam_search.search, module, params, inputs, prompt, lengths,
-                            jnp.float32(alpha),
+                            np.float32(alpha),
                             beam_size=int(beam_size), max_new_tokens=max_new_tokens,
                             prefill_len=prefill_len, eos_id=eos_id,
                             reorder_cache=bool(reorder_cache),

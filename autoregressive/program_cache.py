@@ -8,12 +8,6 @@ half of a cold run's time. `enable(directory)` (decode.py's `--compilation_cache
 `call` is the plain jitted call. Same program, so the same tokens (tested); XLA may lay out
 an exported program's arrays otherwise, so beam scores may differ in float rounding.
 
-Beside each exported program its compiled executable is kept (`jax.experimental.
-serialize_executable`): loading it skips lowering the exported program and looking it up in
-JAX's cache (~0.2-0.3 s per program on a 2-core CPU). XLA checks that an executable suits
-the machine it is loaded on; one that does not load (another CPU, a damaged file) is compiled
-again from the exported program, and written again.
-
 The key of a program covers everything it was built from: JAX's version and backend, the
 source of the model and search packages, the module (its config), the static arguments and
 the arguments' shapes and dtypes. Only single-device processes use it (an exported program
@@ -54,15 +48,10 @@ def call(fn, module, *args, **static):
   signature = (fn, module, tuple(sorted(static.items())), tree, tuple(map(_aval, leaves)))
   program = _loaded.get(signature)  # the same search again in this process: no hashing
   if program is None:
-    if any(isinstance(x, jax.core.Tracer) for x in leaves):  # inside the caller's own jit
-      return fn(module, *args, **static)
-    path = os.path.join(directory, _key(signature))
     try:
-      exported = _load_or_export(f'{path}.jaxexport', fn, module, args, static)
+      program = jax.jit(_load_or_export(directory, _key(signature), fn, module, args, static))
     except Exception:  # noqa: BLE001  # what jax.export cannot express runs as it is
       program = functools.partial(fn, module, **static)
-    else:
-      program = _executable(f'{path}.xla', exported, args)
     _loaded[signature] = program
   return program(*args)
 
@@ -75,49 +64,21 @@ def _aval(x) -> tuple:
   return jax.numpy.shape(x), jax.numpy.result_type(x), getattr(x, 'weak_type', False)
 
 
-def _load_or_export(path, fn, module, args, static):
-  """The `jax.export.Exported` program at `path`, exported (and written) when unreadable."""
+def _load_or_export(directory, key, fn, module, args, static) -> Callable:
   from jax import export  # pylint: disable=import-outside-toplevel
+  path = os.path.join(directory, f'{key}.jaxexport')
   try:
     with open(path, 'rb') as f:
-      return export.deserialize(bytearray(f.read()))
+      return export.deserialize(bytearray(f.read())).call
   except Exception:  # noqa: BLE001, S110  # missing or unreadable: exported again below
     pass
   exported = export.export(fn)(module, *args, **static)
-  _write(path, exported.serialize())
-  return exported
-
-
-def _executable(path, exported, args) -> Callable:
-  """`exported`'s program for `args`, compiled: loaded from `path`, else compiled (through
-  JAX's cache) and written there; the jitted exported call where executables cannot be
-  serialized."""
-  from jax.experimental import serialize_executable as serial  # pylint: disable=import-outside-toplevel
-  in_tree = jax.tree.structure((args, {}))
   try:
-    with open(path, 'rb') as f:
-      return serial.deserialize_and_load(f.read(), in_tree, exported.out_tree)
-  except Exception:  # noqa: BLE001, S110  # missing, damaged or for another machine
-    pass
-  compiled = _compile(exported, args)
-  try:
-    payload, _, _ = serial.serialize(compiled)
-  except Exception:  # noqa: BLE001  # a backend without serializable executables
-    return jax.jit(exported.call)
-  _write(path, payload)
-  return compiled
-
-
-def _compile(exported, args):
-  return jax.jit(exported.call).lower(*args).compile()
-
-
-def _write(path, data: bytes) -> None:
-  try:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    atomic_write(path, data)
+    os.makedirs(directory, exist_ok=True)
+    atomic_write(path, exported.serialize())
   except Exception:  # noqa: BLE001, S110  # a cache is only an optimisation
     pass
+  return exported.call
 
 
 def _key(signature) -> str:

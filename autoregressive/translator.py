@@ -31,6 +31,8 @@ from autoregressive.scoring import forced_log_probs
 from common.deprecation import renamed_keywords, warn_renamed
 
 LENGTH_MULTIPLE = 16
+# One program for the penalties (as eager jnp ops, each op compiled in every new process).
+_length_penalty = jax.jit(decoding.length_penalty, static_argnums=1)
 
 
 def truncate(ids: Sequence[int], max_length: int, eos_id: int | None) -> list[int]:
@@ -199,7 +201,7 @@ class Translator:
       ids = [[until_eos(t, self.eos_id) for t in row] for row in tokens]
       # log P = score * penalty; one call for the batch (one per sentence took ~5% of a pass).
       lengths = np.array([[len(i) for i in row] for row in ids], np.int32).reshape(n, -1)
-      penalty = np.asarray(decoding.length_penalty(lengths, self.alpha))
+      penalty = np.asarray(_length_penalty(lengths, self.alpha))
       return [[Hypothesis(i, float(s), float(s) * float(p))
                for i, s, p in zip(ids[r], found[r], penalty[r], strict=True) if np.isfinite(s)]
               for r in range(n)]
