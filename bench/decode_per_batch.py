@@ -40,6 +40,7 @@ def main(argv=None) -> None:
   parser.add_argument('--batch_size', type=int, default=64)
   parser.add_argument('--max_new_tokens', type=int, default=64)
   parser.add_argument('--repeats', type=int, default=5)
+  parser.add_argument('--lines', type=int, default=0, help='the first N lines (0: all)')
   args = parser.parse_args(argv)
 
   import ctranslate2  # pylint: disable=import-outside-toplevel
@@ -47,7 +48,7 @@ def main(argv=None) -> None:
   import decode  # pylint: disable=import-outside-toplevel
   from autoregressive.translator import Translator  # pylint: disable=import-outside-toplevel
 
-  _, ids, max_len = _sources(args.workdir, TEST2016, 0)
+  _, ids, max_len = _sources(args.workdir, TEST2016, args.lines)
   restored = decode.restore(args.workdir, None, 1)
   ours = Translator(restored.module, restored.params, beam_size=args.beam, alpha=0.0,
                     max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, eos_id=EOS,
