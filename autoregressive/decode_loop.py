@@ -94,11 +94,12 @@ def prepare(module, inputs, prompt, max_new_tokens: int):
     raise ValueError(f'inputs batch {inputs.shape[0]} != prompt batch {prompt.shape[0]}')
   _check_positions(cfg, f'prompt length {prompt.shape[1]} + max_new_tokens {max_new_tokens}',
                    prompt.shape[1] + max_new_tokens)
+  # Before the prompt goes to the device: a host prompt's lengths are NumPy ops (as jnp ops
+  # each would compile in every new process).
+  lengths = prompt_lengths(prompt)
   prefill_len = 0
   if prompt.shape[1] and not isinstance(prompt, jax.core.Tracer):
-    prefill_len = int(prompt_lengths(np.asarray(prompt)).min())
-  # A host prompt's lengths on the host: as jnp ops they would each compile in a new process.
-  lengths = prompt_lengths(prompt if isinstance(prompt, np.ndarray) else jnp.asarray(prompt))
+    prefill_len = int(np.min(lengths))
   prompt = jnp.asarray(prompt, jnp.int32)
   if inputs is not None:
     inputs = jnp.asarray(inputs, jnp.int32)

@@ -252,15 +252,15 @@ def _in_order(fn, batches, workers: int, ready: set):
     return
   batches, pending = list(batches), collections.deque()
   with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-    firsts = {}  # a new shape -> (index of its first batch, that batch's future)
-    for i, (_, inputs) in enumerate(batches):
-      if inputs.shape not in ready and inputs.shape not in firsts:
-        firsts[inputs.shape] = i, pool.submit(run, batches[i], None)
-    early = dict(firsts.values())
+    firsts, early = {}, {}  # a new shape -> its first batch's future; that batch's index -> it
+    for i, batch in enumerate(batches):
+      shape = batch[1].shape
+      if shape not in ready and shape not in firsts:
+        firsts[shape] = early[i] = pool.submit(run, batch, None)
     for i, batch in enumerate(batches):
       # FIFO: every first-of-shape was taken up before this batch, so waiting on it is safe.
-      first = firsts.get(batch[1].shape, (None, None))[1]
-      pending.append(early[i] if i in early else pool.submit(run, batch, first))
+      pending.append(early[i] if i in early else
+                     pool.submit(run, batch, firsts.get(batch[1].shape)))
       while len(pending) > workers:
         yield pending.popleft().result()
     while pending:

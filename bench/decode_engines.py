@@ -81,23 +81,33 @@ def _ours(job):
   return run
 
 
+def ct2_vocab_and_pieces(directory: str, sources):
+  """(CTranslate2's vocabulary, `sources` as its input pieces): our ids without the EOS, which
+  the model's config adds (add_source_eos)."""
+  with open(os.path.join(directory, 'shared_vocabulary.json'), encoding='utf-8') as f:
+    vocab = json.load(f)
+  return vocab, [[vocab[i] for i in (s[:-1] if s[-1] == EOS else s)] for s in sources]
+
+
+def ct2_options(beam: int, max_new_tokens: int, max_len: int, batch_size: int) -> dict:
+  """`translate_batch`'s options for decode.py's search: no length penalty, EOS returned."""
+  return dict(beam_size=beam, length_penalty=0.0, max_decoding_length=max_new_tokens,
+              max_input_length=max_len, max_batch_size=batch_size, batch_type='examples',
+              return_end_token=True)
+
+
 def _ct2(job, compute_type):
   import ctranslate2  # pylint: disable=import-outside-toplevel
 
-  directory = job['ct2_dir']
-  with open(os.path.join(directory, 'shared_vocabulary.json'), encoding='utf-8') as f:
-    vocab = json.load(f)
+  vocab, pieces = ct2_vocab_and_pieces(job['ct2_dir'], job['sources'])
   ids = {token: i for i, token in enumerate(vocab)}
-  # Our ids without the EOS, which the model's config adds (add_source_eos).
-  pieces = [[vocab[i] for i in (s[:-1] if s[-1] == EOS else s)] for s in job['sources']]
-  translator = ctranslate2.Translator(directory, device='cpu', compute_type=compute_type,
+  translator = ctranslate2.Translator(job['ct2_dir'], device='cpu', compute_type=compute_type,
                                       inter_threads=job['threads'], intra_threads=1)
+  options = ct2_options(job['beam'], job['max_new_tokens'], job['model_max_len'],
+                        job['batch_size'])
 
   def run():
-    results = translator.translate_batch(
-        pieces, beam_size=job['beam'], length_penalty=0.0,
-        max_decoding_length=job['max_new_tokens'], max_input_length=job['model_max_len'],
-        max_batch_size=job['batch_size'], batch_type='examples', return_end_token=True)
+    results = translator.translate_batch(pieces, **options)
     return [[ids[t] for t in r.hypotheses[0]] for r in results]
   return run
 

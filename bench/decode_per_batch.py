@@ -20,7 +20,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.decode_engines import EOS, TEST2016, _export, _sources  # noqa: E402
+from bench.decode_engines import EOS, TEST2016, _export, _sources, ct2_options, ct2_vocab_and_pieces  # noqa: E402
 
 
 def _best(fn, repeats: int) -> float:
@@ -55,14 +55,10 @@ def main(argv=None) -> None:
                     workers=1, nbest=1)
   with tempfile.TemporaryDirectory() as scratch:
     ct2_dir = _export(args.workdir, None, scratch, ['ct2_float32'])['ct2_dir']
-    with open(os.path.join(ct2_dir, 'shared_vocabulary.json'), encoding='utf-8') as f:
-      vocab = json.load(f)
+    _, pieces = ct2_vocab_and_pieces(ct2_dir, ids)
     theirs = ctranslate2.Translator(ct2_dir, device='cpu', compute_type='float32',
                                     inter_threads=1, intra_threads=1)
-  options = dict(beam_size=args.beam, length_penalty=0.0, max_decoding_length=args.max_new_tokens,
-                 max_input_length=max_len, max_batch_size=args.batch_size,
-                 batch_type='examples', return_end_token=True)
-  pieces = [[vocab[i] for i in (s[:-1] if s[-1] == EOS else s)] for s in ids]
+  options = ct2_options(args.beam, args.max_new_tokens, max_len, args.batch_size)
   order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
   totals = {'ours_s': 0.0, 'ct2_s': 0.0}
   for start in range(0, len(order), args.batch_size):

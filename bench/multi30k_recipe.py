@@ -27,8 +27,9 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_targets import ROOT, TEST2016, run  # pylint: disable=wrong-import-position
+# The repository root, not bench/, goes on the path: bench/decode.py would shadow decode.py.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.gpu_targets import ROOT, TEST2016, run  # pylint: disable=wrong-import-position
 
 # Relative to the checkout (decode.py runs there), so the printed command is the README's.
 VALIDATION = os.path.join('data', 'multi30k', 'val')  # + .en.gz / .de.gz
