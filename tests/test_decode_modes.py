@@ -205,15 +205,56 @@ LM_REFUSALS = {
 }
 
 
+# Runs decode.py's main (flag parsing included) once per command line in one interpreter:
+# [[exit status, stdout, stderr], ...] as JSON. A process per case spent ~1 min of CPU on
+# interpreter and JAX start-up.
+_MAIN_PER_CASE = """
+import contextlib, io, json, sys
+import decode
+from training import cli
+decode._define_flags()
+results = []
+for args in json.loads(sys.argv[1]):
+  decode.FLAGS.unparse_flags()
+  out, err = io.StringIO(), io.StringIO()
+  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    try:
+      decode.main(cli.parse_absl_flags('decode.py', ['decode.py', *args]))
+      code = 0
+    except SystemExit as e:
+      code = e.code
+  results.append([code, out.getvalue(), err.getvalue()])
+print(json.dumps(results))
+"""
+
+
+def _refusal_cases(workdirs):
+  return {(kind, flags_): ([f'--workdir={workdirs[kind]}', *flags_.split(), '--compilation_cache='],
+                           message)
+          for kind, cases in (('mt', MT_REFUSALS), ('lm', LM_REFUSALS))
+          for flags_, message in cases.items()}
+
+
+def _assert_refused(name, code, out, err, message):
+  assert code == 2 and out == '', (name, code, err[-2000:])
+  assert err.splitlines() == [err.splitlines()[0]] and 'Traceback' not in err, (name, err)
+  assert err.startswith(f'decode.py: error: {message}'), (name, err)
+
+
 def test_flags_out_of_range_or_not_applying_are_one_line(workdirs):
-  procs = {}
-  for kind, cases in (('mt', MT_REFUSALS), ('lm', LM_REFUSALS)):
-    for flags_, message in cases.items():  # all at once: mostly interpreter start-up
-      procs[(kind, flags_)] = (_start(f'--workdir={workdirs[kind]}', *flags_.split(),
-                                      '--compilation_cache=', stdin=subprocess.DEVNULL), message)
-  for name, (proc, message) in procs.items():
+  cases = _refusal_cases(workdirs)
+  proc = subprocess.run([sys.executable, '-c', _MAIN_PER_CASE,
+                         json.dumps([args for args, _ in cases.values()])],
+                        cwd=ROOT, env=_env(), stdin=subprocess.DEVNULL, capture_output=True,
+                        text=True, timeout=600, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  for (name, (_, message)), (code, out, err) in zip(cases.items(), json.loads(proc.stdout),
+                                                    strict=True):
+    _assert_refused(name, code, out, err, message)
+  # And as their own processes (exit status, nothing else on stderr): a bad literal (absl's
+  # parser), a number out of range, a flag that does not apply to the model kind.
+  procs = {name: _start(*cases[name][0], stdin=subprocess.DEVNULL)
+           for name in (('mt', '--beam_size=abc'), ('mt', '--batch_size=0'), ('lm', '--sample'))}
+  for name, proc in procs.items():
     out, err = proc.communicate(timeout=600)
-    err = err.decode()
-    assert proc.returncode == 2 and out == b'', (name, proc.returncode, err[-2000:])
-    assert err.splitlines() == [err.splitlines()[0]] and 'Traceback' not in err, (name, err)
-    assert err.startswith(f'decode.py: error: {message}'), (name, err)
+    _assert_refused(name, proc.returncode, out.decode(), err.decode(), cases[name][1])
