@@ -155,16 +155,19 @@ class Translator:
              fixed_rows: bool = True) -> list[list[Hypothesis] | None]:
     """Hypotheses per source, best first (None where the source is None).
 
-    Sources are decoded sorted by length in batches of `batch_size`; `fixed_rows` pads every
-    batch to `batch_size` rows (one shape for a whole file), else to the next power of two
-    (a stream's few waiting lines). `line_ids` (default: the positions) seed the samples.
-    `scores=False` skips the forced-decoding pass that scores greedy and sampled outputs
-    (their `score` and `log_prob` are then NaN).
+    Sources are decoded sorted by length (longest first) in batches of `batch_size`;
+    `fixed_rows` pads every batch to `batch_size` rows (one shape for a whole file), else to
+    the next power of two (a stream's few waiting lines). `line_ids` (default: the
+    positions) seed the samples. `scores=False` skips the forced-decoding pass that scores
+    greedy and sampled outputs (their `score` and `log_prob` are then NaN).
     """
     line_ids = range(len(sources)) if line_ids is None else line_ids
     model_len = self.module.config.max_len
+    # Longest first: the slowest batches start first, so that a pass does not end with one
+    # worker on the longest batch while the others wait (test2016, 2 workers: warm passes
+    # 3-4% shorter than shortest first). Any order gives the same outputs.
     order = sorted((i for i, s in enumerate(sources) if s is not None),
-                   key=lambda i: len(sources[i]))
+                   key=lambda i: len(sources[i]), reverse=True)
     outputs: list[list[Hypothesis] | None] = [None] * len(sources)
     batches = []
     for start in range(0, len(order), self.batch_size):

@@ -243,6 +243,22 @@ def test_translator_workers_give_the_same_hypotheses_in_order():
       np.testing.assert_allclose([h.score for h in two], [h.score for h in one], rtol=1e-6)
 
 
+def test_translator_decodes_the_longest_sources_first(monkeypatch):
+  """So that a pass does not end with one worker on the slowest batch while the others wait."""
+  module, params = _model(seed=2)
+  widths = []
+
+  def longest_source(self, inputs, line_ids, scores):  # stands in for the search
+    widths.append(int(np.max(np.sum(inputs != 0, axis=1))))
+    return [[] for _ in line_ids]
+
+  monkeypatch.setattr(Translator, '_batch', longest_source)
+  sources = [[5] * n + [1] for n in (3, 20, 5, 18, 2, 7)]
+  Translator(module, params, beam_size=2, alpha=0.6, max_new_tokens=MAX_LEN, batch_size=2,
+             workers=1).search(sources)
+  assert widths == [21, 8, 4]
+
+
 def test_in_order_runs_a_new_shape_beside_other_shapes_and_before_its_own():
   """The first batch of a new shape (it compiles) runs beside the other shapes' batches, the
   later batches of its shape start after it; once a shape has run, nothing waits."""
