@@ -245,13 +245,17 @@ def test_trained_export_translates_as_decode_py(trained, tmp_path):
   ours = np.where(hyps > 0, log_probs[..., 0], 0.0).sum(axis=1)
   np.testing.assert_allclose(generated.sequences_scores.numpy(), ours, atol=1e-3, rtol=0)
 
-  # The README's three lines, as printed, on this export and on the longest line.
+  _run_readme_lines(out, ['A man is riding a bike.', longest])
+
+
+def _run_readme_lines(out, lines):
+  """The README's three lines, as printed, on the export `out`: one translation per line."""
   with open(os.path.join(ROOT, 'README.md'), encoding='utf-8') as f:
     readme = f.read()
   blocks = re.findall(r'^( *)```python\n(.*?)^\1```', readme, re.DOTALL | re.MULTILINE)
   code = [textwrap.dedent(c) for _, c in blocks if 'AutoModelForSeq2SeqLM' in c][0]
   assert len(code.strip().splitlines()) == 3
-  for line in ('A man is riding a bike.', longest):
+  for line in lines:
     printed = []
     exec(code.replace('runs/default_hf', out).replace("'A man is riding a bike.'", repr(line)),  # noqa: S102
          {'print': printed.append})
