@@ -176,7 +176,12 @@ class Translator:
       length = min(model_len, -(-max(1, *map(len, cut)) // LENGTH_MULTIPLE) * LENGTH_MULTIPLE)
       rows = self.batch_size if fixed_rows else _bucket_rows(len(chunk), self.batch_size)
       inputs = np.zeros((rows, length), np.int32)
-      for row, ids in enumerate(cut):
+      # Padding rows repeat the shortest source, so that they end with it: an empty source
+      # decodes to whatever the model makes of nothing, maybe up to the limit, and an
+      # unfinished row keeps the whole batch running (their outputs are dropped).
+      shortest = min(cut, key=len)
+      for row in range(rows):
+        ids = cut[row] if row < len(cut) else shortest
         inputs[row, :len(ids)] = ids
       batches.append((chunk, inputs))
 

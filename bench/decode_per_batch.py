@@ -1,7 +1,7 @@
 """Where decoding loses to CTranslate2, batch by batch: each batch of test2016 (sorted by
-length, as both engines batch) decoded alone by decode.py's Translator and by CTranslate2
-float32, on one core and one thread each, best of `--repeats` timings; one JSON line per batch
-and one with the totals.
+length, longest first, as decode.py batches a file) decoded alone by decode.py's Translator
+and by CTranslate2 float32, on one core and one thread each, best of `--repeats` timings; one
+JSON line per batch and one with the totals.
 
   taskset -c 0 python bench/decode_per_batch.py --workdir=W --beam=4
 
@@ -59,7 +59,7 @@ def main(argv=None) -> None:
     theirs = ctranslate2.Translator(ct2_dir, device='cpu', compute_type='float32',
                                     inter_threads=1, intra_threads=1)
   options = ct2_options(args.beam, args.max_new_tokens, max_len, args.batch_size)
-  order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+  order = sorted(range(len(ids)), key=lambda i: len(ids[i]), reverse=True)  # as Translator
   totals = {'ours_s': 0.0, 'ct2_s': 0.0}
   for start in range(0, len(order), args.batch_size):
     batch = order[start:start + args.batch_size]

@@ -244,19 +244,22 @@ def test_translator_workers_give_the_same_hypotheses_in_order():
 
 
 def test_translator_decodes_the_longest_sources_first(monkeypatch):
-  """So that a pass does not end with one worker on the slowest batch while the others wait."""
+  """So that a pass does not end with one worker on the slowest batch while the others wait;
+  a short batch's padding rows repeat its shortest source (an empty one may decode for long)."""
   module, params = _model(seed=2)
-  widths = []
+  batches = []
 
-  def longest_source(self, inputs, line_ids, scores):  # stands in for the search
-    widths.append(int(np.max(np.sum(inputs != 0, axis=1))))
+  def record(self, inputs, line_ids, scores):  # stands in for the search
+    batches.append(inputs)
     return [[] for _ in line_ids]
 
-  monkeypatch.setattr(Translator, '_batch', longest_source)
-  sources = [[5] * n + [1] for n in (3, 20, 5, 18, 2, 7)]
-  Translator(module, params, beam_size=2, alpha=0.6, max_new_tokens=MAX_LEN, batch_size=2,
+  monkeypatch.setattr(Translator, '_batch', record)
+  sources = [[5] * n + [1] for n in (3, 20, 5, 18, 2, 7, 4)]
+  Translator(module, params, beam_size=2, alpha=0.6, max_new_tokens=MAX_LEN, batch_size=3,
              workers=1).search(sources)
-  assert widths == [21, 8, 4]
+  assert [int(np.max(np.sum(b != 0, axis=1))) for b in batches] == [21, 6, 3]
+  assert [b.shape[0] for b in batches] == [3, 3, 3]
+  np.testing.assert_array_equal(batches[-1][1:], np.tile(batches[-1][:1], (2, 1)))
 
 
 def test_in_order_runs_a_new_shape_beside_other_shapes_and_before_its_own():
