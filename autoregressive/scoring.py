@@ -2,7 +2,7 @@
 outputs of a search that reports no score), as `fairseq-generate --score-reference` does.
 
 `forced_log_probs` scores one padded batch; `score_references` a list of (source, target) id
-sequences, sorted by length in batches as the translator decodes them.
+sequences, sorted by length in batches (longest first) as the translator decodes them.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from autoregressive.batches import default_workers, in_order
 from autoregressive.decode_loop import PAD_ID, decoding_model
 from model.kinds import adapter_of
 
@@ -26,8 +27,13 @@ def _summed_log_probs(module, params, inputs, targets):
   targets: `inputs` `[batch, src]` (None: a language model), `targets` `[batch, len]`
   -> `[batch]`."""
   logits = adapter_of(module).teacher_forced(module, {'params': params}, inputs, targets)
-  lp = jax.nn.log_softmax(logits.astype(jnp.float32))
-  lp = jnp.take_along_axis(lp, targets[..., None], axis=-1)[..., 0]
+  logits = logits.astype(jnp.float32)
+  # `jax.nn.log_softmax`'s arithmetic at the targets only: the whole `[batch, len, vocab]`
+  # log-softmax is never written (it was ~half of a warm --score_reference pass on CPU).
+  peak = jnp.max(logits, axis=-1, keepdims=True)
+  log_sum = jnp.log(jnp.sum(jnp.exp(logits - peak), axis=-1, keepdims=True))
+  x = jnp.take_along_axis(logits, targets[..., None], axis=-1)
+  lp = ((x - peak) - log_sum)[..., 0]
   return jnp.where(targets != PAD_ID, lp, 0.0).sum(axis=-1)
 
 
@@ -40,35 +46,59 @@ def forced_log_probs(module, params, inputs, targets) -> np.ndarray:
   return np.asarray(_summed_log_probs(module, params, inputs, jnp.asarray(targets, jnp.int32)))
 
 
-def _padded(rows: Sequence[Sequence[int]], count: int, limit: int) -> np.ndarray:
-  """`rows` right-padded with 0 into `[count, length]`, length a multiple of LENGTH_MULTIPLE."""
-  length = min(limit, -(-max(1, *map(len, rows)) // LENGTH_MULTIPLE) * LENGTH_MULTIPLE)
+def _padded(rows: Sequence[Sequence[int]], count: int, length: int) -> np.ndarray:
+  """`rows` right-padded with 0 into `[count, length]`."""
   out = np.zeros((count, length), np.int32)
   for row, ids in enumerate(rows):
     out[row, :len(ids)] = ids
   return out
 
 
+def _bucket(rows: Sequence[Sequence[int]], limit: int) -> int:
+  """The padded length of `rows`: their longest, rounded up to LENGTH_MULTIPLE (<= limit)."""
+  return min(limit, -(-max(1, *map(len, rows)) // LENGTH_MULTIPLE) * LENGTH_MULTIPLE)
+
+
 def score_references(module, params, sources: Sequence[Sequence[int] | None],
                      targets: Sequence[Sequence[int]], *, batch_size: int,
-                     progress: Callable[[int], None] | None = None) -> list[float | None]:
+                     progress: Callable[[int], None] | None = None,
+                     workers: int | None = None) -> list[float | None]:
   """log P(target i | source i) for every i whose source is not None (None elsewhere).
 
   Sources and targets must fit the model's positions (`max_len`; the caller truncates or
-  refuses). Batches of `batch_size` pairs sorted by source length, padded to one row count.
+  refuses). Batches of `batch_size` pairs sorted by length (longest first), padded to one
+  row count; the targets of the batches whose sources have one padded length share one
+  padded length too (fewer programs to compile, for little work: one forward pass). `workers`
+  batches run at once (None: `batches.default_workers()`).
   """
   module, params = decoding_model(module, params)
   limit = module.config.max_len
   order = sorted((i for i, s in enumerate(sources) if s is not None),
-                 key=lambda i: (len(sources[i]), len(targets[i])))
+                 key=lambda i: (len(sources[i]), len(targets[i])), reverse=True)
+  chunks = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
+  src_lens = [_bucket([sources[i] for i in chunk], limit) for chunk in chunks]
+  tgt_lens: dict[int, int] = {}
+  for chunk, src_len in zip(chunks, src_lens, strict=True):
+    tgt_lens[src_len] = max(tgt_lens.get(src_len, 0), _bucket([targets[i] for i in chunk], limit))
+  batches = [(chunk, (_padded([sources[i] for i in chunk], batch_size, src_len),
+                      _padded([targets[i] for i in chunk], batch_size, tgt_lens[src_len])))
+             for chunk, src_len in zip(chunks, src_lens, strict=True)]
+
+  def run(batch):
+    chunk, (inputs, padded) = batch
+    return chunk, forced_log_probs(module, params, inputs, padded)
+
   out: list[float | None] = [None] * len(sources)
-  for start in range(0, len(order), batch_size):
-    chunk = order[start:start + batch_size]
-    scores = forced_log_probs(module, params,
-                              _padded([sources[i] for i in chunk], batch_size, limit),
-                              _padded([targets[i] for i in chunk], batch_size, limit))
+  ready = _RAN_SHAPES.setdefault(module, set())
+  workers = default_workers() if workers is None else max(1, int(workers))
+  for chunk, scores in in_order(run, batches, workers, ready,
+                                shape=lambda batch: tuple(x.shape for x in batch[1])):
     for row, i in enumerate(chunk):
       out[i] = float(scores[row])
     if progress is not None:
       progress(len(chunk))
   return out
+
+
+# The (inputs, targets) shapes scored (compiled) in this process, per model.
+_RAN_SHAPES: dict = {}

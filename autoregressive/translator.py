@@ -15,10 +15,7 @@ so a sentence gets the same samples whatever batch, bucket or stream rhythm it c
 
 from __future__ import annotations
 
-import collections
-import concurrent.futures
 import dataclasses
-import os
 from collections.abc import Callable, Sequence
 
 import jax
@@ -26,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from autoregressive import decoding
+from autoregressive.batches import default_workers, in_order
 from autoregressive.decode_loop import decoding_model
 from autoregressive.scoring import forced_log_probs
 from common.deprecation import renamed_keywords, warn_renamed
@@ -189,7 +187,7 @@ class Translator:
       chunk, inputs = batch
       return chunk, self._batch(inputs, [line_ids[i] for i in chunk], scores)
 
-    for chunk, found in _in_order(run, batches, self.workers, self._ran_shapes):
+    for chunk, found in in_order(run, batches, self.workers, self._ran_shapes):
       for row, i in enumerate(chunk):
         outputs[i] = found[row]
       if progress is not None:
@@ -231,48 +229,6 @@ class Translator:
     hyps = [[Hypothesis(until_eos(tokens[r * k + j], self.eos_id), float(log_probs[r * k + j]),
                         float(log_probs[r * k + j])) for j in range(k)] for r in range(n)]
     return [sorted(h, key=lambda x: -x.score) if scores else h for h in hyps]
-
-
-def default_workers() -> int:
-  """Batches decoded at once by default: 2 on a CPU with 2 cores or more (XLA's own threads
-  split only the larger ops), else 1 (an accelerator runs one program at a time anyway)."""
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
-  return 2 if jax.default_backend() == 'cpu' and (cores or 1) >= 2 else 1
-
-
-def _in_order(fn, batches, workers: int, ready: set):
-  """`fn(batch)` for each of `batches` (chunk, inputs `[rows, len]`), yielded in order; with
-  `workers` > 1 that many run at once. The first batch of a shape not in `ready` (the shapes
-  that have run) runs before the others of its shape start, so that each shape compiles
-  once; the first batches of the new shapes are taken up before all others, so that their
-  programs load (or compile) side by side rather than one worker waiting idle for another's
-  (sources sorted by length put each shape's batches together). `ready` gains each shape
-  that has run."""
-  def run(batch, first):
-    if first is not None:
-      first.result()  # compiled (or failed: then this batch fails the same way)
-    found = fn(batch)
-    ready.add(batch[1].shape)
-    return found
-
-  if workers <= 1:
-    yield from (run(batch, None) for batch in batches)
-    return
-  batches, pending = list(batches), collections.deque()
-  with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-    firsts, early = {}, {}  # a new shape -> its first batch's future; that batch's index -> it
-    for i, batch in enumerate(batches):
-      shape = batch[1].shape
-      if shape not in ready and shape not in firsts:
-        firsts[shape] = early[i] = pool.submit(run, batch, None)
-    for i, batch in enumerate(batches):
-      # FIFO: every first-of-shape was taken up before this batch, so waiting on it is safe.
-      pending.append(early[i] if i in early else
-                     pool.submit(run, batch, firsts.get(batch[1].shape)))
-      while len(pending) > workers:
-        yield pending.popleft().result()
-    while pending:
-      yield pending.popleft().result()
 
 
 def generate(module, params, prompt_ids: Sequence[int], *, num_tokens: int, temperature: float,

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from autoregressive import beam_search, decoding
+from autoregressive.batches import in_order
 from autoregressive.decode_loop import compact_sizes, prepare
-from autoregressive.translator import Translator, _in_order
+from autoregressive.translator import Translator
 from model import ModelConfig, build_model
 from model.kinds import adapter_of
 
@@ -224,7 +225,7 @@ def test_translator_drop_finished_option_gives_the_same_hypotheses():
     np.testing.assert_allclose([h.score for h in fast], [h.score for h in plain], rtol=1e-5)
 
 
-def test_translator_workers_give_the_same_hypotheses_in_order():
+def test_translator_workers_give_the_same_hypothesesin_order():
   """Batches decoded two at a time (threads) come back as one at a time gives them: sources
   of two length buckets (two shapes, each compiled by its first batch)."""
   module, params = _model(seed=2)
@@ -282,14 +283,14 @@ def test_in_order_runs_a_new_shape_beside_other_shapes_and_before_its_own():
   batches = [('a1', a), ('b1', b), ('a2', a), ('b2', b)]
   ready, waits_for = set(), {'a1': 'b1'}
   events.update({name: threading.Event() for name, _ in batches})
-  assert list(_in_order(fn, batches, 2, ready)) == ['a1', 'b1', 'a2', 'b2']
+  assert list(in_order(fn, batches, 2, ready)) == ['a1', 'b1', 'a2', 'b2']
   assert log.index(('start', 'a2')) > log.index(('end', 'a1'))
   assert log.index(('start', 'b2')) > log.index(('end', 'b1'))
   assert ready == {a.shape, b.shape}
   log.clear()
   waits_for = {'a1': 'a2'}  # a shape that has run: its batches run side by side
   events.update({name: threading.Event() for name, _ in batches})
-  assert list(_in_order(fn, batches, 2, ready)) == ['a1', 'b1', 'a2', 'b2']
+  assert list(in_order(fn, batches, 2, ready)) == ['a1', 'b1', 'a2', 'b2']
   # Sorted by length (each shape's batches together): two new shapes' first batches still
   # run side by side, and a later batch of the second shape waits for its first.
   c, d = np.zeros((2, 48), np.int32), np.zeros((2, 64), np.int32)
@@ -297,7 +298,7 @@ def test_in_order_runs_a_new_shape_beside_other_shapes_and_before_its_own():
   log.clear()
   waits_for = {'c1': 'd1'}
   events.update({name: threading.Event() for name, _ in batches})
-  assert list(_in_order(fn, batches, 2, ready)) == ['c1', 'c2', 'c3', 'd1', 'd2']
+  assert list(in_order(fn, batches, 2, ready)) == ['c1', 'c2', 'c3', 'd1', 'd2']
   assert log.index(('start', 'c2')) > log.index(('end', 'c1'))
   assert log.index(('start', 'd2')) > log.index(('end', 'd1'))
 

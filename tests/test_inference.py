@@ -153,6 +153,30 @@ def test_score_references_is_forced_decoding(mt):
         _forced(mt, sources[i], mt.tokenizer.encode(references[i])), rel=1e-5)
 
 
+def test_score_references_on_two_workers_with_one_target_length_per_source_length(mt,
+                                                                                monkeypatch):
+  """Batches run two at a time, scores in order; the batches whose sources pad to one length
+  pad their targets to one length too (one program per source length, not per pair)."""
+  from autoregressive import scoring  # pylint: disable=import-outside-toplevel
+  encode = mt.tokenizer.encode
+  sources = [encode(s) for s in ('a dog', 'two men run', 'a', 'the cat sat')]
+  targets = [encode(t) for t in ('ein hund', 'zwei maenner laufen', 'x', 'die')]
+  one = scoring.score_references(mt.module, mt.params, sources, targets, batch_size=1, workers=1)
+  shapes, forced = [], scoring.forced_log_probs
+
+  def recording(module, params, inputs, padded):
+    shapes.append((inputs.shape, padded.shape))
+    return forced(module, params, inputs, padded)
+
+  monkeypatch.setattr(scoring, 'forced_log_probs', recording)
+  two = scoring.score_references(mt.module, mt.params, sources, targets, batch_size=1, workers=2)
+  assert two == one
+  assert set(shapes) == {((1, 16), (1, 24))}  # targets of 9, 20, 2 and 4 tokens; max_len 24
+  for i in range(4):  # each pair alone, unpadded
+    alone = forced(mt.module, mt.params, np.array([sources[i]]), np.array([targets[i]]))[0]
+    assert one[i] == pytest.approx(float(alone), rel=1e-5)
+
+
 def test_generate_continues_the_prompt():
   lm = _session('decoder_only', temperature=0.0)
   text = lm.generate('ab', num_tokens=6)
