@@ -221,12 +221,12 @@ def test_options_equal_reference_path():
   src, tgt = tokens(23, (2, 6)), tokens(24, (2, 7))
   reference = build_model(TINY)
   variables = init(reference, src, tgt)
-  ref_logits = reference.apply(variables, src, tgt)
+  ref_logits = jax.jit(reference.apply)(variables, src, tgt)  # jit: one compile, not op by op
   ref_grads = jax.jit(jax.grad(lambda p: reference.apply({'params': p}, src, tgt).sum()))(
       variables['params'])
   for option in ({'attention_impl': 'xla'}, {'remat': True}):
     module = build_model({**TINY, **option})
-    np.testing.assert_allclose(module.apply(variables, src, tgt), ref_logits, atol=1e-5)
+    np.testing.assert_allclose(jax.jit(module.apply)(variables, src, tgt), ref_logits, atol=1e-5)
     grads = jax.jit(jax.grad(lambda p, m=module: m.apply({'params': p}, src, tgt).sum()))(
         variables['params'])
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads), strict=True):
@@ -332,7 +332,7 @@ def test_scan_layers_equals_unrolled_layers(kind):
   def loss(module, p):
     return jnp.sum(module.apply({'params': p}, *args) ** 2) * 1e-3
 
-  ref_logits = unrolled.apply({'params': params}, *args)
+  ref_logits = jax.jit(unrolled.apply)({'params': params}, *args)  # jit: one compile, not op by op
   ref_grads = transformer.stack_layer_params(
       jax.jit(jax.grad(functools.partial(loss, unrolled)))(params))
   for option in ({'scan_layers': True}, {'scan_layers': True, 'remat': True}):
@@ -340,7 +340,8 @@ def test_scan_layers_equals_unrolled_layers(kind):
     # Its own init has the stacked layout (and the shapes: eval_shape runs nothing).
     own = jax.eval_shape(functools.partial(init, scanned, *args))['params']
     assert jax.tree.map(np.shape, own) == jax.tree.map(np.shape, stacked)
-    np.testing.assert_allclose(scanned.apply({'params': stacked}, *args), ref_logits, atol=1e-5)
+    np.testing.assert_allclose(jax.jit(scanned.apply)({'params': stacked}, *args), ref_logits,
+                               atol=1e-5)
     grads = jax.jit(jax.grad(functools.partial(loss, scanned)))(stacked)
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads), strict=True):
       np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
