@@ -1,6 +1,7 @@
-"""Running a list of batches on a few worker threads, results in order: what the Translator
-and reference scoring share. On a CPU a batch's program is a chain of small ops that mostly
-keep one core busy, so two batches at once use two cores.
+"""What the Translator and reference scoring share about batches: their padded length (a few
+shapes, so a few programs), and running them on a few worker threads, results in order (on a
+CPU a batch's program is a chain of small ops that mostly keep one core busy, so two batches at
+once use two cores).
 """
 
 from __future__ import annotations
@@ -8,9 +9,19 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import os
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 
 import jax
+
+# Batches are padded to a multiple of this many positions: a whole test set compiles a few
+# shapes.
+LENGTH_MULTIPLE = 16
+
+
+def padded_length(rows: Iterable[Sequence[int]], limit: int) -> int:
+  """The padded length of a batch of `rows`: the longest, rounded up to LENGTH_MULTIPLE, at
+  most `limit` (the model's positions)."""
+  return min(limit, -(-max(1, *map(len, rows)) // LENGTH_MULTIPLE) * LENGTH_MULTIPLE)
 
 
 def default_workers() -> int:

@@ -14,11 +14,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from autoregressive.batches import default_workers, in_order
+from autoregressive.batches import default_workers, in_order, padded_length
 from autoregressive.decode_loop import PAD_ID, decoding_model
 from model.kinds import adapter_of
 
-LENGTH_MULTIPLE = 16
+# The (inputs, targets) shapes scored (compiled) in this process, per model.
+_RAN_SHAPES: dict = {}
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -54,11 +55,6 @@ def _padded(rows: Sequence[Sequence[int]], count: int, length: int) -> np.ndarra
   return out
 
 
-def _bucket(rows: Sequence[Sequence[int]], limit: int) -> int:
-  """The padded length of `rows`: their longest, rounded up to LENGTH_MULTIPLE (<= limit)."""
-  return min(limit, -(-max(1, *map(len, rows)) // LENGTH_MULTIPLE) * LENGTH_MULTIPLE)
-
-
 def score_references(module, params, sources: Sequence[Sequence[int] | None],
                      targets: Sequence[Sequence[int]], *, batch_size: int,
                      progress: Callable[[int], None] | None = None,
@@ -76,10 +72,11 @@ def score_references(module, params, sources: Sequence[Sequence[int] | None],
   order = sorted((i for i, s in enumerate(sources) if s is not None),
                  key=lambda i: (len(sources[i]), len(targets[i])), reverse=True)
   chunks = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
-  src_lens = [_bucket([sources[i] for i in chunk], limit) for chunk in chunks]
+  src_lens = [padded_length([sources[i] for i in chunk], limit) for chunk in chunks]
   tgt_lens: dict[int, int] = {}
   for chunk, src_len in zip(chunks, src_lens, strict=True):
-    tgt_lens[src_len] = max(tgt_lens.get(src_len, 0), _bucket([targets[i] for i in chunk], limit))
+    longest = padded_length([targets[i] for i in chunk], limit)
+    tgt_lens[src_len] = max(tgt_lens.get(src_len, 0), longest)
   batches = [(chunk, (_padded([sources[i] for i in chunk], batch_size, src_len),
                       _padded([targets[i] for i in chunk], batch_size, tgt_lens[src_len])))
              for chunk, src_len in zip(chunks, src_lens, strict=True)]
@@ -99,6 +96,3 @@ def score_references(module, params, sources: Sequence[Sequence[int] | None],
       progress(len(chunk))
   return out
 
-
-# The (inputs, targets) shapes scored (compiled) in this process, per model.
-_RAN_SHAPES: dict = {}

@@ -3,7 +3,7 @@ BLEU evaluation, `decode.py` and `inference.Session`; and a language model's gen
 
 Sources are token ids (EOS-terminated, as the tokenizer gives them); a source longer than the
 model's positions is cut by `truncate`, the same rule as the training pipeline's. Batches
-hold sentences of similar length, padded to a multiple of `LENGTH_MULTIPLE` tokens and to a
+hold sentences of similar length, padded to a multiple of `batches.LENGTH_MULTIPLE` tokens and to a
 fixed number of rows (a whole file: the batch size; a stream: the next power of two), so a
 whole test set, or a stream of any rhythm, compiles only a few shapes.
 
@@ -23,12 +23,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from autoregressive import decoding
-from autoregressive.batches import default_workers, in_order
+from autoregressive.batches import default_workers, in_order, padded_length
 from autoregressive.decode_loop import decoding_model
 from autoregressive.scoring import forced_log_probs
 from common.deprecation import renamed_keywords, warn_renamed
 
-LENGTH_MULTIPLE = 16
 # One program for the penalties (as eager jnp ops, each op compiled in every new process).
 _length_penalty = jax.jit(decoding.length_penalty, static_argnums=1)
 
@@ -171,7 +170,7 @@ class Translator:
     for start in range(0, len(order), self.batch_size):
       chunk = order[start:start + self.batch_size]
       cut = [truncate(sources[i], model_len, self.eos_id) for i in chunk]
-      length = min(model_len, -(-max(1, *map(len, cut)) // LENGTH_MULTIPLE) * LENGTH_MULTIPLE)
+      length = padded_length(cut, model_len)
       rows = self.batch_size if fixed_rows else _bucket_rows(len(chunk), self.batch_size)
       inputs = np.zeros((rows, length), np.int32)
       # Padding rows repeat the shortest source, so that they end with it: an empty source
