@@ -7,6 +7,6 @@ Modules:
   translator   `Translator` (batched search over token ids), `Hypothesis`, `Sampling`,
                `generate` (a language model's windows), `truncate`, `until_eos`
   scoring      `forced_log_probs`, `score_references` (fairseq's --score-reference)
-  batches      `in_order` (a list of batches on a few worker threads, results in order),
-               `default_workers`
+  batches      `padded_length` (a batch's length, a multiple of `LENGTH_MULTIPLE`), `in_order`
+               (a list of batches on a few worker threads, results in order), `default_workers`
 """

@@ -95,4 +95,3 @@ def score_references(module, params, sources: Sequence[Sequence[int] | None],
     if progress is not None:
       progress(len(chunk))
   return out
-
