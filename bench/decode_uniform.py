@@ -31,7 +31,8 @@ from bench.decode_per_batch import _best  # noqa: E402
 
 
 class _Engines:
-  """Ours and CTranslate2's `run(sources, n_tokens, forced)` -> output lengths, one per source."""
+  """`ours(sources, batch_size, forced)` and `theirs(...)` -> a function that decodes `sources`
+  (outputs of `forced` tokens, or ended by EOS when None) -> the output lengths, EOS included."""
 
   def __init__(self, workdir: str, beam: int, max_new_tokens: int, scratch: str):
     import ctranslate2  # pylint: disable=import-outside-toplevel
@@ -41,7 +42,7 @@ class _Engines:
     self.beam, self.max_new_tokens = beam, max_new_tokens
     self.restored = decode.restore(workdir, None, 1)
     ct2_dir = _export(workdir, None, scratch, ['ct2_float32'])['ct2_dir']
-    self.vocab_dir = ct2_dir
+    self.ct2_dir = ct2_dir
     self.ct2 = ctranslate2.Translator(ct2_dir, device='cpu', compute_type='float32',
                                       inter_threads=1, intra_threads=1)
     self.max_len = self.restored.module.config.max_len
@@ -55,7 +56,7 @@ class _Engines:
     return lambda: [len(o) for o in translator(sources)]
 
   def theirs(self, sources, batch_size: int, forced: int | None):
-    _, pieces = ct2_vocab_and_pieces(self.vocab_dir, sources)
+    _, pieces = ct2_vocab_and_pieces(self.ct2_dir, sources)
     options = ct2_options(self.beam, forced or self.max_new_tokens, self.max_len, batch_size)
     if forced:
       options['min_decoding_length'] = forced
@@ -109,6 +110,7 @@ def _report(engines: _Engines, args, ids, one) -> None:
     print(json.dumps({'line': 'pass', 'engine': name, 'beam': args.beam, 'sentences': len(ids),
                       **_timed(make, ids, args.batch_size, max(1, args.repeats // 2))}),
           flush=True)
+
 
 if __name__ == '__main__':
   main()
