@@ -26,7 +26,14 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.decode_engines import EOS, TEST2016, _export, _sources, ct2_options, ct2_vocab_and_pieces  # noqa: E402
+from bench.decode_engines import (  # noqa: E402
+  EOS,
+  TEST2016,
+  _export,
+  _sources,
+  ct2_options,
+  ct2_vocab_and_pieces,
+)
 from bench.decode_per_batch import _best  # noqa: E402
 
 

@@ -227,7 +227,7 @@ def test_translator_drop_finished_option_gives_the_same_hypotheses():
     np.testing.assert_allclose([h.score for h in fast], [h.score for h in plain], rtol=1e-5)
 
 
-def test_translator_workers_give_the_same_hypothesesin_order():
+def test_translator_workers_give_the_same_hypotheses_in_order():
   """Batches decoded two at a time (threads) come back as one at a time gives them: sources
   of two length buckets (two shapes, each compiled by its first batch)."""
   module, params = _model(seed=2)
