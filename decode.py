@@ -35,6 +35,7 @@ import sys
 from absl import app, flags, logging
 
 from common.deprecation import renamed_keywords
+from common.tokens import DEFAULT_MIN_NEW_TOKENS
 from training import cli
 
 FLAGS = flags.FLAGS
@@ -76,6 +77,10 @@ def _define_flags() -> None:
                     'samples too).')
   flags.DEFINE_integer('max_new_tokens', None, 'Maximum generated tokens per sentence; default '
                        'config.decode.max_new_tokens (at most the model\'s max_len).')
+  flags.DEFINE_integer('min_new_tokens', None, 'Generated tokens before EOS may end an output '
+                       '(every search; a language model too); default '
+                       'config.decode.min_new_tokens (1: no empty output; 0: EOS may come '
+                       'first).')
   flags.DEFINE_integer('max_len', None, 'Deprecated: the old name of --max_new_tokens (read as '
                        'it, with a warning).')
   flags.DEFINE_integer('batch_size', None, 'Sentences per batch; default config.decode.batch_size.')
@@ -156,7 +161,7 @@ def encode_sources(tokenizer, lines, max_source_len: int):
 
 @renamed_keywords(max_len='max_new_tokens')
 def translate(session, sources, *, beam_size, alpha, max_new_tokens, batch_size,
-              progress=True):
+              min_new_tokens=DEFAULT_MIN_NEW_TOKENS, progress=True):
   """Output ids per source (None for empty), in order (`inference.Translator`, as decode.py
   and the trainer's BLEU run it). `max_len=` is `max_new_tokens`' deprecated name."""
   from tqdm import tqdm  # pylint: disable=import-outside-toplevel
@@ -164,7 +169,7 @@ def translate(session, sources, *, beam_size, alpha, max_new_tokens, batch_size,
   import inference  # pylint: disable=import-outside-toplevel
   translator = inference.Translator(session.module, session.params, beam_size=beam_size,
                                     alpha=alpha, max_new_tokens=max_new_tokens,
-                                    batch_size=batch_size,
+                                    min_new_tokens=min_new_tokens, batch_size=batch_size,
                                     eos_id=session.tokenizer.eos_id)
   count = sum(s is not None for s in sources)
   with tqdm(total=count, file=sys.stderr, unit='sent', desc='decoding', dynamic_ncols=True,

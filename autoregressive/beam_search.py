@@ -1,17 +1,22 @@
 """Beam search on the KV cache (the public entry is `autoregressive.decoding.beam_search_decode`,
 also `model.decoding.beam_search_decode`).
 
-Alive and finished beams are kept apart (the Flax-WMT/t5x layout) with fairseq's selection
-rule: each step extends the `beam_size` (k) alive hypotheses and takes the best 2k candidates
-by log-probability; those among the best k that end (EOS, or `max_new_tokens` reached) join the
-finished set, scored `log P(y) / lp(y)` with the GNMT penalty `lp(y) = ((5 + |y|) / 6) **
-alpha` (|y| counts the EOS); the best k that did not end stay alive. A batch row is done once
-it has k finished hypotheses (so beam size 1 is exactly greedy decoding), and the loop stops
-when every row is done. When only the n best are wanted (`nbest`, e.g. decode.py's 1-best), a
-row is also done once its n best cannot be overtaken: no alive hypothesis can score above the
-n-th finished one (log-probabilities only fall; the penalty is monotonic in the length). The
-n best are then exactly those of the full search, found in fewer steps (CTranslate2 stops the
-same way).
+Alive and finished beams are kept apart (the Flax-WMT/t5x layout) with fairseq's (and
+CTranslate2's) selection rule: each step extends the `beam_size` (k) alive hypotheses and takes
+the best 2k candidates by log-probability; those among the best k that end (EOS, or
+`max_new_tokens` reached) join the finished set, scored `log P(y) / lp(y)` with the GNMT
+penalty `lp(y) = ((5 + |y|) / 6) ** alpha` (|y| counts the EOS); the best k that did not end
+stay alive, so a finished hypothesis never costs an alive slot. EOS cannot end a hypothesis
+before `min_new_tokens` generated tokens (1: no empty output, the "empty translation" that
+often scores best under a translation model, Stahlberg & Byrne 2019).
+
+A row is done once its n best (`nbest`, default k) cannot be overtaken: no alive hypothesis
+can score above the n-th finished one, whatever it adds (log-probabilities only fall; the
+penalty is monotonic in the length: `best_reachable`). This is t5x's and Flax's stopping rule;
+fairseq stops at k finished hypotheses, and CTranslate2 does too when a length penalty is set,
+which loses the longer hypotheses the penalty favours. With `alpha=0` it is CTranslate2's
+rule (a sentence ends when its best candidate ends) and beam size 1 is greedy decoding; with
+`alpha > 0` a beam of 1 may go on past an EOS, so greedy decoding is `greedy_decode`.
 
 Two cache layouts give the same results: `_slot_search` (the default: a sentence's k
 hypotheses are k queries of one decoder row, an ancestry mask instead of cache reordering)
@@ -68,28 +73,43 @@ class Beams(NamedTuple):
                next_tok=jnp.zeros((batch, k), jnp.int32), done=jnp.zeros((batch,), jnp.bool_))
 
 
-def best_extensions(logits, alive_lp, n: int, block: int = 32):
+def best_extensions(logits, alive_lp, n: int, block: int = 32, *, eos_banned=None,
+                    eos_id: int | None = EOS_ID):
   """The n most likely one-token extensions of a sentence's beams -> (log-probabilities,
-  beams, tokens), each `[batch, n]`, best first, pad excluded (`NEG_INF` entries fill in
-  when fewer exist).
+  beams, tokens), each `[batch, n]`, best first, pad excluded, and EOS too in the rows where
+  `eos_banned` `[batch]` (`NEG_INF` entries fill in when fewer exist).
 
   logits `[batch, b, vocab]` (b = k beams, or 1 while they share their prefix), alive_lp
   `[batch, k]`. An extension's log-probability `alive_lp + (x - max) - log(sum(exp(x - max)))`
-  (`jax.nn.log_softmax`'s arithmetic) only grows with its logit x within a beam, so the n best
-  lie in the n blocks (of about `block` tokens: `block_size`) whose best tokens score highest
-  over all beams. Two top-ks, over the `[batch, b * vocab / block]` block scores and the `[batch,
-  n * block]` tokens of the chosen blocks, replace one per beam over its vocabulary (XLA's CPU
-  TopK costs ~10x a reduction per element), and the log-softmax of the whole vocabulary is never
-  written. Exactly `lax.top_k` over all `[batch, b * vocab]` extensions, ties included (to the
-  lower beam, then token): a block ranks as its best token, and blocks do not overlap.
+  (`jax.nn.log_softmax`'s arithmetic, over the whole vocabulary: a banned EOS keeps its share
+  of the probability, as in fairseq, so a score stays the model's log-probability) only grows
+  with its logit x within a beam, so the n best lie in the n blocks (of about `block` tokens:
+  `block_size`) whose best allowed tokens score highest over all beams. Two top-ks, over the
+  `[batch, b * vocab / block]` block scores and the `[batch, n * block]` tokens of the chosen
+  blocks, replace one per beam over its vocabulary (XLA's CPU TopK costs ~10x a reduction per
+  element), and the log-softmax of the whole vocabulary is never written. Exactly `lax.top_k`
+  over all allowed `[batch, b * vocab]` extensions, ties included (to the lower beam, then
+  token): a block ranks as its best allowed token, and blocks do not overlap.
   """
   batch, b, vocab = logits.shape
   size = block_size(vocab, block)
   blocks = logits.reshape(batch, b, vocab // size, size)
-  pad_block = jnp.where(jnp.arange(size) == PAD_ID % size, NEG_INF, blocks[:, :, PAD_ID // size])
-  maxima = jnp.max(blocks, axis=-1).at[:, :, PAD_ID // size].set(jnp.max(pad_block, axis=-1))
+
+  def excluded(tok):  # token ids `[batch or 1, ...]` -> whether they may not be chosen
+    out = tok == PAD_ID
+    if eos_banned is not None and eos_id is not None:
+      out |= (tok == eos_id) & eos_banned.reshape((-1,) + (1,) * (tok.ndim - 1))
+    return out
+
+  maxima = jnp.max(blocks, axis=-1)
+  special = [PAD_ID, *([eos_id] if eos_banned is not None and eos_id is not None else [])]
+  for j in sorted({i // size for i in special}):  # the blocks holding pad (and EOS), recomputed
+    cols = (j * size + jnp.arange(size))[None, None, :]
+    maxima = maxima.at[:, :, j].set(
+        jnp.max(jnp.where(excluded(cols), NEG_INF, blocks[:, :, j]), axis=-1))
   # The row maximum from the block maxima (written so, XLA would reread the logits for it).
-  peak = jnp.maximum(jnp.max(maxima, axis=-1), logits[:, :, PAD_ID])[:, :, None]  # [batch, b, 1]
+  peak = functools.reduce(jnp.maximum, [logits[:, :, i] for i in special],
+                          jnp.max(maxima, axis=-1))[:, :, None]  # [batch, b, 1]
   log_sum = jnp.log(jnp.sum(jnp.exp(logits - peak), axis=-1, keepdims=True))
   alive_lp = alive_lp[:, :b, None]
   scores = (alive_lp + ((maxima - peak) - log_sum)).reshape(batch, -1)  # [batch, b * blocks]
@@ -104,7 +124,7 @@ def best_extensions(logits, alive_lp, n: int, block: int = 32):
   lp = (of_chosen(alive_lp) + ((x - of_chosen(peak)) - of_chosen(log_sum))).reshape(batch, -1)
   beam = jnp.repeat(chosen_beam, size, axis=1)
   tok = ((chosen % (vocab // size))[:, :, None] * size + jnp.arange(size)).reshape(batch, -1)
-  lp = jnp.where(tok == PAD_ID, NEG_INF, lp)
+  lp = jnp.where(excluded(tok), NEG_INF, lp)
   top, idx = jax.lax.top_k(lp, min(n, lp.shape[1]))
   missing = ((0, 0), (0, n - top.shape[1]))
   return (jnp.pad(top, missing, constant_values=NEG_INF),
@@ -127,14 +147,15 @@ class _Stepper:
   """One extension of every alive beam (`__call__`), for the prompt, `max_new_tokens` and `alpha`
   of one search. A pytree (prompt and lengths per row), so `take_rows` selects sentences."""
 
-  def __init__(self, prompt, lengths, alpha, k: int, max_new_tokens: int, eos_id,
-               nbest: int | None = None):
+  def __init__(self, prompt, lengths, alpha, min_new_tokens, k: int, max_new_tokens: int,
+               eos_id, nbest: int | None = None):
     self.prompt, self.lengths, self.alpha = prompt, lengths, alpha
+    self.min_new_tokens = min_new_tokens
     self.k, self.max_new_tokens, self.eos_id = k, max_new_tokens, eos_id
     self.nbest = k if nbest is None else nbest
 
   def tree_flatten(self):
-    return ((self.prompt, self.lengths, self.alpha),
+    return ((self.prompt, self.lengths, self.alpha, self.min_new_tokens),
             (self.k, self.max_new_tokens, self.eos_id, self.nbest))
 
   @classmethod
@@ -145,7 +166,9 @@ class _Stepper:
     """Log-probs of every (beam, token) extension -> (top 2k values, beam, token, forced),
     the best 2k found by `best_extensions`."""
     k2 = 2 * self.k
-    top_lp, beam, tok = best_extensions(logits, alive_lp, k2)  # [batch, 2k]
+    early = t - self.lengths < self.min_new_tokens  # EOS would end the output too soon
+    top_lp, beam, tok = best_extensions(logits, alive_lp, k2, eos_banned=early,
+                                        eos_id=self.eos_id)  # [batch, 2k]
     forced, forced_tok = forced_tokens(self.prompt, self.lengths, t)
     if self.prompt.shape[1]:  # a forced prompt token: log-prob 0, each beam's only extension
       only, only_beam = jax.lax.top_k(
@@ -186,11 +209,11 @@ class _Stepper:
     fin_score = jnp.where(was_done[:, None], beams.fin_score, fin_score)
     fin_seq = jnp.where(was_done[:, None, None], beams.fin_seq, fin_seq)
     alive_lp, idx = jax.lax.top_k(jnp.where(ends, NEG_INF, top_lp), k)
-    # A row is done with k finished hypotheses, or nothing left alive, or at max_new_tokens.
-    done = ((g >= self.max_new_tokens - 1) | jnp.isfinite(fin_score[:, -1]) |
-            ~jnp.isfinite(alive_lp[:, 0]))
-    if self.nbest < k:  # or the n best are final: no alive hypothesis can score above them
-      done |= fin_score[:, self.nbest - 1] >= self.best_reachable(alive_lp[:, 0], g)
+    # A row is done once its n best are final (no alive hypothesis can score above the n-th
+    # finished one, whatever it adds: having k finished is not enough when the length penalty
+    # favours longer outputs), or nothing is left alive, or at max_new_tokens.
+    done = ((g >= self.max_new_tokens - 1) | ~jnp.isfinite(alive_lp[:, 0]) |
+            (fin_score[:, self.nbest - 1] >= self.best_reachable(alive_lp[:, 0], g)))
     done = (done & ~(t + 1 < self.lengths)) | was_done
     return Beams(alive_seq=seq[rows, idx], alive_lp=alive_lp, fin_seq=fin_seq,
                  fin_score=fin_score, origin=beam[rows, idx], next_tok=tok[rows, idx],
@@ -200,8 +223,8 @@ class _Stepper:
 @functools.partial(jax.jit, static_argnames=('module', 'beam_size', 'max_new_tokens',
                                              'prefill_len', 'eos_id', 'reorder_cache',
                                              'compact_rows', 'first_window', 'nbest'))
-def search(module, params, inputs, prompt, lengths, alpha, *, beam_size, max_new_tokens,
-           prefill_len, eos_id=EOS_ID, reorder_cache=False, compact_rows=(),
+def search(module, params, inputs, prompt, lengths, alpha, min_new_tokens, *, beam_size,
+           max_new_tokens, prefill_len, eos_id=EOS_ID, reorder_cache=False, compact_rows=(),
            first_window=FIRST_WINDOW, nbest=None):
   """-> (tokens `[batch, k, max_new_tokens]`, scores `[batch, k]`), best first (arguments
   prepared by `decode_loop.prepare`). With `compact_rows` (a tuple of decreasing row counts)
@@ -209,7 +232,8 @@ def search(module, params, inputs, prompt, lengths, alpha, *, beam_size, max_new
   many, in stages (`decode_loop.compact_sizes`); its first `first_window` steps attend over a
   cache of that many steps (0: the whole cache). `nbest` < k: only the first `nbest` results
   are wanted (module docstring); the later ones are then the finished ones so far."""
-  step = _Stepper(prompt, lengths, alpha, beam_size, max_new_tokens, eos_id, nbest)
+  step = _Stepper(prompt, lengths, alpha, min_new_tokens, beam_size, max_new_tokens, eos_id,
+                  nbest)
   beams = Beams.initial(prompt.shape[0], beam_size, max_new_tokens)
   if reorder_cache:
     beams = _reordered_search(module, params, inputs, prompt, prefill_len, max_new_tokens,

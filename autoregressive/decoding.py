@@ -44,6 +44,7 @@ from autoregressive.decode_loop import (
   FIRST_WINDOW,
   NEG_INF,
   PAD_ID,
+  ban_early_eos,
   block_size,
   compact_sizes,
   decoding_model,
@@ -58,6 +59,7 @@ from autoregressive.decode_loop import (
   windows,
 )
 from common.deprecation import renamed_keywords, warn_renamed
+from common.tokens import DEFAULT_MIN_NEW_TOKENS
 from model.kinds import adapter_of
 
 Array = jax.Array
@@ -140,8 +142,8 @@ def _fold_in(rng, t):
 @functools.partial(jax.jit, static_argnames=('module', 'max_new_tokens', 'prefill_len', 'greedy',
                                              'top_k', 'use_top_p', 'eos_id', 'compact_rows',
                                              'first_window'))
-def _generate(module, params, inputs, prompt, lengths, rng, temperature, top_p, *,
-              max_new_tokens, prefill_len, greedy, top_k, use_top_p, eos_id, compact_rows=(),
+def _generate(module, params, inputs, prompt, lengths, rng, temperature, top_p, min_new_tokens,
+              *, max_new_tokens, prefill_len, greedy, top_k, use_top_p, eos_id, compact_rows=(),
               first_window=FIRST_WINDOW):
   """The loop's first `first_window` calls attend over a cache of that many steps (0: the
   whole cache), then it grows to full length (same tokens: the empty positions are masked)."""
@@ -151,7 +153,7 @@ def _generate(module, params, inputs, prompt, lengths, rng, temperature, top_p, 
   batch = prompt.shape[0]
   choose = functools.partial(_choose, temperature=temperature, top_p=top_p, greedy=greedy,
                              top_k=top_k, use_top_p=use_top_p, max_new_tokens=max_new_tokens,
-                             eos_id=eos_id)
+                             min_new_tokens=min_new_tokens, eos_id=eos_id)
   # The rows' own inputs; one key for the whole batch draws differently for fewer rows.
   rows = _Rows(encoded, inputs, prompt, lengths, rng if _per_row(rng) else None)
   tok, out, done = choose(rows, rng, t0, logits, jnp.zeros((batch, max_new_tokens), jnp.int32),
@@ -174,14 +176,15 @@ class _Rows(NamedTuple):
 
 
 def _choose(rows, rng, t, logits, out, done, *, temperature, top_p, greedy, top_k, use_top_p,
-            max_new_tokens, eos_id):
+            max_new_tokens, min_new_tokens, eos_id):
   """Picks (or force-feeds) the token at target index t -> (tok, out, done)."""
   forced, forced_tok = forced_tokens(rows.prompt, rows.lengths, t)
   key = _fold_in(rng if rows.rng is None else rows.rng, t)
+  g = t - rows.lengths  # index among the generated tokens
+  logits = ban_early_eos(logits, g, min_new_tokens, eos_id)
   chosen = _select(logits, key, temperature, top_p, greedy=greedy, top_k=top_k,
                    use_top_p=use_top_p)
   tok = jnp.where(forced, forced_tok, chosen)
-  g = t - rows.lengths  # index among the generated tokens
   write = (g >= 0) & ~done
   positions = jnp.arange(max_new_tokens)
   out = jnp.where((positions[None, :] == g[:, None]) & write[:, None], tok[:, None], out)
@@ -235,7 +238,8 @@ def _old_sample_order(fn):
 
 @renamed_keywords(max_len='max_new_tokens')
 def greedy_decode(module, params, inputs=None, *, prompt=None, max_new_tokens: int,
-                  eos_id: int | None = EOS_ID, drop_finished: bool | int = True) -> Array:
+                  min_new_tokens: int = DEFAULT_MIN_NEW_TOKENS, eos_id: int | None = EOS_ID,
+                  drop_finished: bool | int = True) -> Array:
   """Greedy decoding -> generated tokens `[batch, max_new_tokens]` (EOS kept, zeros after it).
 
   Args:
@@ -247,6 +251,8 @@ def greedy_decode(module, params, inputs=None, *, prompt=None, max_new_tokens: i
       length); for an encoder-decoder, an optional forced target prefix.
     max_new_tokens: number of tokens to generate (prompt length + max_new_tokens must fit in
       the model's `config.max_len` positions). `max_len=` is its deprecated name.
+    min_new_tokens: EOS cannot be chosen before this many generated tokens (1: no empty
+      output; 0: EOS may come first).
     eos_id: the id that ends a sequence, or None (e.g. character vocabularies).
     drop_finished: once at most a quarter of the rows are unfinished, decode only those, and
       so on (`decode_loop.compact_sizes`: an int or a tuple sets the stages' rows; same
@@ -256,23 +262,26 @@ def greedy_decode(module, params, inputs=None, *, prompt=None, max_new_tokens: i
   inputs, prompt, lengths, prefill_len = prepare(module, inputs, prompt, max_new_tokens)
   return program_cache.call(_generate, module, params, inputs, prompt, lengths,
                             jax.random.PRNGKey(0), np.float32(1.0), np.float32(1.0),
-                            max_new_tokens=max_new_tokens, prefill_len=prefill_len, greedy=True,
-                            top_k=None, use_top_p=False, eos_id=eos_id,
+                            _min_new_tokens(min_new_tokens), max_new_tokens=max_new_tokens,
+                            prefill_len=prefill_len, greedy=True, top_k=None, use_top_p=False,
+                            eos_id=eos_id,
                             compact_rows=compact_sizes(prompt.shape[0], drop_finished))
 
 
 @renamed_keywords(max_len='max_new_tokens')
 @_old_sample_order
 def sample(module, params, inputs=None, *, prompt=None, rng, max_new_tokens: int,
-           temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-           eos_id: int | None = EOS_ID, drop_finished: bool | int = True) -> Array:
+           min_new_tokens: int = DEFAULT_MIN_NEW_TOKENS, temperature: float = 1.0,
+           top_k: int | None = None, top_p: float | None = None, eos_id: int | None = EOS_ID,
+           drop_finished: bool | int = True) -> Array:
   """Ancestral sampling -> generated tokens `[batch, max_new_tokens]` (EOS kept, zeros after it).
 
   `logits / temperature`, restricted to the `top_k` most likely tokens and/or the nucleus
   of probability `top_p`; `temperature=0` is greedy. `inputs`, `prompt`, `max_new_tokens`,
-  `eos_id` as in `greedy_decode`. The same `rng` gives the same tokens. `rng` is one key, or
-  one key per row (`[batch, 2]`, e.g. from `jax.random.split`): a row's tokens then depend
-  only on its own key and inputs, not on the other rows of the batch or the batch size.
+  `min_new_tokens`, `eos_id` as in `greedy_decode`. The same `rng` gives the same tokens.
+  `rng` is one key, or one key per row (`[batch, 2]`, e.g. from `jax.random.split`): a row's
+  tokens then depend only on its own key and inputs, not on the other rows of the batch or the
+  batch size.
   `drop_finished` as in `greedy_decode` (it applies to greedy decoding and to keys per row: one
   key for the whole batch would draw differently for fewer rows).
   """
@@ -290,8 +299,8 @@ def sample(module, params, inputs=None, *, prompt=None, rng, max_new_tokens: int
   return program_cache.call(_generate, module, params, inputs, prompt, lengths, rng,
                             np.float32(temperature if not greedy else 1.0),
                             np.float32(1.0 if top_p is None else top_p),
-                            max_new_tokens=max_new_tokens, prefill_len=prefill_len,
-                            greedy=greedy, top_k=top_k,
+                            _min_new_tokens(min_new_tokens), max_new_tokens=max_new_tokens,
+                            prefill_len=prefill_len, greedy=greedy, top_k=top_k,
                             use_top_p=top_p is not None and top_p < 1.0, eos_id=eos_id,
                             compact_rows=compact_sizes(prompt.shape[0], drop_finished))
 
@@ -300,7 +309,8 @@ def sample(module, params, inputs=None, *, prompt=None, rng, max_new_tokens: int
 
 @renamed_keywords(max_len='max_new_tokens')
 def beam_search_decode(module, params, inputs=None, *, prompt=None, beam_size: int,
-                       alpha: float, max_new_tokens: int, eos_id: int | None = EOS_ID,
+                       alpha: float, max_new_tokens: int,
+                       min_new_tokens: int = DEFAULT_MIN_NEW_TOKENS, eos_id: int | None = EOS_ID,
                        reorder_cache: bool = False, drop_finished: bool | int = True,
                        nbest: int | None = None):
   """Beam search -> (tokens `[batch, beam, max_new_tokens]`, scores `[batch, beam]`), best first.
@@ -309,11 +319,12 @@ def beam_search_decode(module, params, inputs=None, *, prompt=None, beam_size: i
   (log-softmax of the model's logits; `len` counts the EOS; a sequence that reaches
   `max_new_tokens` without EOS ends there). Tokens are zero after EOS. When fewer than
   `beam_size` distinct sequences exist (tiny vocabularies) the extra entries have score
-  -inf and all-zero tokens. Arguments as in `greedy_decode`. `reorder_cache=True` runs the
+  -inf and all-zero tokens. Arguments as in `greedy_decode` (`min_new_tokens`: no hypothesis
+  ends before that many tokens). `reorder_cache=True` runs the
   reference implementation (one decoder row per hypothesis, caches reordered every step):
   same results, slower. `drop_finished` as in `greedy_decode` (sentences, not hypotheses).
-  `nbest=n` (<= beam_size) when only the n best are wanted: a sentence stops once they cannot
-  be overtaken, so those n are the same and come sooner; the entries after them are what was
+  A sentence stops once its `nbest` (default `beam_size`) best cannot be overtaken; with
+  `nbest=n` < beam_size the n best come sooner, and the entries after them are what was
   finished by then.
   """
   module, params = decoding_model(module, params)
@@ -323,12 +334,20 @@ def beam_search_decode(module, params, inputs=None, *, prompt=None, beam_size: i
     raise ValueError(f'nbest must be in [1, beam_size={beam_size}], got {nbest!r}')
   inputs, prompt, lengths, prefill_len = prepare(module, inputs, prompt, max_new_tokens)
   return program_cache.call(beam_search.search, module, params, inputs, prompt, lengths,
-                            np.float32(alpha),
+                            np.float32(alpha), _min_new_tokens(min_new_tokens),
                             beam_size=int(beam_size), max_new_tokens=max_new_tokens,
                             prefill_len=prefill_len, eos_id=eos_id,
                             reorder_cache=bool(reorder_cache),
                             compact_rows=compact_sizes(prompt.shape[0], drop_finished),
                             nbest=None if nbest is None else int(nbest))
+
+
+def _min_new_tokens(value) -> np.int32:
+  """The searches' `min_new_tokens`, checked, as a runtime scalar (one program for every value).
+  """
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+    raise ValueError(f'min_new_tokens must be an integer >= 0, got {value!r}')
+  return np.int32(min(int(value), np.iinfo(np.int32).max))
 
 
 # ----------------------------------------------------------------------------- scoring

@@ -27,6 +27,7 @@ from autoregressive.batches import default_workers, in_order, padded_length
 from autoregressive.decode_loop import decoding_model
 from autoregressive.scoring import forced_log_probs
 from common.deprecation import renamed_keywords, warn_renamed
+from common.tokens import DEFAULT_MIN_NEW_TOKENS
 
 # One program for the penalties (as eager jnp ops, each op compiled in every new process).
 _length_penalty = jax.jit(decoding.length_penalty, static_argnums=1)
@@ -103,8 +104,9 @@ class Translator:
   `translator.search(sources)` -> `nbest` `Hypothesis` per source, best first.
 
   `module`/`params` as restored (a `scan_layers` model is unrolled here, once); beam search
-  with `beam_size > 1`, else greedy, or sampling with `sampling`; `max_len` generated tokens
-  at most; `batch_size` sentences per decoder call. `drop_finished=False` decodes every
+  with `beam_size > 1`, else greedy, or sampling with `sampling`; `max_new_tokens` generated
+  tokens at most, and at least `min_new_tokens` before EOS (1: an empty output only for an
+  empty source); `batch_size` sentences per decoder call. `drop_finished=False` decodes every
   sentence of a batch until the batch's last one ends (the plain path, same outputs).
   `workers` > 1 decodes that many batches at once (threads; same outputs): on a CPU a
   batch's decoder step is a chain of small ops that mostly keep one core busy (test2016,
@@ -114,7 +116,8 @@ class Translator:
 
   @renamed_keywords(max_len='max_new_tokens')
   def __init__(self, module, params, *, beam_size: int, alpha: float, max_new_tokens: int,
-               batch_size: int, eos_id: int | None = decoding.EOS_ID, nbest: int = 1,
+               batch_size: int, min_new_tokens: int = DEFAULT_MIN_NEW_TOKENS,
+               eos_id: int | None = decoding.EOS_ID, nbest: int = 1,
                sampling: Sampling | None = None, drop_finished: bool | int = True,
                workers: int | None = None):
     self.module, self.params = decoding_model(module, params)
@@ -123,6 +126,7 @@ class Translator:
     if sampling is not None and beam_size != 1:
       raise ValueError(f'sampling draws one token at a time: beam_size must be 1, not {beam_size}')
     self.beam_size, self.alpha, self.max_new_tokens = beam_size, alpha, max_new_tokens
+    self.min_new_tokens = min_new_tokens
     self.batch_size, self.eos_id = batch_size, eos_id
     self.nbest, self.sampling = nbest, sampling
     self.drop_finished = drop_finished
@@ -200,8 +204,8 @@ class Translator:
     if self.sampling is None and self.beam_size > 1:
       tokens, found = decoding.beam_search_decode(
           self.module, self.params, inputs, beam_size=self.beam_size, alpha=self.alpha,
-          max_new_tokens=self.max_new_tokens, eos_id=self.eos_id,
-          drop_finished=self.drop_finished, nbest=self.nbest)
+          max_new_tokens=self.max_new_tokens, min_new_tokens=self.min_new_tokens,
+          eos_id=self.eos_id, drop_finished=self.drop_finished, nbest=self.nbest)
       tokens, found = np.asarray(tokens)[:n, :self.nbest], np.asarray(found)[:n, :self.nbest]
       ids = [[until_eos(t, self.eos_id) for t in row] for row in tokens]
       # log P = score * penalty; one call for the batch (one per sentence took ~5% of a pass).
@@ -214,12 +218,14 @@ class Translator:
     rows = np.repeat(inputs, k, axis=0)
     if self.sampling is None:
       tokens = decoding.greedy_decode(self.module, self.params, rows,
-                                      max_new_tokens=self.max_new_tokens, eos_id=self.eos_id,
+                                      max_new_tokens=self.max_new_tokens,
+                                      min_new_tokens=self.min_new_tokens, eos_id=self.eos_id,
                                       drop_finished=self.drop_finished)
     else:
       s = self.sampling
       tokens = decoding.sample(
-          self.module, self.params, rows, max_new_tokens=self.max_new_tokens, eos_id=self.eos_id,
+          self.module, self.params, rows, max_new_tokens=self.max_new_tokens,
+          min_new_tokens=self.min_new_tokens, eos_id=self.eos_id,
           rng=_sample_keys(s.seed, line_ids, k, inputs.shape[0]), temperature=s.temperature,
           top_k=s.top_k or None, top_p=s.top_p, drop_finished=self.drop_finished)
     log_probs = (forced_log_probs(self.module, self.params, rows, tokens) if scores
@@ -232,8 +238,10 @@ class Translator:
 
 def generate(module, params, prompt_ids: Sequence[int], *, num_tokens: int, temperature: float,
              top_k: int | None, top_p: float | None, seed: int, eos_id: int | None,
+             min_new_tokens: int = DEFAULT_MIN_NEW_TOKENS,
              warn: Callable[[str], None] | None = None) -> list[int]:
-  """Continues `prompt_ids` with a language model -> up to `num_tokens` generated ids.
+  """Continues `prompt_ids` with a language model -> up to `num_tokens` generated ids, at
+  least `min_new_tokens` of them before an EOS.
 
   The model sees at most `max_len` positions (the start token, the context and the new
   tokens); longer generations continue in windows whose context is the last half of the
@@ -255,6 +263,7 @@ def generate(module, params, prompt_ids: Sequence[int], *, num_tokens: int, temp
     prompt = np.array(context, np.int32).reshape(1, len(context))
     rng, key = jax.random.split(rng)
     out = decoding.sample(module, params, prompt=prompt, rng=key, max_new_tokens=n,
+                          min_new_tokens=max(0, min_new_tokens - len(generated)),
                           temperature=temperature, top_k=top_k or None, top_p=top_p,
                           eos_id=eos_id)
     new = until_eos(np.asarray(out)[0].tolist(), eos_id)

@@ -12,6 +12,12 @@ from collections.abc import Sequence
 PAD_ID = 0
 EOS_ID = 1
 UNK_ID = 2
+# The generated tokens an output has at least before EOS may end it (every search, every model
+# kind; config.decode.min_new_tokens). 1 forbids the empty output, which a translation model
+# often scores best (Stahlberg & Byrne 2019; fairseq's and CTranslate2's default too). A
+# language model's prompt may be complete as it is, but an empty continuation answers nothing
+# that was asked, so 1 there too. 0 lets EOS come first.
+DEFAULT_MIN_NEW_TOKENS = 1
 
 
 def truncate(ids: Sequence[int], max_length: int, eos_id: int | None) -> list[int]:

@@ -10,6 +10,7 @@ import dataclasses
 import ml_collections
 from ml_collections import config_dict
 
+from common.tokens import DEFAULT_MIN_NEW_TOKENS
 from model.config import ModelConfig
 from model.partitioning import DEFAULT_RULES
 
@@ -93,6 +94,7 @@ def _decode() -> ml_collections.ConfigDict:
   dec.beam_size = 4
   dec.alpha = 0.6
   dec.max_new_tokens = 128  # tokens decoding may generate (at most model.max_len)
+  dec.min_new_tokens = DEFAULT_MIN_NEW_TOKENS  # tokens before EOS may end an output (0: any)
   dec.num_eval_sentences = 1014
   dec.batch_size = 64
   dec.temperature = 1.0

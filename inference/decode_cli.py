@@ -15,6 +15,7 @@ import os
 import sys
 from typing import NamedTuple
 
+from common.tokens import DEFAULT_MIN_NEW_TOKENS
 from training import cli
 
 PROG = 'decode.py'
@@ -23,6 +24,7 @@ ALPHA_MAX = 10.0  # ((5 + len) / 6) ** alpha stays finite in float32 for any len
 INT_LIMITS = {  # flag -> (lowest, highest)
     'step': (0, cli.INT32_MAX), 'average_last': (1, 10_000), 'beam_size': (1, 1024),
     'batch_size': (1, 65_536), 'max_new_tokens': (1, cli.INT32_MAX), 'nbest': (1, 1024),
+    'min_new_tokens': (0, cli.INT32_MAX),
     'max_len': (1, cli.INT32_MAX),  # --max_new_tokens' old name (RENAMED_FLAGS)
     'num_tokens': (1, 1_000_000), 'top_k': (0, cli.INT32_MAX), 'seed': (0, cli.UINT32_MAX),
     'attention_plot_max': (0, cli.INT32_MAX)}
@@ -119,17 +121,35 @@ def _refuse(F, names, message: str) -> None:
       raise cli.UsageError(message.format(flag=f'--{name}'))
 
 
+def check_min_new_tokens(F, config, most: int | None, most_flag: str, cap: bool = True) -> None:
+  """--min_new_tokens (or config.decode's) at most the generated tokens asked for (`most`, from
+  `most_flag`, or config.decode.max_new_tokens, capped at the model's positions with `cap`)."""
+  least = F.min_new_tokens
+  where = '--min_new_tokens'
+  if least is None:
+    least, where = config.decode.get('min_new_tokens', DEFAULT_MIN_NEW_TOKENS), \
+        'config.decode.min_new_tokens'
+  if most is None:
+    most, most_flag = config.decode.max_new_tokens, 'config.decode.max_new_tokens'
+    if cap and most > config.model.max_len:
+      most, most_flag = config.model.max_len, "the model's max_len"
+  if least > most:
+    raise cli.UsageError(f'{where}={least} is more than {most_flag}={most}: no output could '
+                         'end before the limit')
+
+
 def plan_translation(F, config, where: str) -> Plan:
   _refuse(F, LM_FLAGS, '{flag} is for a language model, but ' + where + ' holds an '
           'encoder_decoder (translation) model: give sentences on stdin or --input_file')
   if F.lowercase_bleu and F.reference is None:
     raise cli.UsageError('--lowercase_bleu needs --reference')
   if F.score_reference is not None:
-    _refuse(F, ('reference', 'beam_size', 'alpha', 'max_new_tokens', 'nbest', 'sample', 'seed',
-                *SAMPLING_FLAGS, 'attention_plot'),
+    _refuse(F, ('reference', 'beam_size', 'alpha', 'max_new_tokens', 'min_new_tokens', 'nbest',
+                'sample', 'seed', *SAMPLING_FLAGS, 'attention_plot'),
             '{flag} does not apply to --score_reference (it scores the given references: '
             'nothing is searched)')
     return Plan('score')
+  check_min_new_tokens(F, config, F.max_new_tokens, '--max_new_tokens')
   beam = F.beam_size if F.beam_size is not None else config.decode.beam_size
   sampling = F.sample or (beam == 1 and any(_given(F, n) for n in SAMPLING_FLAGS))
   if sampling:
@@ -158,6 +178,7 @@ def plan_generation(F, config, where: str, kind: str) -> Plan:
             f'(language) model{hint.get(name, "")}')
   if F.prompt is not None and F.input_file is not None:
     raise cli.UsageError('--prompt and --input_file both give prompts: use one')
+  check_min_new_tokens(F, config, F.num_tokens, '--num_tokens', cap=False)
   temperature = F.temperature
   if temperature is None:
     temperature = config.decode.get('temperature', 1.0)

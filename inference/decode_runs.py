@@ -33,14 +33,14 @@ def translate(F, session, plan, lines, references) -> None:
   if lines is not None:  # a file: no more rows than sentences
     batch_size = min(batch_size, max(1, sum(bool(line.strip()) for line in lines)))
   settings = dict(beam_size=F.beam_size, alpha=F.alpha, max_new_tokens=F.max_new_tokens,
-                  batch_size=batch_size, nbest=F.nbest)
+                  min_new_tokens=F.min_new_tokens, batch_size=batch_size, nbest=F.nbest)
   if plan.sampling:
     settings.update(sample=True, beam_size=None, temperature=F.temperature, top_k=F.top_k,
                     top_p=F.top_p, seed=F.seed)
   translator = session.translator(**settings)
   scores = F.output_format == 'jsonl' or F.nbest > 1
   out, texts, plotted = streaming.Output(F.output_file), [], []
-  seconds, count, tokens = 0.0, 0, 0
+  seconds, count, tokens, empty, cut = 0.0, 0, 0, 0, 0
   total = None if lines is None else sum(bool(line.strip()) for line in lines)
   with tqdm(total=total, file=sys.stderr, unit='sent', desc='decoding', dynamic_ncols=True,
             disable=lines is None or total <= batch_size) as bar:
@@ -57,6 +57,9 @@ def translate(F, session, plan, lines, references) -> None:
         texts.append(hyps[0].text if hyps else '')
         count += source is not None
         tokens += sum(len(h.tokens) for h in hyps[:1])
+        if source is not None:
+          empty += not hyps or not hyps[0].text
+          cut += bool(hyps) and _cut(hyps[0].tokens, translator)
         if F.attention_plot and source is not None and hyps:
           plotted.append((first + i, source, hyps[0].tokens))
   out.close()
@@ -68,13 +71,20 @@ def translate(F, session, plan, lines, references) -> None:
   excluded = '; attention plots not included' if F.attention_plot else ''
   _info(f'translated {count} sentence(s) ({search}) in {seconds:.1f}s: '
         f'{_rate(count, "sentences", seconds)}, {tokens / max(seconds, 1e-9):.0f} tokens/s '
-        f'(compilation included{excluded})')
+        f'(compilation included{excluded}); {empty} empty, {cut} cut at '
+        f'{translator.max_new_tokens} tokens')
   if references is not None:
     from training import evaluation  # pylint: disable=import-outside-toplevel
     for line in evaluation.score_report(texts, references, lowercase_bleu=F.lowercase_bleu):
       _info(line)
   if F.attention_plot:
     plot(F, session, plotted)
+
+
+def _cut(tokens, translator) -> bool:
+  """Whether an output stopped at the token limit, not at EOS (likely a repetition loop)."""
+  eos = translator.eos_id
+  return len(tokens) >= translator.max_new_tokens and (eos is None or tokens[-1] != eos)
 
 
 def score(F, session, lines, references) -> None:
@@ -112,6 +122,7 @@ def generate(F, session, lines) -> None:
       started = time.perf_counter()
       try:
         ids, new = session.generate_ids(prompt, num_tokens=F.num_tokens,
+                                        min_new_tokens=F.min_new_tokens,
                                         temperature=F.temperature, top_k=F.top_k,
                                         top_p=F.top_p, seed=F.seed + number - 1)
       except ValueError as e:  # a character outside the vocabulary

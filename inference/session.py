@@ -10,8 +10,8 @@
     lm.generate('ROMEO:', num_tokens=50)                    # -> 'ROMEO:' + 50 characters
 
 Search settings default to the workdir's `config.decode` (beam size, alpha, max_new_tokens,
-batch size, temperature, top_k). Bad arguments raise `ValueError`; a workdir that cannot be restored
-raises `inference.RestoreError` (one line).
+min_new_tokens, batch size, temperature, top_k). Bad arguments raise `ValueError`; a workdir
+that cannot be restored raises `inference.RestoreError` (one line).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from autoregressive.translator import (
   truncate,
 )
 from common.deprecation import renamed_keywords, warn_renamed
+from common.tokens import DEFAULT_MIN_NEW_TOKENS
 from inference import restore as restore_lib
 from model.kinds import adapter_of
 
@@ -71,6 +72,16 @@ class Session:
                 f'using {model_max}')
     return min(value, model_max)
 
+  def min_new_tokens(self, min_new_tokens: int | None, max_new_tokens: int) -> int:
+    """Tokens an output has at least before EOS: `min_new_tokens` or
+    config.decode.min_new_tokens (1 when the config predates it), at most `max_new_tokens`."""
+    value = self._default('min_new_tokens', min_new_tokens, DEFAULT_MIN_NEW_TOKENS)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+      raise ValueError(f'min_new_tokens must be an integer >= 0, got {value!r}')
+    if value > max_new_tokens:
+      raise ValueError(f'min_new_tokens={value} is more than max_new_tokens={max_new_tokens}')
+    return value
+
   def max_len(self, max_len: int | None = None) -> int:
     """Deprecated: `max_new_tokens`."""
     warn_renamed('Session.max_len()', 'Session.max_new_tokens()')
@@ -80,11 +91,13 @@ class Session:
   def translator(self, *, beam_size: int | None = None, alpha: float | None = None,
                  max_new_tokens: int | None = None, batch_size: int | None = None, nbest: int = 1,
                  sample: bool = False, temperature: float | None = None,
-                 top_k: int | None = None, top_p: float | None = None, seed: int = 0
-                 ) -> Translator:
+                 top_k: int | None = None, top_p: float | None = None, seed: int = 0,
+                 min_new_tokens: int | None = None) -> Translator:
     """The `Translator` for these settings: beam search (`beam_size > 1`), greedy
     (`beam_size=1`) or sampling (`sample=True`: `nbest` samples, `temperature`, `top_k`,
-    `top_p`, `seed`). Settings that do not apply to the chosen search are refused."""
+    `top_p`, `seed`). Every search generates at least `min_new_tokens` tokens before EOS
+    (default config.decode.min_new_tokens). Settings that do not apply to the chosen search are
+    refused."""
     self._require(True, 'translation')
     if sample:
       if beam_size not in (None, 1) or alpha is not None:
@@ -98,9 +111,10 @@ class Session:
       sampling, beam_size = None, self._default('beam_size', beam_size)
       if nbest > beam_size:
         raise ValueError(f'nbest={nbest} is more than the beam size {beam_size}')
+    max_new_tokens = self.max_new_tokens(max_new_tokens)
     return Translator(self.module, self.params, beam_size=beam_size,
-                      alpha=self._default('alpha', alpha),
-                      max_new_tokens=self.max_new_tokens(max_new_tokens),
+                      alpha=self._default('alpha', alpha), max_new_tokens=max_new_tokens,
+                      min_new_tokens=self.min_new_tokens(min_new_tokens, max_new_tokens),
                       batch_size=self._default('batch_size', batch_size, 64),
                       eos_id=self.tokenizer.eos_id, nbest=nbest, sampling=sampling)
 
@@ -170,11 +184,14 @@ class Session:
 
   def generate_ids(self, prompt: str, *, num_tokens: int | None = None,
                    temperature: float | None = None, top_k: int | None = None,
-                   top_p: float | None = None, seed: int = 0) -> tuple[list[int], list[int]]:
+                   top_p: float | None = None, seed: int = 0,
+                   min_new_tokens: int | None = None) -> tuple[list[int], list[int]]:
     """(prompt ids, generated ids): `prompt` continued by up to `num_tokens` tokens (default
     config.decode.max_new_tokens), sampled at `temperature` (0 = greedy; default
     config.decode.temperature) from the `top_k` most likely tokens (0 = all) and/or the nucleus
-    `top_p`; past the model's context it continues in windows of its last half."""
+    `top_p`, at least `min_new_tokens` of them before an EOS (default
+    config.decode.min_new_tokens); past the model's context it continues in windows of its
+    last half."""
     self._require(False, 'generate')
     tok = self.tokenizer
     try:
@@ -183,8 +200,9 @@ class Session:
       raise ValueError(str(e)) from None
     if tok.eos_id is not None and ids and ids[-1] == tok.eos_id:
       ids = ids[:-1]  # continue the text, do not start after its end
-    new = generate_ids(self.module, self.params, ids,
-                       num_tokens=self._default('max_new_tokens', num_tokens),
+    num_tokens = self._default('max_new_tokens', num_tokens)
+    new = generate_ids(self.module, self.params, ids, num_tokens=num_tokens,
+                       min_new_tokens=self.min_new_tokens(min_new_tokens, num_tokens),
                        temperature=self._default('temperature', temperature, 1.0),
                        top_k=self._default('top_k', top_k, 0), top_p=top_p, seed=seed,
                        eos_id=tok.eos_id, warn=self.warn)

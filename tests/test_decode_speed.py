@@ -156,7 +156,8 @@ def test_beam_search_first_window_gives_the_same_results(kind):
   module, params, inputs, prompt, eos = _window_case(kind, seed=5)
   args = prepare(module, inputs, prompt, MAX_LEN)
   kw = {'beam_size': 3, 'max_new_tokens': MAX_LEN, 'prefill_len': args[3], 'eos_id': eos}
-  found = [beam_search.search(module, params, *args[:3], jnp.float32(0.6), first_window=w,
+  found = [beam_search.search(module, params, *args[:3], jnp.float32(0.6), np.int32(1),
+                              first_window=w,
                               compact_rows=rows, **kw)
            for w, rows in ((0, ()), (2, ()), (3, STAGES), (3, (2,)))]
   # After the short cache's calls, at most 8 rows are left (only they grow), and more than 2
@@ -179,7 +180,7 @@ def test_greedy_and_sampling_first_window_give_the_same_tokens(kind):
   every = ((0, ()), (2, ()), (3, STAGES), (3, (2,)))
   for greedy, rng, cases in ((True, jax.random.PRNGKey(0), every), (False, keys, every[::2])):
     found = [decoding._generate(module, params, inputs, prompt, lengths, rng, jnp.float32(0.8),
-                                jnp.float32(1.0), max_new_tokens=MAX_LEN,
+                                jnp.float32(1.0), np.int32(1), max_new_tokens=MAX_LEN,
                                 prefill_len=prefill_len, greedy=greedy, top_k=None,
                                 use_top_p=False, eos_id=eos, compact_rows=rows, first_window=w)
              for w, rows in cases]

@@ -188,19 +188,25 @@ def test_too_long_is_a_clear_error():
 # ----------------------------------------------------------------------------- beam search
 
 def test_beam_size_one_equals_greedy():
+  """Without a length penalty (with one, a beam of 1 may go on past an EOS that a longer
+  output could beat)."""
   module, params = _model(eos_boost=1.6)
   src = _sources(batch=4)
-  tokens, scores = decoding.beam_search_decode(module, params, src, beam_size=1, alpha=0.6,
+  tokens, scores = decoding.beam_search_decode(module, params, src, beam_size=1, alpha=0.0,
                                                max_new_tokens=8)
   greedy = decoding.greedy_decode(module, params, src, max_new_tokens=8)
   np.testing.assert_array_equal(np.asarray(tokens)[:, 0], np.asarray(greedy))
   assert tokens.shape == (4, 1, 8) and scores.shape == (4, 1)
 
 
-@pytest.mark.parametrize('alpha', [0.0, 0.6, 2.0])
-def test_beam_search_matches_exhaustive_enumeration(alpha):
+@pytest.mark.parametrize('alpha, min_new_tokens', [(0.0, 0), (0.0, 1), (0.6, 1), (2.0, 2)])
+def test_beam_search_matches_exhaustive_enumeration(alpha, min_new_tokens):
+  """The beam's hypotheses are the model's best sequences of at least `min_new_tokens` tokens
+  before EOS. The model (seed, EOS boost) is one under which the empty output is the best
+  sequence for some sources: with min_new_tokens=0 the search returns it, with 1 the best
+  non-empty one."""
   vocab, max_len = 6, 3  # tokens 1..5; 2..5 continue a sequence
-  module, params = _model(vocab=vocab, eos_boost=1.3, seed=3)
+  module, params = _model(vocab=vocab, eos_boost=2.0, seed=5)
   src = _sources(batch=3, vocab=vocab)
   # Every sequence: ends with EOS before max_len, or has max_len tokens.
   seqs = []
@@ -210,22 +216,31 @@ def test_beam_search_matches_exhaustive_enumeration(alpha):
       for last in ends:
         seqs.append(list(body) + [last] + [0] * (max_len - n))
   seqs = np.array(seqs, np.int32)
+  allowed = np.array([EOS not in s[:min_new_tokens] for s in seqs])
   # Wide enough to keep every candidate of every step: the search is exhaustive.
   beam = (vocab - 1) * (vocab - 2) ** (max_len - 2)
   tokens, scores = decoding.beam_search_decode(module, params, src, beam_size=beam, alpha=alpha,
-                                               max_new_tokens=max_len)
+                                               max_new_tokens=max_len,
+                                               min_new_tokens=min_new_tokens)
   tokens, scores = np.asarray(tokens), np.asarray(scores)
+  empty_is_best = []
   for b in range(src.shape[0]):
     lp = _log_probs_full(module, params, np.repeat(src[b:b + 1], len(seqs), 0), seqs)
     ref = np.array([_score(lp[i], seqs[i], alpha) for i in range(len(seqs))])
+    empty_is_best.append(seqs[np.argmax(ref), 0] == EOS)
+    ref = np.where(allowed, ref, -np.inf)
     order = np.argsort(-ref)[:beam]
     np.testing.assert_array_equal(tokens[b, 0], seqs[order[0]])  # the best sequence
     np.testing.assert_allclose(scores[b], ref[order], rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(tokens[b], seqs[order])
-  # A narrower beam still returns real, correctly scored sequences.
-  _, scores4 = decoding.beam_search_decode(module, params, src, beam_size=4, alpha=alpha,
-                                                 max_new_tokens=max_len)
+  if alpha == 0:  # the case the test is for (a length penalty favours longer outputs)
+    assert any(empty_is_best) and not all(empty_is_best)
+  # A narrower beam still returns real, correctly scored sequences, none of them too short.
+  tokens4, scores4 = decoding.beam_search_decode(module, params, src, beam_size=4, alpha=alpha,
+                                                 max_new_tokens=max_len,
+                                                 min_new_tokens=min_new_tokens)
   assert np.all(np.diff(np.asarray(scores4), axis=1) <= 1e-6)
+  assert not np.any(np.asarray(tokens4)[..., :min_new_tokens] == EOS)
 
 
 def test_beam_scores_sorted_and_equal_model_log_probs():

@@ -22,6 +22,7 @@ import ml_collections
 import numpy as np
 
 from common.deprecation import rename_keys
+from common.tokens import DEFAULT_MIN_NEW_TOKENS
 from model.config import ConfigError, ModelConfig
 from model.kinds import ADAPTERS, adapter_of
 from training import mesh as mesh_lib
@@ -311,3 +312,8 @@ def _check_decode(dec) -> None:
   top_k = dec.get('top_k', 0)
   _require(_is_int(top_k) and top_k >= 0,
            f'config.decode.top_k={top_k!r} must be an integer >= 0 (0 = no top-k)')
+  least = dec.get('min_new_tokens', DEFAULT_MIN_NEW_TOKENS)
+  _require(_is_int(least) and 0 <= least <= dec.max_new_tokens,
+           f'config.decode.min_new_tokens={least!r} must be an integer in [0, '
+           f'config.decode.max_new_tokens={dec.max_new_tokens}] (tokens before EOS may end an '
+           'output)')

@@ -267,6 +267,7 @@ class _Run:
     translator = Translator(  # a scan_layers model is unrolled here, once
         self.module, params, beam_size=dec.beam_size,
         alpha=dec.alpha, max_new_tokens=min(dec.max_new_tokens, self.model_config.max_len),
+        min_new_tokens=min(dec.min_new_tokens, dec.max_new_tokens, self.model_config.max_len),
         batch_size=min(dec.batch_size, len(examples)), eos_id=self.datasets.tokenizer.eos_id)
     what = 'beam search for evaluation' if dec.beam_size > 1 else 'greedy search for evaluation'
     with self._compiling(what) as timer:
