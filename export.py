@@ -20,6 +20,11 @@ CTranslate2 model spec (our start token, positions and LayerNorm epsilon as they
 its greedy and beam search (length_penalty=0) give decode.py's outputs; export_info.json
 says which decoding options to pass. Needs the `[ct2]` extra: pip install -e '.[ct2]'.
 
+A sinusoidal translation model is exported with max(max_len, 1024) positions (the sinusoid
+is defined everywhere), so both engines run a line past max_len whole with their default
+options; a learned table, and a language model, keep max_len positions (the README's
+"Export" says what each engine does past them).
+
 A config the format cannot express (e.g. learned positions in a Marian model, an
 encoder-only model) ends with one `export.py: error: ...` line naming the feature, exit
 status 2, and nothing written. OUT is never the workdir, inside it or above it, and

@@ -16,6 +16,9 @@ Exactness:
 - GPT-2 does not scale its embeddings by sqrt(d_model): `wte` holds ours times sqrt(d_model),
   and the final LayerNorm's scale and offset are divided by it, so the tied logits are ours
   (with `scale_embeddings=False` both are ours as they are).
+- Positions: `position_count` rows. A sinusoidal encoder-decoder gets more than max_len (the
+  sinusoid is defined everywhere), so a line past max_len runs instead of failing; its first
+  max_len rows are the model's own, so shorter lines give the same logits.
 - LayerNorm epsilon: ours is 1e-6. GPT-2's is a config field (set to 1e-6); Marian and
   Pegasus hard-code torch's 1e-5. That is the one difference this conversion cannot remove:
   each LayerNorm output changes by a factor sqrt((var + 1e-6) / (var + 1e-5)), about
@@ -29,9 +32,27 @@ from __future__ import annotations
 import numpy as np
 
 from model import attention as attn
+from model.kinds import adapter_of
 
 GELU = 'gelu_new'  # flax's nn.gelu is the tanh approximation; HF's name for that is gelu_new
 LAYER_NORM_EPS = 1e-6  # model/layers.py: LayerNorm
+# CTranslate2's default max_input_length; its max_decoding_length (256) is within it and
+# neither engine offsets positions, so a sinusoidal translation model runs any line the
+# engines take with their defaults.
+ENGINE_POSITIONS = 1024
+
+
+def position_count(cfg) -> int:
+  """Rows of the position table the exports define for `cfg` (a ModelConfig).
+
+  max(max_len, ENGINE_POSITIONS) for a sinusoidal encoder-decoder. A learned table has only
+  max_len rows; so has a language model's sinusoid: decode.py continues past max_len in
+  windows of max_len positions, never at farther ones, and the exports stop there instead.
+  Rotary positions (CTranslate2 only) need no table.
+  """
+  if cfg.positional_encoding == 'sinusoidal' and adapter_of(cfg).has_source:
+    return max(cfg.max_len, ENGINE_POSITIONS)
+  return cfg.max_len
 
 
 def halves_order(d_model: int) -> np.ndarray:
@@ -147,7 +168,7 @@ def seq2seq_state_dict(params, cfg) -> dict[str, np.ndarray]:
       sd[f'model.{side}.layer_norm.weight'], sd[f'model.{side}.layer_norm.bias'] = scale, offset
       # Pegasus saves its position table; ours, in its order, is the same sinusoid.
       sd[f'model.{side}.embed_positions.weight'] = (
-          np.asarray(attn.sinusoidal_positions(cfg.max_len, cfg.d_model))[:, order])
+          np.asarray(attn.sinusoidal_positions(position_count(cfg), cfg.d_model))[:, order])
   vocab = cfg.vocab_size
   if cfg.logits_via_embedding:
     sd['final_logits_bias'] = np.zeros((1, vocab), np.float32)
@@ -162,7 +183,7 @@ def seq2seq_config(cfg, *, eos_id: int | None) -> dict:
   """MarianConfig / PegasusConfig fields for `cfg` (pad = decoder start = 0, as ours)."""
   fields = {
       'vocab_size': cfg.vocab_size, 'd_model': cfg.d_model,
-      'max_position_embeddings': cfg.max_len,
+      'max_position_embeddings': position_count(cfg),  # Marian computes its table from it
       'encoder_layers': cfg.num_encoder_layers, 'decoder_layers': cfg.num_decoder_layers,
       'encoder_attention_heads': cfg.num_heads, 'decoder_attention_heads': cfg.num_heads,
       'encoder_ffn_dim': cfg.d_ff, 'decoder_ffn_dim': cfg.d_ff,
@@ -192,7 +213,7 @@ def gpt2_state_dict(params, cfg) -> dict[str, np.ndarray]:
   if cfg.positional_encoding == 'learned':
     sd['transformer.wpe.weight'] = np.asarray(params['decoder']['positions']['pos_embedding'])
   else:  # sinusoidal: GPT-2's learned table holds the fixed one
-    sd['transformer.wpe.weight'] = np.asarray(attn.sinusoidal_positions(cfg.max_len, d))
+    sd['transformer.wpe.weight'] = np.asarray(attn.sinusoidal_positions(position_count(cfg), d))
   for i, layer in enumerate(_layers(params['decoder'])):
     p = layer_pieces(layer, order)
     h = f'transformer.h.{i}'
@@ -212,7 +233,7 @@ def gpt2_state_dict(params, cfg) -> dict[str, np.ndarray]:
 def gpt2_config(cfg, *, eos_id: int | None) -> dict:
   """GPT2Config fields for `cfg`. The start token 0 (our pad) is GPT-2's BOS."""
   return {
-      'vocab_size': cfg.vocab_size, 'n_positions': cfg.max_len, 'n_embd': cfg.d_model,
+      'vocab_size': cfg.vocab_size, 'n_positions': position_count(cfg), 'n_embd': cfg.d_model,
       'n_layer': cfg.num_decoder_layers, 'n_head': cfg.num_heads, 'n_inner': cfg.d_ff,
       'activation_function': GELU if cfg.activation == 'gelu' else 'relu',
       'resid_pdrop': cfg.dropout_rate, 'embd_pdrop': cfg.dropout_rate,

@@ -11,8 +11,12 @@ starts from token 0's learned embedding. The spec here says what our model compu
   has none (CTranslate2 appends one to any vocabulary that lacks it; it gets a zero row);
 - the position table given explicitly (sinusoidal in our interleaved layout, or the learned
   table; none with rope: rotary on all dimensions, halves not interleaved, base 10000), so
-  no reordering of the model dimension is needed and a position past `max_len` fails with
-  CTranslate2's own message ("No position encodings are defined for positions >= N");
+  no reordering of the model dimension is needed. A Translator's sinusoid has
+  `convert.position_count` = max(max_len, 1024) rows: CTranslate2's default limits (1024
+  source, 256 target positions) run any line. A learned table, and a Generator's sinusoid,
+  have max_len rows: a position past them fails with CTranslate2's own message ("No
+  position encodings are defined for positions >= N") unless export_info.json's options
+  are passed;
 - embeddings times sqrt(d_model) (or not: config.model.scale_embeddings), pre/post LayerNorm,
   the final LayerNorm of a pre-LN stack, LayerNorm epsilon 1e-6 as ours, GELU = tanh form;
 - shared embeddings / tied output as the config says; the output bias is -1e9 at `<pad>`
@@ -41,7 +45,7 @@ import os
 import numpy as np
 
 from common.deprecation import renamed_keywords
-from hf_export import targets
+from hf_export import convert, targets
 from model import attention as attn
 from model.kinds import adapter_of
 
@@ -129,7 +133,8 @@ def _stack(spec, stack, embedding, cfg) -> None:
     spec.embeddings.weight = embedding
   spec.scale_embeddings = bool(cfg.scale_embeddings)
   if cfg.positional_encoding == 'sinusoidal':
-    spec.position_encodings.encodings = _np(attn.sinusoidal_positions(cfg.max_len, cfg.d_model))
+    spec.position_encodings.encodings = _np(attn.sinusoidal_positions(convert.position_count(cfg),
+                                                                      cfg.d_model))
   elif cfg.positional_encoding == 'learned':
     spec.position_encodings.encodings = _np(stack['positions']['pos_embedding'])
   names = sorted((k for k in stack if k.startswith('layer_')), key=lambda k: int(k[6:]))
@@ -201,6 +206,18 @@ def model_spec(params, cfg, tokenizer):
   return spec
 
 
+def _beyond(cfg) -> str:
+  """What a Translator does past max_len with CTranslate2's default options instead."""
+  positions = convert.position_count(cfg)
+  if cfg.positional_encoding == 'learned':
+    return (f'Without them a source or translation past {positions} tokens fails: the '
+            f'learned table has {positions} rows.')
+  exported = ('rotary positions' if cfg.positional_encoding == 'rope' else
+              f'{positions} sinusoidal positions are exported')
+  return ('Without them a longer line is translated whole, up to CTranslate2\'s defaults '
+          f'(1024 source, 256 target tokens; {exported}).')
+
+
 def decoding_options(cfg, tokenizer, decode_config) -> dict:
   """The options that make CTranslate2 decode as decode.py does (for export_info.json)."""
   max_new_tokens = min(int(decode_config.get('max_new_tokens', cfg.max_len)), cfg.max_len)
@@ -210,7 +227,8 @@ def decoding_options(cfg, tokenizer, decode_config) -> dict:
                                 'length_penalty': 0.0, 'max_decoding_length': max_new_tokens,
                                 'max_input_length': cfg.max_len},
             'note': 'length_penalty=0 is decode.py --alpha=0 (the GNMT penalty has no '
-                    'CTranslate2 equivalent)'}
+                    'CTranslate2 equivalent); max_input_length and max_decoding_length cut '
+                    f'at max_len as decode.py does. {_beyond(cfg)}'}
   return {'class': 'ctranslate2.Generator',
           'input': f'[{tokenizer.id_to_piece(0)!r}] + the prompt\'s tokens (the start token)',
           'generate_batch': {'sampling_topk': 1, 'include_prompt_in_result': False,
@@ -246,4 +264,5 @@ class FORMAT:  # noqa: N801  # the format object `hf_export.writer` dispatches t
     what = 'Translator' if adapter_of(cfg).has_source else 'Generator'
     return f'a CTranslate2 {what} model', {
         'ctranslate2': decoding_options(cfg, tokenizer, config.decode),
-        'tokenizer': tokenizer.name, 'max_len': cfg.max_len}
+        'tokenizer': tokenizer.name, 'max_len': cfg.max_len,
+        'positions': convert.position_count(cfg) if cfg.positional_encoding != 'rope' else None}

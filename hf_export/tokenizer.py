@@ -6,7 +6,9 @@
                     right, so `tokenizer(lines, truncation=True)` cuts a long line as decode.py
                     does (its first max_len - 1 pieces, then EOS). transformers (5.x) has no
                     setting that makes truncation the default: without `truncation=True` such
-                    a line reaches the model whole, past its positions (transformers warns).
+                    a line reaches the model whole (transformers warns that it is longer than
+                    model_max_length), and the model runs it: Marian and Pegasus are exported
+                    with `convert.position_count` (>= 1024) positions.
   char           -> PreTrainedTokenizerFast over a `tokenizers` WordLevel vocabulary of our
                     characters (`<pad>` = 0, characters 1..N), one token per character. For a
                     language model it prepends the start token 0 (as BOS), which is what our

@@ -170,3 +170,69 @@ def test_trained_export_decodes_as_decode_py(exported):
   exec(code.replace('runs/default_ct2', out).replace("'A man is riding a bike.'",  # noqa: S102
                                                      repr(lines[-1])), {'print': printed.append})
   assert printed == [restored.tokenizer.decode(ours[options['beam_size']][-1])]
+
+
+# ----------------------------------------------------------------------------- long lines
+
+LONG = 'a man is riding a bike. ' * 60  # 1440 characters: CTranslate2 cuts it to 1024
+
+
+def _long_sentence(words=180):
+  """test2016 lines joined until they make a ~`words`-word line, far past max_len pieces."""
+  with gzip.open(os.path.join(ROOT, 'data', 'multi30k', 'test_2016_flickr.en.gz'), 'rt',
+                 encoding='utf-8') as f:
+    lines = iter(f.read().splitlines())
+  line = ''
+  while len(line.split()) < words:
+    line = f'{line} {next(lines)}'.strip()
+  return line
+
+
+def test_default_options_translate_a_long_line(exported):
+  """CTranslate2's defaults (max_input_length=1024, max_decoding_length=256) on a line past
+  max_len: the sinusoidal table covers them, so it translates instead of failing."""
+  import sentencepiece
+
+  _, out = exported
+  sp = sentencepiece.SentencePieceProcessor(model_file=os.path.join(out, 'spm.model'))
+  with open(os.path.join(out, 'export_info.json'), encoding='utf-8') as f:
+    max_len = json.load(f)['max_len']
+  line = _long_sentence()
+  assert len(sp.encode(line)) > 3 * max_len
+  translator = ctranslate2.Translator(out, intra_threads=2)
+  result = translator.translate_batch([sp.encode(line, out_type=str),
+                                       sp.encode('A man is riding a bike.', out_type=str)])
+  assert all(r.hypotheses[0] for r in result)
+
+
+@pytest.mark.parametrize('positions', ['sinusoidal', 'learned', 'rope'])
+def test_translator_positions_past_max_len(tmp_path, positions):
+  """Default options on a line past every limit: sinusoidal and rotary positions run (the table
+  holds CTranslate2's 1024 default input positions, within max_len unchanged; rotary has none);
+  a learned table has max_len rows and stops with CTranslate2's message naming that limit (the
+  README), unless export_info.json's options cut the input and output at max_len."""
+  from model import attention as attn
+
+  config = default.get_config('tiny').model
+  config.update(positional_encoding=positions, vocab_size=len(CHARS) + 4)
+  module, params = export_workdirs.random_model(config)
+  max_len = module.config.max_len
+  spec = ct2_export.model_spec(params, module.config, TOKENIZER)
+  for stack in (spec.encoder, spec.decoder):
+    table = getattr(getattr(stack, 'position_encodings', None), 'encodings', None)
+    table = table.numpy() if hasattr(table, 'numpy') else None  # validate() wraps arrays
+    if positions == 'sinusoidal':
+      assert len(table) >= 1024
+      np.testing.assert_array_equal(table[:max_len],
+                                    np.asarray(attn.sinusoidal_positions(max_len, config.d_model)))
+    elif positions == 'learned':
+      assert len(table) == max_len
+  translator = ctranslate2.Translator(_save(tmp_path, params, module))
+  options = ct2_export.decoding_options(module.config, TOKENIZER, {})['translate_batch']
+  assert translator.translate_batch([list(LONG)], **options)[0].hypotheses[0]
+  if positions == 'learned':
+    with pytest.raises(RuntimeError, match=f'positions >= {max_len}'):
+      translator.translate_batch([list(LONG)])
+  else:  # a random model never ends: 256 target positions, and 1024 source ones
+    result = translator.translate_batch([list(LONG)], beam_size=1)[0]
+    assert len(result.hypotheses[0]) == 256

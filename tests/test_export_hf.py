@@ -284,3 +284,72 @@ def test_cli_refuses_without_writing(trained, tmp_path):
   with pytest.raises(writer.ExportError, match='not empty'):
     writer.export_workdir(trained, str(out))
   assert os.listdir(out) == ['keep']
+
+
+# ----------------------------------------------------------------------------- long lines
+
+def _long_line(words=180):
+  """test2016 lines joined until they make a ~`words`-word line, far past max_len pieces."""
+  line = ''
+  for sentence in _sentences(60):
+    if len(line.split()) >= words:
+      break
+    line = f'{line} {sentence}'.strip()
+  return line
+
+
+def test_trained_export_generates_a_long_line_with_padding_alone(trained, tmp_path):
+  """The README's lines (`padding=True`, no `truncation=True`) on a ~180-word line: the exported
+  Marian defines positions past max_len, so generate() translates it instead of failing; the
+  tokenizer still cuts at max_len when asked to (`truncation=True`, as decode.py)."""
+  out = str(tmp_path / 'hf')
+  writer.export_workdir(trained, out)
+  config = transformers.AutoConfig.from_pretrained(out)
+  tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+  max_len = tokenizer.model_max_length
+  line = _long_line()
+  assert len(line.split()) >= 180 and len(tokenizer(line)['input_ids']) > 3 * max_len
+  assert config.max_position_embeddings >= 1024 > len(tokenizer(line)['input_ids'])
+  assert len(tokenizer(line, truncation=True)['input_ids']) == max_len
+  _run_readme_lines(out, [line, 'A man is riding a bike.'])
+  with open(os.path.join(ROOT, 'README.md'), encoding='utf-8') as f:
+    readme = f.read()
+  assert 'padding=True, return_tensors' in readme and 'truncation=True, return' not in readme
+
+
+@pytest.mark.parametrize('norm', ['post', 'pre'])
+def test_long_input_runs_and_short_logits_are_unchanged(tmp_path, norm):
+  """Marian / Pegasus on a padded batch whose first line is past max_len: generate() runs, and
+  the short line's logits are still ours (the table's first max_len rows are the same)."""
+  config = default.get_config('tiny').model
+  config.norm_position = norm
+  module, params = export_workdirs.random_model(config)
+  arch, _ = writer.write_export(str(tmp_path), params, module.config, CharTokenizer(CHARS), DECODE)
+  tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path)
+  batch = tokenizer(['a man is riding a bike. ' * 12, 'ROSE: his tale'], padding=True,
+                    return_tensors='pt')
+  assert batch['input_ids'].shape[1] > 4 * config.max_len
+  model = _load(tmp_path, getattr(transformers, arch), eps=1e-6)
+  assert model.generate(**batch, num_beams=4).shape[0] == 2
+  inputs = batch['input_ids'].numpy()
+  short = inputs[1:, :(inputs[1] > 0).sum()]
+  targets = _padded_batch(np.random.default_rng(0), config.vocab_size, 2, 11, [11, 6])
+  ours = np.asarray(module.apply({'params': params}, short, targets[1:]))
+  theirs = _hf_seq2seq_logits(model, inputs, targets)[1:]
+  valid = targets[1:] > 0
+  np.testing.assert_allclose(theirs[valid], ours[valid], atol=1e-5, rtol=0)
+
+
+def test_learned_positions_language_model_stops_at_max_len(tmp_path):
+  """A learned table has max_len rows: a prompt past it fails with transformers' message naming
+  `max_length` (= max_len, the README), not inside the model."""
+  config = shakespeare_char.get_config('tiny').model
+  config.vocab_size, config.positional_encoding = len(CHARS) + 1, 'learned'
+  module, params = export_workdirs.random_model(config)
+  writer.write_export(str(tmp_path), params, module.config, CharTokenizer(CHARS), DECODE)
+  model = _load(tmp_path, transformers.GPT2LMHeadModel)
+  tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path)
+  assert model.config.n_positions == module.config.max_len
+  with pytest.raises(ValueError, match=f'`max_length` is set to {module.config.max_len}'):
+    model.generate(**tokenizer(['a man is riding a bike. ' * 3], return_tensors='pt'),
+                   do_sample=False)
