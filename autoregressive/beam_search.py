@@ -41,6 +41,7 @@ from autoregressive.decode_loop import (
   forced_tokens,
   grow_cache,
   length_penalty,
+  log_normalizer,
   pin,
   start,
   window_then_whole,
@@ -80,8 +81,8 @@ def best_extensions(logits, alive_lp, n: int, block: int = 32, *, eos_banned=Non
   `eos_banned` `[batch]` (`NEG_INF` entries fill in when fewer exist).
 
   logits `[batch, b, vocab]` (b = k beams, or 1 while they share their prefix), alive_lp
-  `[batch, k]`. An extension's log-probability `alive_lp + (x - max) - log(sum(exp(x - max)))`
-  (`jax.nn.log_softmax`'s arithmetic, over the whole vocabulary: a banned EOS keeps its share
+  `[batch, k]`. An extension's log-probability `alive_lp + (x - max) - log_normalizer`
+  (`jax.nn.log_softmax`'s arithmetic over every token but pad; a banned EOS keeps its share
   of the probability, as in fairseq, so a score stays the model's log-probability) only grows
   with its logit x within a beam, so the n best lie in the n blocks (of about `block` tokens:
   `block_size`) whose best allowed tokens score highest over all beams. Two top-ks, over the
@@ -107,10 +108,11 @@ def best_extensions(logits, alive_lp, n: int, block: int = 32, *, eos_banned=Non
     cols = (j * size + jnp.arange(size))[None, None, :]
     maxima = maxima.at[:, :, j].set(
         jnp.max(jnp.where(excluded(cols), NEG_INF, blocks[:, :, j]), axis=-1))
-  # The row maximum from the block maxima (written so, XLA would reread the logits for it).
-  peak = functools.reduce(jnp.maximum, [logits[:, :, i] for i in special],
+  # The maximum over the tokens that can be output, from the block maxima (written so, XLA
+  # would reread the logits for it): pad is not one of them, a banned EOS is.
+  peak = functools.reduce(jnp.maximum, [logits[:, :, i] for i in special if i != PAD_ID],
                           jnp.max(maxima, axis=-1))[:, :, None]  # [batch, b, 1]
-  log_sum = jnp.log(jnp.sum(jnp.exp(logits - peak), axis=-1, keepdims=True))
+  log_sum = log_normalizer(logits, peak)
   alive_lp = alive_lp[:, :b, None]
   scores = (alive_lp + ((maxima - peak) - log_sum)).reshape(batch, -1)  # [batch, b * blocks]
   _, chosen = jax.lax.top_k(scores, min(n, scores.shape[1]))

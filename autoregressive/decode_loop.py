@@ -30,6 +30,19 @@ def length_penalty(length: Array, alpha: float) -> Array:
   return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
 
 
+def log_normalizer(logits: Array, peak: Array) -> Array:
+  """`log(sum(exp(logits - peak)))` over the last axis `[..., vocab]` -> `[..., 1]`, pad left out:
+  every log-probability of decoding and scoring is `logit - peak - log_normalizer`, the model's
+  distribution over the tokens an output can hold (never pad, the shift-in token). That is
+  the distribution CTranslate2 and transformers compute from the exports (their output bias
+  is -1e9 at pad), so the three searches rank hypotheses alike. `peak` `[..., 1]`: any value
+  near the maximum, for range.
+  """
+  terms = jnp.exp(logits - peak)
+  terms = jnp.where(jnp.arange(logits.shape[-1]) == PAD_ID, 0.0, terms)
+  return jnp.log(jnp.sum(terms, axis=-1, keepdims=True))
+
+
 def ban_early_eos(logits: Array, g: Array, min_new_tokens, eos_id: int | None) -> Array:
   """`logits` `[batch, ..., vocab]` with EOS at -inf in the rows whose next token, generated
   token g `[batch]` (0-based), would end the output before `min_new_tokens` tokens."""

@@ -51,6 +51,7 @@ from autoregressive.decode_loop import (
   forced_tokens,
   grow_cache,
   length_penalty,
+  log_normalizer,
   pin,
   prepare,
   prompt_lengths,
@@ -316,7 +317,8 @@ def beam_search_decode(module, params, inputs=None, *, prompt=None, beam_size: i
   """Beam search -> (tokens `[batch, beam, max_new_tokens]`, scores `[batch, beam]`), best first.
 
   `scores` are `sum log P(token) / ((5 + len) / 6) ** alpha` of each returned sequence
-  (log-softmax of the model's logits; `len` counts the EOS; a sequence that reaches
+  (log-softmax of the model's logits over every token but pad: `decode_loop.log_normalizer`;
+  `len` counts the EOS; a sequence that reaches
   `max_new_tokens` without EOS ends there). Tokens are zero after EOS. When fewer than
   `beam_size` distinct sequences exist (tiny vocabularies) the extra entries have score
   -inf and all-zero tokens. Arguments as in `greedy_decode` (`min_new_tokens`: no hypothesis
@@ -355,7 +357,8 @@ def _min_new_tokens(value) -> np.int32:
 def sequence_log_probs(module, params, inputs=None, *, prompt=None, tokens) -> Array:
   """Full-forward-pass log P of candidate continuations `tokens` `[batch, n, len]` -> `[batch, n]`.
 
-  Sums the log-softmax of the teacher-forced logits up to and including the first EOS
+  Sums the log-softmax of the teacher-forced logits (over the tokens an output can hold:
+  `decode_loop.log_normalizer`) up to and including the first EOS
   (all tokens when there is none); the zeros after EOS are ignored. The tokens continue
   each row's `prompt` (a decoder-only model's prompt, or an encoder-decoder's forced target
   prefix), given the source `inputs` of an encoder-decoder. For tests and rescoring.
@@ -375,7 +378,10 @@ def sequence_log_probs(module, params, inputs=None, *, prompt=None, tokens) -> A
     full[r, lengths[b]:lengths[b] + length] = flat[r]
   source = jnp.repeat(jnp.asarray(inputs, jnp.int32), n, axis=0) if adapter.has_source else None
   logits = adapter.teacher_forced(module, {'params': params}, source, jnp.asarray(full))
-  lp = jnp.take_along_axis(jax.nn.log_softmax(logits), full[..., None], -1)[..., 0]
+  logits = logits.astype(jnp.float32)
+  peak = jnp.max(logits, axis=-1, keepdims=True)
+  log_probs = logits - peak - log_normalizer(logits, peak)  # over the tokens an output can hold
+  lp = jnp.take_along_axis(log_probs, full[..., None], -1)[..., 0]
   cols = np.repeat(lengths, n)[:, None] + np.arange(length)[None, :]
   lp = jnp.take_along_axis(lp, jnp.asarray(cols), axis=1)
   is_eos = flat == EOS_ID

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from autoregressive.batches import default_workers, in_order, padded_length
-from autoregressive.decode_loop import PAD_ID, decoding_model
+from autoregressive.decode_loop import PAD_ID, decoding_model, log_normalizer
 from model.kinds import adapter_of
 
 # The (inputs, targets) shapes scored (compiled) in this process, per model.
@@ -29,10 +29,11 @@ def _summed_log_probs(module, params, inputs, targets):
   -> `[batch]`."""
   logits = adapter_of(module).teacher_forced(module, {'params': params}, inputs, targets)
   logits = logits.astype(jnp.float32)
-  # `jax.nn.log_softmax`'s arithmetic at the targets only: the whole `[batch, len, vocab]`
-  # log-softmax is never written (it was ~half of a warm --score_reference pass on CPU).
+  # The log-softmax over the tokens an output can hold (`log_normalizer`) at the targets only:
+  # the whole `[batch, len, vocab]` log-softmax is never written (it was ~half of a warm
+  # --score_reference pass on CPU).
   peak = jnp.max(logits, axis=-1, keepdims=True)
-  log_sum = jnp.log(jnp.sum(jnp.exp(logits - peak), axis=-1, keepdims=True))
+  log_sum = log_normalizer(logits, peak)
   x = jnp.take_along_axis(logits, targets[..., None], axis=-1)
   lp = ((x - peak) - log_sum)[..., 0]
   return jnp.where(targets != PAD_ID, lp, 0.0).sum(axis=-1)

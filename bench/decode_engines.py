@@ -54,6 +54,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from common.tokens import DEFAULT_MIN_NEW_TOKENS  # noqa: E402
+
 TEST2016 = os.path.join(ROOT, 'data', 'multi30k', 'test_2016_flickr.en.gz')
 ENGINES = ('ours', 'ct2_float32', 'ct2_int8', 'transformers')
 EOS = 1
@@ -90,10 +92,11 @@ def ct2_vocab_and_pieces(directory: str, sources):
 
 
 def ct2_options(beam: int, max_new_tokens: int, max_len: int, batch_size: int) -> dict:
-  """`translate_batch`'s options for decode.py's search: no length penalty, EOS returned."""
+  """`translate_batch`'s options for decode.py's search: no length penalty, decode.py's
+  minimum length, EOS returned."""
   return dict(beam_size=beam, length_penalty=0.0, max_decoding_length=max_new_tokens,
-              max_input_length=max_len, max_batch_size=batch_size, batch_type='examples',
-              return_end_token=True)
+              min_decoding_length=DEFAULT_MIN_NEW_TOKENS, max_input_length=max_len,
+              max_batch_size=batch_size, batch_type='examples', return_end_token=True)
 
 
 def _ct2(job, compute_type):
@@ -131,8 +134,9 @@ def _transformers(job):
       with torch.inference_mode():
         generated = model.generate(input_ids=inputs, attention_mask=inputs > 0,
                                    num_beams=job['beam'], length_penalty=0.0,
-                                   early_stopping=True, do_sample=False,
-                                   max_new_tokens=job['max_new_tokens'])
+                                   early_stopping='never', do_sample=False,
+                                   max_new_tokens=job['max_new_tokens'],
+                                   min_new_tokens=DEFAULT_MIN_NEW_TOKENS)
       for row, i in enumerate(chunk):
         ids = generated[row, 1:].tolist()  # after the decoder start token
         outputs[i] = ids[:ids.index(EOS) + 1] if EOS in ids else [t for t in ids if t]

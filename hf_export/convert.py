@@ -31,11 +31,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from common.tokens import PAD_ID
 from model import attention as attn
 from model.kinds import adapter_of
 
 GELU = 'gelu_new'  # flax's nn.gelu is the tanh approximation; HF's name for that is gelu_new
 LAYER_NORM_EPS = 1e-6  # model/layers.py: LayerNorm
+NEVER = -1e9  # output bias of tokens that are never generated (exp underflows to exactly 0)
 # CTranslate2's default max_input_length; its max_decoding_length (256) is within it and
 # neither engine offsets positions, so a sinusoidal translation model runs any line the
 # engines take with their defaults.
@@ -175,7 +177,10 @@ def seq2seq_state_dict(params, cfg) -> dict[str, np.ndarray]:
   else:
     kernel, bias = _reader(params['decoder']['logits'], order)  # [d_model, vocab], [vocab]
     sd['lm_head.weight'] = kernel.T
-    sd['final_logits_bias'] = bias.reshape(1, vocab)
+    sd['final_logits_bias'] = bias.reshape(1, vocab).copy()
+  # Pad is never output: transformers' log-softmax then runs over the other tokens, the
+  # distribution our searches and scores use (autoregressive.decode_loop.log_normalizer).
+  sd['final_logits_bias'][0, PAD_ID] = NEVER
   return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sd.items()}
 
 

@@ -20,22 +20,20 @@ starts from token 0's learned embedding. The spec here says what our model compu
 - embeddings times sqrt(d_model) (or not: config.model.scale_embeddings), pre/post LayerNorm,
   the final LayerNorm of a pre-LN stack, LayerNorm epsilon 1e-6 as ours, GELU = tanh form;
 - shared embeddings / tied output as the config says; the output bias is -1e9 at `<pad>`
-  (and at an added `<unk>`), so they are never generated, as in our decoding. CTranslate2
-  then normalises over the vocabulary without `<pad>`, where ours (and transformers')
-  normalises with it and then drops it: each step's log-probabilities differ by
-  log(1 - P(pad)) (P(pad) had median 3e-4, max 2e-3 on a small trained Multi30k model).
-  Greedy decoding is unaffected (the same argmax); a beam search can differ only where two
-  hypotheses' scores are that close. Leaving `<pad>` in the softmax instead would make the
-  scores equal but let CTranslate2 emit `<pad>` where ours takes the next token.
+  (and at an added `<unk>`), so they are never generated, and CTranslate2 normalises over the
+  vocabulary without them: the distribution our searches and scores use
+  (`autoregressive.decode_loop.log_normalizer`), so both engines rank hypotheses alike.
 
 Decoding (export_info.json lists the options): sources are the tokenizer's pieces without
 EOS (the model config adds it, and `max_input_length=max_len` cuts as decode.py does,
-keeping EOS last); `max_decoding_length` counts the EOS like our `max_new_tokens`; beam search with
-`length_penalty=0` is decode.py's `--alpha=0` (CTranslate2's penalty is len ** lp, not GNMT's
-((5 + len) / 6) ** alpha). With length_penalty=0 CTranslate2 stops a sentence once its best
-candidate ends, where ours (fairseq's rule) stops after beam_size hypotheses ended; both
-return the best finished hypothesis, and the two differ only when beam_size hypotheses end
-while a better one is still alive (then CTranslate2's is the better one).
+keeping EOS last); `max_decoding_length` counts the EOS like our `max_new_tokens`,
+`min_decoding_length` is our `min_new_tokens` (EOS is masked before it, in both: CTranslate2
+renormalises the masked step, ours keeps the model's probabilities, a constant shift of the
+first step's scores at the default of 1); beam search with `length_penalty=0` is decode.py's
+`--alpha=0` (CTranslate2's penalty is len ** lp, not GNMT's ((5 + len) / 6) ** alpha), and
+then both stop a sentence once its best candidate ends: the same search. With a length penalty
+CTranslate2 stops at beam_size finished hypotheses, ours once no alive one can overtake the
+best (`autoregressive.beam_search`).
 """
 
 from __future__ import annotations
@@ -45,12 +43,12 @@ import os
 import numpy as np
 
 from common.deprecation import renamed_keywords
+from common.tokens import DEFAULT_MIN_NEW_TOKENS
 from hf_export import convert, targets
 from model import attention as attn
 from model.kinds import adapter_of
 
 LAYER_NORM_EPS = 1e-6  # model/layers.py: LayerNorm
-NEVER = -1e9  # output bias of tokens that are never generated (exp underflows to exactly 0)
 UNK = '<unk>'
 
 
@@ -154,7 +152,7 @@ def _projection(spec, params, embedding, cfg, never: list[int]) -> None:
     dense = params['decoder']['logits']
     spec.weight = _rows(np.asarray(dense['kernel']).T, n)
     bias = np.concatenate([_np(dense['bias']), np.zeros(n - cfg.vocab_size, np.float32)])
-  bias[never] = NEVER
+  bias[never] = convert.NEVER
   spec.bias = bias
 
 
@@ -221,10 +219,13 @@ def _beyond(cfg) -> str:
 def decoding_options(cfg, tokenizer, decode_config) -> dict:
   """The options that make CTranslate2 decode as decode.py does (for export_info.json)."""
   max_new_tokens = min(int(decode_config.get('max_new_tokens', cfg.max_len)), cfg.max_len)
+  min_new_tokens = min(int(decode_config.get('min_new_tokens', DEFAULT_MIN_NEW_TOKENS)),
+                       max_new_tokens)
   if adapter_of(cfg).has_source:
     return {'class': 'ctranslate2.Translator', 'input': 'the tokenizer\'s pieces, no EOS',
             'translate_batch': {'beam_size': int(decode_config.get('beam_size', 4)),
                                 'length_penalty': 0.0, 'max_decoding_length': max_new_tokens,
+                                'min_decoding_length': min_new_tokens,
                                 'max_input_length': cfg.max_len},
             'note': 'length_penalty=0 is decode.py --alpha=0 (the GNMT penalty has no '
                     'CTranslate2 equivalent); max_input_length and max_decoding_length cut '

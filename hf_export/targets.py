@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Callable
 
 from common.deprecation import renamed_keywords
+from common.tokens import DEFAULT_MIN_NEW_TOKENS
 from hf_export import convert
 from model.kinds import ADAPTERS, adapter_of
 
@@ -46,15 +47,19 @@ def _check_gpt2(cfg) -> None:
 
 
 def _beam_generation(cfg, eos: int | None, decode_config) -> dict:
-  """Beam search as decode.py's: pad never generated, done once num_beams hypotheses end.
+  """Beam search as decode.py's: pad never generated, at least min_new_tokens tokens before
+  EOS, and a sentence done only once no alive hypothesis can overtake the finished ones
+  (early_stopping='never'; True would stop at num_beams finished, fairseq's rule).
   transformers divides by len ** length_penalty where decode.py uses the GNMT penalty
   ((5 + len) / 6) ** alpha: the same search when alpha = 0 (see the README)."""
+  max_new_tokens = min(decode_config.get('max_new_tokens', cfg.max_len), cfg.max_len)
   return dict(decoder_start_token_id=0, pad_token_id=0, eos_token_id=eos,
               forced_eos_token_id=None, suppress_tokens=[0],
               num_beams=decode_config.get('beam_size', 4),
-              length_penalty=decode_config.get('alpha', 0.0), early_stopping=True,
-              max_new_tokens=min(decode_config.get('max_new_tokens', cfg.max_len),
-                                 cfg.max_len))
+              length_penalty=decode_config.get('alpha', 0.0), early_stopping='never',
+              max_new_tokens=max_new_tokens,
+              min_new_tokens=min(decode_config.get('min_new_tokens', DEFAULT_MIN_NEW_TOKENS),
+                                 max_new_tokens))
 
 
 def _sampling_generation(cfg, eos: int | None, decode_config) -> dict:
@@ -63,8 +68,10 @@ def _sampling_generation(cfg, eos: int | None, decode_config) -> dict:
   temperature = decode_config.get('temperature', 1.0)
   sampling = ({'do_sample': True, 'temperature': temperature,
                'top_k': decode_config.get('top_k', 0) or 0} if temperature > 0 else {})
+  least = ({} if eos is None else
+           {'min_new_tokens': decode_config.get('min_new_tokens', DEFAULT_MIN_NEW_TOKENS)})
   return dict(bos_token_id=0, pad_token_id=0, eos_token_id=eos, suppress_tokens=[0],
-              max_length=cfg.max_len, **sampling)
+              max_length=cfg.max_len, **sampling, **least)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -38,7 +38,12 @@ def _sources(batch=3, length=7, vocab=20, seed=0):
 
 @functools.partial(jax.jit, static_argnums=0)
 def _forward_log_probs(module, params, *args):
-  return jax.nn.log_softmax(module.apply({'params': params}, *args))
+  return _log_softmax_without_pad(module.apply({'params': params}, *args))
+
+
+def _log_softmax_without_pad(logits):
+  """The model's log-probabilities over the tokens an output can hold (pad = 0 never is)."""
+  return jax.nn.log_softmax(jnp.asarray(logits).at[..., 0].set(-jnp.inf))
 
 
 def _greedy_by_full_forward(module, params, prompt, num_tokens, width):
@@ -54,7 +59,7 @@ def _greedy_by_full_forward(module, params, prompt, num_tokens, width):
 
 
 def _log_probs_full(module, params, inputs, targets):
-  """log_softmax of the full teacher-forced forward pass `[batch, len, vocab]`."""
+  """log_softmax (pad left out) of the full teacher-forced forward pass `[batch, len, vocab]`."""
   targets = np.asarray(targets)
   # A pad target would mask its own query; fill it (only future positions read it).
   filled = np.where(targets == 0, 3, targets)
@@ -206,7 +211,7 @@ def test_beam_search_matches_exhaustive_enumeration(alpha, min_new_tokens):
   sequence for some sources: with min_new_tokens=0 the search returns it, with 1 the best
   non-empty one."""
   vocab, max_len = 6, 3  # tokens 1..5; 2..5 continue a sequence
-  module, params = _model(vocab=vocab, eos_boost=2.0, seed=5)
+  module, params = _model(vocab=vocab, eos_boost=3.0, seed=5)
   src = _sources(batch=3, vocab=vocab)
   # Every sequence: ends with EOS before max_len, or has max_len tokens.
   seqs = []
@@ -387,7 +392,7 @@ def test_best_extensions_are_the_best_over_the_whole_vocabulary_ties_included(be
   alive_lp = rng.randint(-3, 0, (batch, k)).astype(np.float32)
   alive_lp[2, 1:] = -np.inf  # one live beam
   got = best_extensions(jnp.asarray(logits), jnp.asarray(alive_lp), 2 * k)
-  lp = alive_lp[:, :beams, None] + jax.nn.log_softmax(jnp.asarray(logits))
+  lp = alive_lp[:, :beams, None] + _log_softmax_without_pad(logits)
   lp = lp.at[..., 0].set(-jnp.inf).reshape(batch, -1)
   n = min(2 * k, lp.shape[1])
   values, pos = jax.lax.top_k(lp, n)

@@ -59,12 +59,15 @@ def _padded_batch(rng, vocab, rows, length, lengths):
 
 
 def _hf_seq2seq_logits(model, inputs, targets):
-  """Teacher-forced logits `[batch, tgt_len, vocab]` with our shift (start token 0)."""
+  """Teacher-forced logits `[batch, tgt_len, vocab - 1]` with our shift (start token 0), pad's
+  column left out: the export's output bias puts it at -1e9 (never generated)."""
   decoder_inputs = np.pad(targets, ((0, 0), (1, 0)))[:, :-1]
   with torch.no_grad():
-    return model(input_ids=torch.tensor(inputs), attention_mask=torch.tensor(inputs > 0),
-                 decoder_input_ids=torch.tensor(decoder_inputs),
-                 decoder_attention_mask=torch.tensor(targets > 0)).logits.numpy()
+    logits = model(input_ids=torch.tensor(inputs), attention_mask=torch.tensor(inputs > 0),
+                   decoder_input_ids=torch.tensor(decoder_inputs),
+                   decoder_attention_mask=torch.tensor(targets > 0)).logits.numpy()
+  assert (logits[..., 0] < -1e8).all()
+  return logits[..., 1:]
 
 
 SEQ2SEQ = [  # norm_position, share_embeddings, logits_via_embedding, activation
@@ -84,7 +87,7 @@ def test_encoder_decoder_logits_equal(tmp_path, norm, share, tied, activation):
   rng = np.random.default_rng(0)
   inputs = _padded_batch(rng, config.vocab_size, 4, 13, [13, 7, 1, 10])
   targets = _padded_batch(rng, config.vocab_size, 4, 11, [11, 4, 9, 1])
-  ours = np.asarray(module.apply({'params': params}, inputs, targets))
+  ours = np.asarray(module.apply({'params': params}, inputs, targets))[..., 1:]
   valid = targets > 0  # our logits at padded target positions are not defined the same way
   cls = getattr(transformers, arch)
   theirs = _hf_seq2seq_logits(_load(tmp_path, cls), inputs, targets)
@@ -219,7 +222,7 @@ def test_trained_export_translates_as_decode_py(trained, tmp_path):
   for row, ids in enumerate(sources):
     inputs[row, :len(ids)] = ids
   targets = np.roll(inputs, 2, axis=0)[:, :20]
-  ours = np.asarray(restored.module.apply({'params': restored.params}, inputs, targets))
+  ours = np.asarray(restored.module.apply({'params': restored.params}, inputs, targets))[..., 1:]
   theirs = _hf_seq2seq_logits(model, inputs, targets)
   np.testing.assert_allclose(theirs[targets > 0], ours[targets > 0], atol=1e-4, rtol=0)
 
@@ -240,7 +243,7 @@ def test_trained_export_translates_as_decode_py(trained, tmp_path):
   hyps = np.zeros((len(outputs), max(map(len, outputs))), np.int32)
   for row, ids in enumerate(outputs):
     hyps[row, :len(ids)] = ids
-  logits = restored.module.apply({'params': restored.params}, inputs, hyps)
+  logits = restored.module.apply({'params': restored.params}, inputs, hyps).at[..., 0].set(-np.inf)
   log_probs = np.take_along_axis(np.asarray(jax.nn.log_softmax(logits)), hyps[..., None], -1)
   ours = np.where(hyps > 0, log_probs[..., 0], 0.0).sum(axis=1)
   np.testing.assert_allclose(generated.sequences_scores.numpy(), ours, atol=1e-3, rtol=0)
@@ -334,7 +337,7 @@ def test_long_input_runs_and_short_logits_are_unchanged(tmp_path, norm):
   inputs = batch['input_ids'].numpy()
   short = inputs[1:, :(inputs[1] > 0).sum()]
   targets = _padded_batch(np.random.default_rng(0), config.vocab_size, 2, 11, [11, 6])
-  ours = np.asarray(module.apply({'params': params}, short, targets[1:]))
+  ours = np.asarray(module.apply({'params': params}, short, targets[1:]))[..., 1:]
   theirs = _hf_seq2seq_logits(model, inputs, targets)[1:]
   valid = targets[1:] > 0
   np.testing.assert_allclose(theirs[valid], ours[valid], atol=1e-5, rtol=0)
