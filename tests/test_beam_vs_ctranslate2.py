@@ -20,6 +20,7 @@ ctranslate2 = pytest.importorskip('ctranslate2')  # the [ct2] extra, which [test
 
 VOCAB, SRC_LEN, MAX_NEW = 24, 10, 16
 PAD_BOOST = 6.0
+EMPTY = 0.1
 EOS = beam_reference.EOS
 
 
@@ -33,7 +34,10 @@ class _Pieces:
 
 def _pairs(rng, n: int):
   """(source, target) token lists: the target is the source reversed, each token mapped, and
-  a token repeated where the source has a small one (lengths vary with the content)."""
+  a token repeated where the source has a small one (lengths vary with the content). One
+  target in EMPTY is empty, as in real parallel corpora (misaligned or untranslated lines):
+  the model's single most likely output is then often the empty one, though most of its
+  probability is on translations (Stahlberg & Byrne 2019)."""
   pairs = []
   for _ in range(n):
     src = [int(t) for t in rng.integers(3, VOCAB, rng.integers(2, SRC_LEN - 1))]
@@ -41,6 +45,8 @@ def _pairs(rng, n: int):
     for t in reversed(src):
       mapped = (t * 7) % (VOCAB - 3) + 3
       tgt += [mapped, mapped] if t < 8 else [mapped]
+    if rng.random() < EMPTY:
+      tgt = []
     pairs.append((src + [EOS], tgt[:MAX_NEW - 1] + [EOS]))
   return pairs
 
@@ -66,6 +72,7 @@ def _train_step(module, params, opt_state, inputs, targets):
   return optax.apply_updates(params, updates), opt_state
 
 
+@functools.cache
 def _trained(seed: int, steps: int = 80):
   """(module, params) of a tiny encoder-decoder trained `steps` Adam steps on `_pairs` (one
   compile for every seed: the same module)."""
@@ -118,3 +125,26 @@ def test_greedy_and_beam_search_equal_ctranslate2s(tmp_path, seed):
   # other outputs than greedy decoding for some sources.
   assert sum(o[-1] == EOS for o in outputs[4]) >= 18
   assert outputs[4] != outputs[1]
+
+
+def test_no_empty_output_for_a_non_empty_source():
+  """Greedy, beam search and sampling, and every hypothesis of their n-best lists, give at least
+  `min_new_tokens` tokens before EOS (default 1: no empty output), on a model whose most
+  likely output is the empty one for many sources (and for greedy decoding too: seed 2); with
+  `min_new_tokens=0` those come back."""
+  from autoregressive.translator import Sampling, Translator  # pylint: disable=import-outside-toplevel
+  module, params = _trained(2)
+  sources = [src for src, _ in _pairs(np.random.default_rng(102), 24)]
+  searches = {'greedy': dict(beam_size=1), 'beam': dict(beam_size=4, nbest=4),
+              'sampling': dict(beam_size=1, nbest=4, sampling=Sampling(temperature=1.0, seed=1))}
+
+  def lengths(least, **kw):  # tokens before EOS, every hypothesis of every source
+    translator = Translator(module, params, alpha=0.0, max_new_tokens=MAX_NEW, batch_size=8,
+                            min_new_tokens=least, **kw)
+    found = translator.search(sources)
+    assert all(len(h) == kw.get('nbest', 1) for h in found)
+    return [len([t for t in h.tokens if t != EOS]) for hyps in found for h in hyps]
+  for name, kw in searches.items():
+    assert min(lengths(1, **kw)) >= 1, name
+    assert min(lengths(3, **kw)) >= 3, name
+    assert min(lengths(0, **kw)) == 0, name  # the case: empty outputs without the minimum
