@@ -43,15 +43,6 @@ def log_normalizer(logits: Array, peak: Array) -> Array:
   return jnp.log(jnp.sum(terms, axis=-1, keepdims=True))
 
 
-def ban_early_eos(logits: Array, g: Array, min_new_tokens, eos_id: int | None) -> Array:
-  """`logits` `[batch, ..., vocab]` with EOS at -inf in the rows whose next token, generated
-  token g `[batch]` (0-based), would end the output before `min_new_tokens` tokens."""
-  if eos_id is None:
-    return logits
-  early = (g < min_new_tokens).reshape((-1,) + (1,) * (logits.ndim - 2))
-  return logits.at[..., eos_id].set(jnp.where(early, NEG_INF, logits[..., eos_id]))
-
-
 def decoding_model(module, params):
   """(module, params) to decode or plot with. Accepts the params tree or `{'params': tree}`. A
   `scan_layers` model runs unrolled, so that every layer has its own KV cache and its own

@@ -44,7 +44,6 @@ from autoregressive.decode_loop import (
   FIRST_WINDOW,
   NEG_INF,
   PAD_ID,
-  ban_early_eos,
   block_size,
   compact_sizes,
   decoding_model,
@@ -71,12 +70,16 @@ __all__ = ['greedy_decode', 'sample', 'beam_search_decode', 'sequence_log_probs'
 
 # ----------------------------------------------------------------------------- greedy / sample
 
-def _select(logits, rng, temperature, top_p, *, greedy: bool, top_k: int | None,
-            use_top_p: bool):
-  """Next token `[batch]` from logits `[batch, vocab]` (pad excluded)."""
+def _select(logits, rng, temperature, top_p, eos_banned, *, greedy: bool, top_k: int | None,
+            use_top_p: bool, eos_id: int | None):
+  """Next token `[batch]` from logits `[batch, vocab]`: never pad, nor EOS in the rows where
+  `eos_banned` `[batch]`."""
   if greedy:
-    return first_argmax(logits, exclude=PAD_ID)
-  logits = jnp.where(jnp.arange(logits.shape[-1]) == PAD_ID, NEG_INF, logits)
+    return first_argmax(logits, exclude=PAD_ID, eos_banned=eos_banned, eos_id=eos_id)
+  never = jnp.arange(logits.shape[-1]) == PAD_ID
+  if eos_id is not None:
+    never = never | ((jnp.arange(logits.shape[-1]) == eos_id) & eos_banned[:, None])
+  logits = jnp.where(never, NEG_INF, logits)
   logits = logits / temperature
   if top_k is not None:
     kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
@@ -94,29 +97,40 @@ def _select(logits, rng, temperature, top_p, *, greedy: bool, top_k: int | None,
   return jax.random.categorical(rng, logits, axis=-1).astype(jnp.int32)
 
 
-def first_argmax(x, exclude: int | None = None, block: int = 32):
+def first_argmax(x, exclude: int | None = None, block: int = 32, *, eos_banned=None,
+                 eos_id: int | None = None):
   """`jnp.argmax(x, axis=-1)` `[rows]` int32 of `x` `[rows, n]` (the first maximum; the first
-  NaN if any), column `exclude` (e.g. pad) left out, reading `x` once.
+  NaN if any), column `exclude` (e.g. pad) left out, and column `eos_id` in the rows where
+  `eos_banned` `[rows]`, reading `x` once.
 
   A max over blocks of about `block` columns (`decode_loop.block_size`) picks the first block
   holding the maximum, then the maximum's first column in that block (the greedy step's
   largest cost after the output projection: masking pad, then argmax's (value, index)
-  reduction or a max and a min over the whole row, read the logits 2-3 times).
+  reduction or a max and a min over the whole row, read the logits 2-3 times). Only the
+  blocks holding a left-out column are masked (pad and EOS share the first).
   """
   rows, n = x.shape
   block = block_size(n, block)
   blocks = x.reshape(rows, n // block, block)
   peak = jnp.max(blocks, axis=-1)  # [rows, n // block]
-  if exclude is not None:
-    first = exclude // block * block
-    own = x[:, first:first + block]
-    own = jnp.where(jnp.arange(first, first + block) == exclude, NEG_INF, own)
-    peak = peak.at[:, exclude // block].set(jnp.max(own, axis=-1))
+  special = [i for i in (exclude, None if eos_banned is None else eos_id) if i is not None]
+
+  def left_out(columns):  # column ids `[1 or rows, block]` -> bool `[rows or 1, block]`
+    out = jnp.zeros(columns.shape, jnp.bool_)
+    if exclude is not None:
+      out |= columns == exclude
+    if eos_banned is not None and eos_id is not None:
+      out |= (columns == eos_id) & eos_banned[:, None]
+    return out
+
+  for j in sorted({i // block for i in special}):
+    columns = j * block + jnp.arange(block)[None, :]
+    own = jnp.where(left_out(columns), NEG_INF, x[:, j * block:(j + 1) * block])
+    peak = peak.at[:, j].set(jnp.max(own, axis=-1))
   which = _first_max(peak)
   chosen = jnp.take_along_axis(blocks, which[:, None, None], axis=1)[:, 0]  # [rows, block]
-  columns = which[:, None] * block + jnp.arange(block)
-  if exclude is not None:
-    chosen = jnp.where(columns == exclude, NEG_INF, chosen)
+  if special:
+    chosen = jnp.where(left_out(which[:, None] * block + jnp.arange(block)), NEG_INF, chosen)
   return which * block + _first_max(chosen)
 
 
@@ -182,9 +196,8 @@ def _choose(rows, rng, t, logits, out, done, *, temperature, top_p, greedy, top_
   forced, forced_tok = forced_tokens(rows.prompt, rows.lengths, t)
   key = _fold_in(rng if rows.rng is None else rows.rng, t)
   g = t - rows.lengths  # index among the generated tokens
-  logits = ban_early_eos(logits, g, min_new_tokens, eos_id)
-  chosen = _select(logits, key, temperature, top_p, greedy=greedy, top_k=top_k,
-                   use_top_p=use_top_p)
+  chosen = _select(logits, key, temperature, top_p, g < min_new_tokens, greedy=greedy,
+                   top_k=top_k, use_top_p=use_top_p, eos_id=eos_id)
   tok = jnp.where(forced, forced_tok, chosen)
   write = (g >= 0) & ~done
   positions = jnp.arange(max_new_tokens)

@@ -99,12 +99,17 @@ def test_nbest_text_and_jsonl(workdirs, tmp_path):
             '--nbest=3', '--alpha=0.6', '--max_new_tokens=8', '--compilation_cache=')
   procs = [_start(*common, '--output_format=jsonl', stdin=subprocess.DEVNULL),
            _start(*common, stdin=subprocess.DEVNULL)]
-  (jsonl, code), (text, _) = [(p.communicate(timeout=600)[0].decode(), p.returncode)
-                              for p in procs]
+  (jsonl, err), (text, _) = [tuple(x.decode() for x in p.communicate(timeout=600))
+                             for p in procs]
+  code = procs[0].returncode
   assert code == 0 and procs[1].returncode == 0
   objects = [json.loads(line) for line in jsonl.splitlines()]
   assert [o['source'] for o in objects] == SENTENCES  # one object per input line, in order
   assert [len(o['hypotheses']) for o in objects] == [3, 0, 3, 3]
+  summary = err.strip().splitlines()[-1]
+  cut = sum(len(o['hypotheses'][0]['tokens']) == 8 and o['hypotheses'][0]['tokens'][-1] != 1
+            for o in objects if o['hypotheses'])
+  assert summary.endswith(f'; 0 empty, {cut} cut at 8 tokens'), summary
   rows = []
   for index, o in enumerate(objects):
     scores = [h['score'] for h in o['hypotheses']]
@@ -188,6 +193,11 @@ MT_REFUSALS = {
     '--attention_plot_heads=average': '--attention_plot_heads needs --attention_plot',
     '--score_reference=README.md --beam_size=2': '--beam_size does not apply to '
                                                  '--score_reference',
+    '--min_new_tokens=-1': '--min_new_tokens=-1 must be an integer in [0, ',
+    '--min_new_tokens=9 --max_new_tokens=8': '--min_new_tokens=9 is more than '
+                                             '--max_new_tokens=8',
+    '--score_reference=README.md --min_new_tokens=2': '--min_new_tokens does not apply to '
+                                                      '--score_reference',
 }
 LM_REFUSALS = {
     '--temperature=1e308': '--temperature=1e+308 must be 0 (greedy) or a number in [0.001, 1000]',

@@ -328,3 +328,13 @@ def test_first_argmax_equals_argmax_ties_infinities_and_nan_included():
     left_out[:, exclude] = -np.inf
     got = np.asarray(jax.jit(decoding.first_argmax, static_argnums=1)(jnp.asarray(x), exclude))
     np.testing.assert_array_equal(got, np.asarray(jnp.argmax(jnp.asarray(left_out), axis=-1)))
+  # And EOS in the rows where it is banned (min_new_tokens), in pad's block or another one.
+  banned = np.array([True, False, True, True, False, True])
+  for eos in (1, 31, 299):
+    y = x.copy()
+    y[:, eos] = 1e9  # EOS is every row's best
+    run = jax.jit(lambda v, b, eos=eos: decoding.first_argmax(v, 0, eos_banned=b, eos_id=eos))
+    got = np.asarray(run(jnp.asarray(y), jnp.asarray(banned)))
+    y[:, 0] = -np.inf
+    y[banned, eos] = -np.inf
+    np.testing.assert_array_equal(got, np.asarray(jnp.argmax(jnp.asarray(y), axis=-1)))
