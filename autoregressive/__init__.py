@@ -3,7 +3,7 @@ validation BLEU and the `inference` package (decode.py, sessions, export checks)
 
 Modules:
   decoding     `greedy_decode`, `sample`, `beam_search_decode`, `sequence_log_probs` (the public
-               contract's `model.decoding`), over `decode_loop` and `beam_search`
+               contract, re-exported by `inference`), over `decode_loop` and `beam_search`
   translator   `Translator` (batched search over token ids), `Hypothesis`, `Sampling`,
                `generate` (a language model's windows), `truncate`, `until_eos`
   scoring      `forced_log_probs`, `score_references` (fairseq's --score-reference)

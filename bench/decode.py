@@ -59,8 +59,9 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from autoregressive import decoding  # noqa: E402
 from configs import default  # noqa: E402
-from model import build_model, decoding  # noqa: E402
+from model import build_model  # noqa: E402
 
 BATCH, SRC_LEN, MAX_LEN, BEAM = 16, 32, 32, 4
 

@@ -9,7 +9,8 @@ optimizer, loss and timing, so the ratio compares model code only.
 
 import jax.numpy as jnp
 
-from model import build_model, decoding
+from autoregressive import decoding
+from model import build_model
 from training.losses import smoothed_cross_entropy
 
 

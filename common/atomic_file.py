@@ -1,6 +1,6 @@
 """`atomic_write(path, data)`: a file written whole or not at all, safely.
 
-Used for DIR/config.json and the tokenizer files (`training.atomic_file` re-exports it).
+Used for DIR/config.json, the tokenizer files, checksums, progress and the program cache.
 The temporary file is created by `mkstemp` (O_EXCL, a random name) in the target's own
 directory, so it never follows a planted symlink and `os.replace` is an atomic rename; it then
 gets the mode a plain `open` would give (0666 minus the umask), not mkstemp's 0600, so another

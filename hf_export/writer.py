@@ -24,15 +24,6 @@ from hf_export.tokenizer import save_tokenizer
 FORMATS = ('transformers', 'ctranslate2')
 
 
-def _restore_lib():
-  """The restore module decode.py uses (moved to `inference`; `training.restore` before)."""
-  try:
-    from inference import restore  # pylint: disable=import-outside-toplevel
-  except ImportError:
-    from training import restore  # pylint: disable=import-outside-toplevel
-  return restore
-
-
 def check_workdir(workdir: str, check=None):
   """(ModelConfig, tokenizer, config) of `workdir`, or ExportError if it cannot be exported.
 
@@ -139,7 +130,7 @@ def export_workdir(workdir: str, output_dir: str, *, step: int | None = None,
   summary. transformers: config.json, generation_config.json, model.safetensors, tokenizer
   files; ctranslate2: model.bin, config.json, the vocabulary (and the tokenizer model)."""
   fmt = _format(format)
-  restore = _restore_lib()
+  from inference import restore  # pylint: disable=import-outside-toplevel
   if average_last < 1:
     raise ExportError(f'--average_last={average_last} must be >= 1')
   path = out_lib.check_output_dir(output_dir, workdir, overwrite)

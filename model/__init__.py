@@ -1,4 +1,4 @@
-"""The Transformer: pure attention functions (`model.attention`), Linen modules, decoding.
+"""The Transformer: pure attention functions (`model.attention`) and the Linen modules.
 
 Inside the package each module imports only those below it (and `common`):
   masks, dropout -> chunked_attention -> attention -> partitioning, layers

@@ -11,9 +11,10 @@ import numpy as np
 import optax
 import pytest
 
+from autoregressive import decoding
 from configs import default
 from hf_export import ctranslate2 as ct2_export
-from model import build_model, decoding
+from model import build_model
 from model.kinds import adapter_of
 
 ctranslate2 = pytest.importorskip('ctranslate2')  # the [ct2] extra, which [test] includes

@@ -1,4 +1,4 @@
-"""model.decoding: cached greedy/sampling/beam search against the full forward pass."""
+"""autoregressive.decoding: cached greedy/sampling/beam search against the full forward pass."""
 
 import dataclasses
 import functools
@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from model import ModelConfig, build_model, decoding
+from autoregressive import decoding
+from model import ModelConfig, build_model
 from model.kinds import adapter_of
 
 EOS = 1

@@ -21,10 +21,11 @@ import jax
 import numpy as np
 import pytest
 
+from autoregressive import decoding
 from configs import default, shakespeare_char
 from hf_export import UnsupportedConfig, convert, ctranslate2 as ct2_export
 from input_pipeline.tokenizers import CharTokenizer
-from model import build_model, decoding
+from model import build_model
 
 ctranslate2 = pytest.importorskip('ctranslate2')  # the [ct2] extra, which [test] includes
 

@@ -19,10 +19,11 @@ import jax
 import numpy as np
 import pytest
 
+from autoregressive import decoding
 from configs import default, shakespeare_char
 from hf_export import UnsupportedConfig, check_exportable, writer
 from input_pipeline.tokenizers import CharTokenizer
-from model import build_model, decoding
+from model import build_model
 
 torch = pytest.importorskip('torch')  # the [hf] extra, which [test] includes
 transformers = pytest.importorskip('transformers')

@@ -59,7 +59,7 @@ def decode_all(mesh=None) -> dict[str, np.ndarray]:
   tokens `[batch, (beam,) max_len]` or beam scores `[batch, beam]`."""
   import jax  # pylint: disable=import-outside-toplevel
 
-  from model import decoding  # pylint: disable=import-outside-toplevel
+  from autoregressive import decoding  # pylint: disable=import-outside-toplevel
   from training import (
     mesh as mesh_lib,  # pylint: disable=import-outside-toplevel
     state,  # pylint: disable=import-outside-toplevel

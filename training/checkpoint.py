@@ -370,7 +370,7 @@ def restore_params(workdir: str, step: int | None = None, average_last: int = 1,
   warning). `average_last=N` averages the params of the N newest checkpoints up to `step`.
   Arrays are placed with `sharding` (default: the first local device), whatever mesh wrote
   them; a function `(key path, shape) -> Sharding` places each leaf by itself (its shards are
-  read straight onto their devices: `training.restore` lays parameters out on a mesh so).
+  read straight onto their devices: `inference.restore` lays parameters out on a mesh so).
   Raises `CheckpointError` (one line) when there is nothing to restore.
   """
   if average_last < 1:

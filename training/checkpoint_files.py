@@ -27,7 +27,7 @@ import re
 import shutil
 from typing import Any
 
-from training.atomic_file import atomic_write
+from common.atomic_file import atomic_write
 from training.orbax_noise import note_failure, quiet_orbax_logs  # noqa: F401  (files.quiet_...)
 
 CHECKSUM_FILE = 'checksums.json'

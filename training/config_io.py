@@ -21,13 +21,13 @@ from typing import Any
 import ml_collections
 import numpy as np
 
+from common.atomic_file import atomic_write
 from common.deprecation import rename_keys
 from common.tokens import DEFAULT_MIN_NEW_TOKENS
 from model.config import ConfigError, ModelConfig
 from model.kinds import ADAPTERS, adapter_of
 from training import mesh as mesh_lib
 from training.accelerator import MATMUL_PRECISIONS
-from training.atomic_file import atomic_write
 from training.cli import FLOAT32_MAX, INT32_MAX, UINT32_MAX
 from training.optim import OPTIMIZERS, SCHEDULES, WEIGHT_DECAY_MASKS
 from training.telemetry import parse_profile_steps

@@ -24,8 +24,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from common.atomic_file import atomic_write
 from training import metrics as metrics_lib, steps, telemetry
-from training.atomic_file import atomic_write
 from training.metrics import log
 
 BEST_FILE = 'best_metrics.json'
