@@ -34,7 +34,6 @@ import sys
 
 from absl import app, flags, logging
 
-from common.deprecation import renamed_keywords
 from common.tokens import DEFAULT_MIN_NEW_TOKENS
 from training import cli
 
@@ -81,8 +80,6 @@ def _define_flags() -> None:
                        '(every search; a language model too); default '
                        'config.decode.min_new_tokens (1: no empty output; 0: EOS may come '
                        'first).')
-  flags.DEFINE_integer('max_len', None, 'Deprecated: the old name of --max_new_tokens (read as '
-                       'it, with a warning).')
   flags.DEFINE_integer('batch_size', None, 'Sentences per batch; default config.decode.batch_size.')
   flags.DEFINE_string('attention_plot', None, 'Directory for attention heatmaps (PNG): one '
                       'folder per sentence, an overview and a file per attention module, layer '
@@ -159,11 +156,10 @@ def encode_sources(tokenizer, lines, max_source_len: int):
   return out
 
 
-@renamed_keywords(max_len='max_new_tokens')
 def translate(session, sources, *, beam_size, alpha, max_new_tokens, batch_size,
               min_new_tokens=DEFAULT_MIN_NEW_TOKENS, progress=True):
   """Output ids per source (None for empty), in order (`inference.Translator`, as decode.py
-  and the trainer's BLEU run it). `max_len=` is `max_new_tokens`' deprecated name."""
+  and the trainer's BLEU run it)."""
   from tqdm import tqdm  # pylint: disable=import-outside-toplevel
 
   import inference  # pylint: disable=import-outside-toplevel

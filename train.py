@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import re
 import sys
-import warnings
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -46,37 +45,6 @@ def argv_config(argv: list[str]) -> str:
 def _fail(message: str, code: int = 2) -> None:
   from training import cli  # pylint: disable=import-outside-toplevel
   cli.fail('train.py', message, code=code)
-
-
-def _warn(message: str) -> None:
-  print(f'train.py: warning: {message}', file=sys.stderr, flush=True)
-
-
-def renamed_overrides(argv: list[str]) -> list[str]:
-  """`argv` with each override of a renamed config field (`config_io.RENAMED_FIELDS`) under the
-  field's new name, and one warning line on stderr for it."""
-  from training import config_io  # pylint: disable=import-outside-toplevel
-  out = []
-  for arg in argv:
-    new = config_io.renamed_override(arg)
-    if new is not None:
-      old_name, new_name = arg.partition('=')[0], new.partition('=')[0]
-      _warn(f'{old_name} is deprecated: use {new_name} (the old name goes in the next release)')
-      arg = new
-    out.append(arg)
-  return out
-
-
-def upgraded(config, quiet: bool = False):
-  """`config` (the --config file's, a preset's) with renamed fields under their new names;
-  each rename one warning line on stderr (none when `quiet`)."""
-  from training import config_io  # pylint: disable=import-outside-toplevel
-  with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter('always', DeprecationWarning)
-    config_io.upgrade_config(config)
-  for warning in [] if quiet else caught:
-    _warn(str(warning.message))
-  return config
 
 
 def _config_error_message(error: BaseException, argv: list[str]) -> str:
@@ -166,7 +134,6 @@ def _unknown_overrides(argv: list[str]) -> str | None:
 def parse_flags(argv: list[str]) -> list[str]:
   """absl flag parsing with one-line errors (no traceback) for bad --config/--config.* flags."""
   _define_flags()
-  argv[:] = renamed_overrides(argv)  # in place: config_flags reads the overrides from sys.argv
   config_file = argv_config(argv).partition(':')[0]
   if not os.path.isfile(config_file):
     _fail(f'config file {config_file!r} not found (--config=configs/NAME.py[:preset])')
@@ -223,13 +190,11 @@ def main(argv: list[str]) -> None:
   from model.config import ConfigError  # pylint: disable=import-outside-toplevel
   from training import checkpoint, trainer  # pylint: disable=import-outside-toplevel
   user_errors = (ConfigError, checkpoint.CheckpointError, *_data_errors())
-  upgraded(FLAGS.config)
   try:
     if FLAGS.config.train.get('dry_run', False):
       _dry_run(FLAGS.config)
       return
     preset = _load_preset(sys.argv)  # for the run's first line: the preset and what differs
-    preset = None if preset is None else upgraded(preset, quiet=True)
     name = argv_config(sys.argv)
     name = 'configs/default.py' if name == DEFAULT_CONFIG else name
     trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir,

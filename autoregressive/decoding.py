@@ -58,7 +58,6 @@ from autoregressive.decode_loop import (
   window_then_whole,
   windows,
 )
-from common.deprecation import renamed_keywords, warn_renamed
 from common.tokens import DEFAULT_MIN_NEW_TOKENS
 from model.kinds import adapter_of
 
@@ -231,26 +230,6 @@ def _generate_loop(module, params, choose, rng, t0, rows, state, stop_at: int, c
 # decoder-only model, which has no source, takes it as its prompt) and `prompt` a forced prefix
 # of what is generated (a decoder-only model's prompt, an encoder-decoder's target prefix).
 
-def _old_sample_order(fn):
-  """`sample` was `(module, params, prompt=None, *, inputs=None, ...)`. The two calls whose
-  meaning the shared order changes keep working for one release, with a DeprecationWarning:
-  a positional prefix beside `inputs=`, and an encoder-decoder's source given as `prompt=`."""
-  @functools.wraps(fn)
-  def wrapper(module, params, *args, **kwargs):
-    if args and 'inputs' in kwargs:  # sample(module, params, prefix, inputs=source)
-      warn_renamed('sample(module, params, prompt, inputs=source)',
-                   'sample(module, params, source, prompt=prompt)', stacklevel=4)
-      kwargs['prompt'], args = args[0], args[1:]
-    elif (not args and kwargs.get('inputs') is None and kwargs.get('prompt') is not None
-          and adapter_of(module).has_source):  # sample(encoder_decoder, params, prompt=source)
-      warn_renamed("an encoder-decoder's source as sample(prompt=...)",
-                   'sample(module, params, source) or inputs=source', stacklevel=4)
-      kwargs['inputs'] = kwargs.pop('prompt')
-    return fn(module, params, *args, **kwargs)
-  return wrapper
-
-
-@renamed_keywords(max_len='max_new_tokens')
 def greedy_decode(module, params, inputs=None, *, prompt=None, max_new_tokens: int,
                   min_new_tokens: int = DEFAULT_MIN_NEW_TOKENS, eos_id: int | None = EOS_ID,
                   drop_finished: bool | int = True) -> Array:
@@ -264,7 +243,7 @@ def greedy_decode(module, params, inputs=None, *, prompt=None, max_new_tokens: i
     prompt: decoder-only prompt `[batch, len]` right-padded with 0 (rows may differ in
       length); for an encoder-decoder, an optional forced target prefix.
     max_new_tokens: number of tokens to generate (prompt length + max_new_tokens must fit in
-      the model's `config.max_len` positions). `max_len=` is its deprecated name.
+      the model's `config.max_len` positions).
     min_new_tokens: EOS cannot be chosen before this many generated tokens (1: no empty
       output; 0: EOS may come first).
     eos_id: the id that ends a sequence, or None (e.g. character vocabularies).
@@ -282,8 +261,6 @@ def greedy_decode(module, params, inputs=None, *, prompt=None, max_new_tokens: i
                             compact_rows=compact_sizes(prompt.shape[0], drop_finished))
 
 
-@renamed_keywords(max_len='max_new_tokens')
-@_old_sample_order
 def sample(module, params, inputs=None, *, prompt=None, rng, max_new_tokens: int,
            min_new_tokens: int = DEFAULT_MIN_NEW_TOKENS, temperature: float = 1.0,
            top_k: int | None = None, top_p: float | None = None, eos_id: int | None = EOS_ID,
@@ -321,7 +298,6 @@ def sample(module, params, inputs=None, *, prompt=None, rng, max_new_tokens: int
 
 # ----------------------------------------------------------------------------- beam search
 
-@renamed_keywords(max_len='max_new_tokens')
 def beam_search_decode(module, params, inputs=None, *, prompt=None, beam_size: int,
                        alpha: float, max_new_tokens: int,
                        min_new_tokens: int = DEFAULT_MIN_NEW_TOKENS, eos_id: int | None = EOS_ID,

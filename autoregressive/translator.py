@@ -26,7 +26,6 @@ from autoregressive import decoding
 from autoregressive.batches import default_workers, in_order, padded_length
 from autoregressive.decode_loop import decoding_model
 from autoregressive.scoring import forced_log_probs
-from common.deprecation import renamed_keywords, warn_renamed
 from common.tokens import DEFAULT_MIN_NEW_TOKENS
 
 # One program for the penalties (as eager jnp ops, each op compiled in every new process).
@@ -114,7 +113,6 @@ class Translator:
   `default_workers()`.
   """
 
-  @renamed_keywords(max_len='max_new_tokens')
   def __init__(self, module, params, *, beam_size: int, alpha: float, max_new_tokens: int,
                batch_size: int, min_new_tokens: int = DEFAULT_MIN_NEW_TOKENS,
                eos_id: int | None = decoding.EOS_ID, nbest: int = 1,
@@ -137,12 +135,6 @@ class Translator:
     self._ran_shapes = _RAN_SHAPES.setdefault(
         (self.module, beam_size, max_new_tokens, eos_id, nbest, sampling is None,
          str(drop_finished)), set())
-
-  @property
-  def max_len(self) -> int:
-    """Deprecated: `max_new_tokens`."""
-    warn_renamed('Translator.max_len', 'Translator.max_new_tokens')
-    return self.max_new_tokens
 
   def __call__(self, sources: Sequence[Sequence[int] | None],
                progress: Callable[[int], None] | None = None) -> list[list[int] | None]:

@@ -338,8 +338,8 @@ def main(argv=None) -> None:
   ap.add_argument('--lines', type=int, default=0, help='The first N lines (0: all).')
   ap.add_argument('--beam_sizes', default='4,1')
   ap.add_argument('--batch_size', type=int, default=32)
-  ap.add_argument('--max_new_tokens', '--max_len', type=int, default=64,
-                  help='Generated tokens, EOS included (--max_len: its old name).')
+  ap.add_argument('--max_new_tokens', type=int, default=64,
+                  help='Generated tokens, EOS included.')
   ap.add_argument('--engines', default=','.join(ENGINES))
   ap.add_argument('--threads', type=int, default=2)
   ap.add_argument('--repeats', type=int, default=3)

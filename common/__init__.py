@@ -6,5 +6,4 @@
   messages      first_few(items): "a; b; c (+N more)" for one-line errors
   errors        ConfigError, the one error for a bad configuration value
   lock_file     open_lock_file(path): a lock file opened without following a symlink
-  deprecation   renamed names kept working for one release, with a DeprecationWarning
 """

@@ -42,7 +42,6 @@ import os
 
 import numpy as np
 
-from common.deprecation import renamed_keywords
 from common.tokens import DEFAULT_MIN_NEW_TOKENS
 from hf_export import convert, targets
 from model import attention as attn
@@ -52,7 +51,6 @@ LAYER_NORM_EPS = 1e-6  # model/layers.py: LayerNorm
 UNK = '<unk>'
 
 
-@renamed_keywords(tokenizer_kind='tokenizer_name')
 def check(cfg, tokenizer_name=None) -> None:
   """Raises `UnsupportedConfig` (one line) for a model CTranslate2 cannot run."""
   del tokenizer_name  # both tokenizers are plain vocabularies here

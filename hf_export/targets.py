@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from common.deprecation import renamed_keywords
 from common.tokens import DEFAULT_MIN_NEW_TOKENS
 from hf_export import convert
 from model.kinds import ADAPTERS, adapter_of
@@ -97,7 +96,6 @@ _GPT2 = Target('GPT2LMHeadModel', 'GPT2Config', _check_gpt2, convert.gpt2_config
 TARGETS = {(True, 'post'): _MARIAN, (True, 'pre'): _PEGASUS, (False, 'pre'): _GPT2}
 
 
-@renamed_keywords(tokenizer_kind='tokenizer_name')
 def target(cfg, tokenizer_name: str | None = None) -> Target:
   """The target of `cfg` (a `ModelConfig`), or `UnsupportedConfig` (one line)."""
   adapter = adapter_of(cfg)
@@ -119,7 +117,6 @@ def target(cfg, tokenizer_name: str | None = None) -> Target:
   return found
 
 
-@renamed_keywords(tokenizer_kind='tokenizer_name')
 def check_exportable(cfg, tokenizer_name: str | None = None) -> None:
   """Raises `UnsupportedConfig` (one line) unless a target class expresses `cfg` exactly."""
   target(cfg, tokenizer_name)

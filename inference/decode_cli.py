@@ -25,7 +25,6 @@ INT_LIMITS = {  # flag -> (lowest, highest)
     'step': (0, cli.INT32_MAX), 'average_last': (1, 10_000), 'beam_size': (1, 1024),
     'batch_size': (1, 65_536), 'max_new_tokens': (1, cli.INT32_MAX), 'nbest': (1, 1024),
     'min_new_tokens': (0, cli.INT32_MAX),
-    'max_len': (1, cli.INT32_MAX),  # --max_new_tokens' old name (RENAMED_FLAGS)
     'num_tokens': (1, 1_000_000), 'top_k': (0, cli.INT32_MAX), 'seed': (0, cli.UINT32_MAX),
     'attention_plot_max': (0, cli.INT32_MAX)}
 SAMPLING_FLAGS = ('temperature', 'top_k', 'top_p')
@@ -33,8 +32,6 @@ SAMPLING_FLAGS = ('temperature', 'top_k', 'top_p')
 TRANSLATION_FLAGS = ('reference', 'score_reference', 'beam_size', 'alpha', 'max_new_tokens',
                      'batch_size', 'nbest', 'sample', 'lowercase_bleu')
 LM_FLAGS = ('prompt', 'num_tokens')
-# Renamed flags, old -> new: the old name is read as the new one for one release, with a warning.
-RENAMED_FLAGS = {'max_len': 'max_new_tokens'}
 
 
 class Plan(NamedTuple):
@@ -68,19 +65,6 @@ def check_numbers(F) -> None:
   cli.check_float('alpha', F.alpha, lo=0.0, hi=ALPHA_MAX)
   cli.check_float('top_p', F.top_p, lo=0.0, hi=1.0, lo_open=True)
   check_temperature(F.temperature)
-
-
-def rename_flags(F) -> None:
-  """Each old flag name given (`RENAMED_FLAGS`) is read as its new name, with one warning line
-  on stderr; giving both names is refused."""
-  for old, new in RENAMED_FLAGS.items():
-    if not F[old].present:
-      continue
-    if F[new].present:
-      raise cli.UsageError(f'--{old} is the old name of --{new}: give --{new} only')
-    _warn(f'--{old} is deprecated: use --{new} (the old name goes in the next release)')
-    setattr(F, new, getattr(F, old))
-    F[new].present = F[old].present
 
 
 def _same_file(a: str | None, b: str | None) -> bool:
@@ -194,7 +178,6 @@ def plan(F):
   from inference import restore as restore_lib  # pylint: disable=import-outside-toplevel
   from model.kinds import adapter_of  # pylint: disable=import-outside-toplevel
   check_numbers(F)
-  rename_flags(F)
   check_paths(F)
   try:
     config, module = restore_lib.read_model(F.workdir)

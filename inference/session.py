@@ -30,7 +30,6 @@ from autoregressive.translator import (
   generate as generate_ids,
   truncate,
 )
-from common.deprecation import renamed_keywords, warn_renamed
 from common.tokens import DEFAULT_MIN_NEW_TOKENS
 from inference import restore as restore_lib
 from model.kinds import adapter_of
@@ -82,12 +81,6 @@ class Session:
       raise ValueError(f'min_new_tokens={value} is more than max_new_tokens={max_new_tokens}')
     return value
 
-  def max_len(self, max_len: int | None = None) -> int:
-    """Deprecated: `max_new_tokens`."""
-    warn_renamed('Session.max_len()', 'Session.max_new_tokens()')
-    return self.max_new_tokens(max_len)
-
-  @renamed_keywords(max_len='max_new_tokens')
   def translator(self, *, beam_size: int | None = None, alpha: float | None = None,
                  max_new_tokens: int | None = None, batch_size: int | None = None, nbest: int = 1,
                  sample: bool = False, temperature: float | None = None,

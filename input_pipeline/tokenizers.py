@@ -29,7 +29,6 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 import sentencepiece as spm
 
-from common.deprecation import warn_renamed
 from common.tokens import EOS_ID, PAD_ID, UNK_ID
 from input_pipeline import tokenizer_files
 from input_pipeline.errors import DataError, DataFileError
@@ -45,18 +44,10 @@ _SPM_MODEL = 'spm.model'
 _META_NAME_KEY = 'kind'
 
 
-@property
-def _deprecated_kind(self) -> str:
-  """Deprecated: `name` (a kind is a model's; a tokenizer has a name)."""
-  warn_renamed('tokenizer.kind', 'tokenizer.name', stacklevel=3)
-  return self.name
-
-
 class SentencePieceTokenizer:
   """pad=0, eos=1, unk=2, no BOS; identity normalization (round-trips raw text)."""
 
   name = 'sentencepiece'  # its config.data.tokenizer
-  kind = _deprecated_kind
   pad_id = PAD_ID
   eos_id = EOS_ID
   unk_id = UNK_ID
@@ -95,7 +86,6 @@ class CharTokenizer:
   """Character vocabulary: id 0 = pad, the sorted characters take ids 1..N."""
 
   name = 'char'  # its config.data.tokenizer
-  kind = _deprecated_kind
   pad_id = PAD_ID
   eos_id = None  # no EOS: id 1 is a character
 

@@ -5,7 +5,6 @@ Inside the package each module imports only those below it (and `common`):
   -> transformer (the Linen modules) -> kinds (one adapter per model kind) -> config
 """
 
-from model import kinds
 from model.config import ConfigError, ModelConfig
 from model.kinds import ADAPTERS
 from model.transformer import DecoderOnly, EncoderDecoder, EncoderOnly, shift_right
@@ -22,9 +21,3 @@ def build_model(model_config):
   else:
     model_config.validate()
   return ADAPTERS[model_config.kind].module_class(model_config)
-
-
-def __getattr__(name: str):
-  if name == 'KINDS':  # was imported here before its rename to ADAPTERS: warns, as model.kinds'
-    return kinds.KINDS
-  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

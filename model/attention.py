@@ -20,7 +20,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from common.deprecation import renamed_keywords
 from model.chunked_attention import chunked_dot_product_attention
 from model.dropout import DROPOUT_RNGS, dropout, hashed_bits
 from model.masks import (
@@ -363,7 +362,6 @@ def _able(constraint: str) -> str:
                      if getattr(row, constraint) is None or getattr(row, constraint))
 
 
-@renamed_keywords(decode='use_cache')
 def select_implementation(name: str, *, use_cache: bool = False,
                           dropout_rng_impl: str | None = None) -> AttentionImpl:
   """The row that computes a call to `name`'s attention: its own, or the one it hands the call

@@ -37,11 +37,6 @@ ATTENTION_IMPLS = tuple(IMPLEMENTATIONS)
 PROJECTION_MATMULS = ('auto', 'flat', 'general')
 
 
-# Renamed fields: old name -> new name (read from old config.json files).
-# `dropout_rng` named the bit generator while every other `dropout_rng` is a PRNG key.
-RENAMED_FIELDS = {'dropout_rng': 'dropout_rng_impl'}
-
-
 class InitStds(NamedTuple):
   """Normal init stds; None = Glorot uniform (see ModelConfig.init_stds)."""
   kernel: float | None  # every dense kernel but the residual projections
@@ -108,9 +103,6 @@ class ModelConfig:
   def from_config(cls, model_config: Mapping[str, Any]) -> ModelConfig:
     """Builds from a ConfigDict/dict (unknown fields are an error) and validates."""
     values = dict(model_config.items())
-    for old, new in RENAMED_FIELDS.items():  # a config.json written before the rename
-      if old in values and new not in values:
-        values[new] = values.pop(old)
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:

@@ -2,8 +2,7 @@
 
 A model's kind is its name (`config.model.kind`, a string: 'encoder_decoder', ...); its adapter
 is the object here that knows how to handle it (`adapter_of(module_or_config)`,
-`ADAPTERS[kind]`). `kind_of` and `KINDS`, the old names of these two, still work for one
-release with a DeprecationWarning.
+`ADAPTERS[kind]`).
 
 As t5x's model classes do, an adapter says how a model of its kind is called (example inputs
 for `init`, a training batch, a teacher-forced pass for scoring and attention plots), how it
@@ -25,7 +24,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from common.deprecation import warn_renamed
 from model import transformer
 
 Array = jax.Array
@@ -41,12 +39,6 @@ class ModelAdapter:
   # The training batches it reads, by the input pipeline's name for them
   # (`input_pipeline.pipeline.LAYOUTS`: the pipeline knows layouts, not kinds).
   batch_layout: str
-
-  @property
-  def name(self) -> str:
-    """Deprecated: `kind` (the adapter's kind's name)."""
-    warn_renamed('ModelAdapter.name', 'ModelAdapter.kind', stacklevel=3)
-    return self.kind
 
   def example_inputs(self, length: int = 8, batch: int = 1) -> tuple[Array, ...]:
     """Positional arguments of a forward pass (for `init` and shape checks)."""
@@ -204,16 +196,3 @@ def adapter_of(module_or_config) -> ModelAdapter:
   """The adapter of a module (anything with `.config.kind`) or of a model config."""
   config = getattr(module_or_config, 'config', module_or_config)
   return ADAPTERS[config.kind]
-
-
-def kind_of(module_or_config) -> ModelAdapter:
-  """Deprecated name of `adapter_of` (a kind is a name; this returns its adapter)."""
-  warn_renamed('model.kinds.kind_of', 'model.kinds.adapter_of', stacklevel=3)
-  return adapter_of(module_or_config)
-
-
-def __getattr__(name: str):
-  if name == 'KINDS':  # the old name of ADAPTERS (kind name -> adapter)
-    warn_renamed('model.kinds.KINDS', 'model.kinds.ADAPTERS', stacklevel=3)
-    return ADAPTERS
-  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

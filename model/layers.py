@@ -6,7 +6,6 @@ Sizes follow the paper: `d_model`, `num_heads` (h), `d_ff`, head size
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +14,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from common.deprecation import renamed_field, renamed_keywords
 from common.errors import ConfigError
 from model import attention as attn, partitioning
 from model.partitioning import constrain, with_axes
@@ -92,8 +90,7 @@ class MultiHeadAttention(nn.Module):
   Self-attention (`kv=None`) projects Q, K, V with one fused matmul; cross-attention
   projects Q from `x` and K, V from `kv`.
 
-  With `use_cache=True` the module keeps a KV cache in the `cache` collection (`decode=True` is
-  the flag's deprecated name):
+  With `use_cache=True` the module keeps a KV cache in the `cache` collection:
     self-attention: `cached_key` `[batch, heads, head_dim, cache_len]`, `cached_value`
       `[batch, heads, cache_len, head_dim]` and `cache_index`; each call appends its `x` (one
       or more tokens) at `cache_index`.
@@ -120,7 +117,6 @@ class MultiHeadAttention(nn.Module):
   matmul: str = 'auto'  # ModelConfig.projection_matmul
 
   @nn.compact
-  @renamed_keywords(decode='use_cache')
   def __call__(self, x: Array, kv: Array | None = None, *, mask: Array | None = None,
                positions: Array | None = None, deterministic: bool = True,
                use_cache: bool = False) -> Array:
@@ -359,16 +355,8 @@ logits_via_embedding.defvjp(_logits_fwd, _logits_bwd)
 
 class AddPositions(nn.Module):
   """Adds sinusoidal or learned absolute position encodings (nothing for 'rope')."""
-  # Both required; None defaults only so that the deprecated `kind=` may stand for `encoding`.
-  encoding: str | None = None  # config.model.positional_encoding: 'sinusoidal' | 'learned' | 'rope'
-  max_len: int | None = None  # positions of the table (config.model.max_len)
-  kind: str | None = dataclasses.field(default=None, kw_only=True)  # deprecated: `encoding`
-
-  def __post_init__(self):
-    renamed_field(self, 'kind', 'encoding')
-    if self.encoding is None or self.max_len is None:
-      raise TypeError('AddPositions needs `encoding` and `max_len`')
-    super().__post_init__()
+  encoding: str  # config.model.positional_encoding: 'sinusoidal' | 'learned' | 'rope'
+  max_len: int  # positions of the table (config.model.max_len)
 
   @nn.compact
   def __call__(self, x: Array, positions: Array | None = None) -> Array:

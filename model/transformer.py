@@ -13,7 +13,7 @@ crosses segments and the shift restarts at each segment.
 Names: the packed batch's keys (`inputs_segmentation`, `targets_position`, ...) are the paper
 codebases' and `EncoderDecoder` takes them as they are (`module.apply(variables, **batch)`);
 inside, segment ids are `segment_ids=` and positions `positions=`. `use_cache=True` runs on the
-KV cache (the `cache` collection; `decode=True` is its deprecated name), and `module.decode`
+KV cache (the `cache` collection), and `module.decode`
 is the encoder-decoder's decoder half, as `module.encode` is its encoder half.
 """
 
@@ -26,7 +26,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from common.deprecation import renamed_field, renamed_keywords
 from model import attention as attn
 from model.layers import AddPositions, Dropout, Embed, FeedForward, LayerNorm, MultiHeadAttention
 from model.partitioning import constrain, with_axes
@@ -38,7 +37,6 @@ Array = jax.Array
 RESIDUAL_AXES = ('batch', None, None)  # the residual stream [batch, len, d_model] between layers
 
 
-@renamed_keywords(segmentation='segment_ids')
 def shift_right(tokens: Array, segment_ids: Array | None = None) -> Array:
   """`[batch, len]` -> the decoder input: 0 then tokens[:, :-1], restarting at each segment
   (`segment_ids` `[batch, len]`)."""
@@ -88,11 +86,6 @@ class DecoderLayer(nn.Module):
   config: ModelConfig
   deterministic: bool = True
   use_cache: bool = False
-  decode: bool | None = dataclasses.field(default=None, kw_only=True)  # deprecated: use_cache
-
-  def __post_init__(self):
-    renamed_field(self, 'decode', 'use_cache')
-    super().__post_init__()
 
   @nn.compact
   def __call__(self, x: Array, encoded: Array | None, self_mask: attn.FactoredMask | Array | None,
@@ -208,7 +201,6 @@ class Encoder(nn.Module):
   embed: nn.Module
 
   @nn.compact
-  @renamed_keywords(segmentation='segment_ids')
   def __call__(self, tokens: Array, *, segment_ids: Array | None = None,
                positions: Array | None = None, deterministic: bool = True) -> Array:
     """tokens `[batch, len]` (segment ids and positions `[batch, len]` for packed rows) ->
@@ -239,8 +231,6 @@ class Decoder(nn.Module):
   embed: nn.Module
 
   @nn.compact
-  @renamed_keywords(segmentation='segment_ids', encoder_segmentation='encoder_segment_ids',
-                    decode='use_cache', decode_mask='cache_mask')
   def __call__(self, tokens: Array, encoded: Array | None = None,
                encoder_valid: Array | None = None, *, segment_ids: Array | None = None,
                positions: Array | None = None, encoder_segment_ids: Array | None = None,
@@ -323,7 +313,6 @@ class EncoderDecoder(nn.Module):
     return self.encoder(inputs, segment_ids=inputs_segmentation, positions=inputs_position,
                         deterministic=deterministic)
 
-  @renamed_keywords(decode='use_cache', decode_mask='cache_mask')
   def decode(self, encoded: Array, inputs: Array, targets: Array, *,
              inputs_segmentation: Array | None = None, targets_segmentation: Array | None = None,
              targets_position: Array | None = None, deterministic: bool = True,
@@ -355,7 +344,6 @@ class DecoderOnly(nn.Module):
     self.embed = _embed(cfg, 'embed')
     self.decoder = Decoder(cfg, self.embed, name='decoder')
 
-  @renamed_keywords(segmentation='segment_ids', decode='use_cache', decode_mask='cache_mask')
   def __call__(self, tokens: Array, *, segment_ids: Array | None = None,
                positions: Array | None = None, deterministic: bool = True,
                use_cache: bool = False, cache_mask: Array | None = None) -> Array:
@@ -374,7 +362,6 @@ class EncoderOnly(nn.Module):
     self.embed = _embed(cfg, 'embed')
     self.encoder = Encoder(cfg, self.embed, name='encoder')
 
-  @renamed_keywords(segmentation='segment_ids')
   def __call__(self, tokens: Array, *, segment_ids: Array | None = None,
                positions: Array | None = None, deterministic: bool = True) -> Array:
     """tokens `[batch, len]` -> `[batch, len, d_model]`; `segment_ids`, `positions`: see

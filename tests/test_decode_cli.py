@@ -103,19 +103,6 @@ def test_translate_stdin_to_stdout_greedy_at_a_step(workdirs):
   assert 'step 10' in result.stderr.decode()
 
 
-def test_old_max_len_flag_still_works_and_warns_one_line(workdirs):
-  """--max_len, the old name of --max_new_tokens, is read as it, with one warning line."""
-  args = (f'--workdir={workdirs["mt"]}', '--beam_size=1')
-  stdin = b'A dog runs.\nTwo men.\n'
-  old, new = (_decode(*args, flag, stdin=stdin) for flag in ('--max_len=3', '--max_new_tokens=3'))
-  assert old.returncode == 0 and new.returncode == 0, old.stderr.decode() + new.stderr.decode()
-  assert old.stdout == new.stdout
-  warning = ('decode.py: warning: --max_len is deprecated: use --max_new_tokens (the old name '
-             'goes in the next release)')
-  assert old.stderr.decode().splitlines().count(warning) == 1
-  assert warning not in new.stderr.decode()
-
-
 def test_checkpoint_from_8_devices_decodes_on_1(workdirs):
   """A checkpoint written by an 8-device run restores on 1 device and translates exactly as
   it does on 8."""

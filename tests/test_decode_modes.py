@@ -171,7 +171,7 @@ MT_REFUSALS = {
     '--beam_size=99999999999999999999': '--beam_size=99999999999999999999 must be an integer '
                                         'in [1, 1024]',
     '--batch_size=0': '--batch_size=0 must be an integer in [1, 65536]',
-    '--max_len=99999999999999999999': '--max_len=99999999999999999999 must be an integer',
+    '--max_len=8': "Unknown command line flag 'max_len'. Did you mean: max_new_tokens",  # 0.2.0
     '--max_new_tokens=99999999999999999999': '--max_new_tokens=99999999999999999999 must be an '
                                              'integer',
     '--nbest=99999999999999999999': '--nbest=99999999999999999999 must be an integer',

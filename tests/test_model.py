@@ -378,5 +378,5 @@ def test_dropout_rng_impl_option():
   assert not np.allclose(outs['hash'], outs['threefry'])
   with pytest.raises(ConfigError, match="dropout_rng_impl='philox'"):
     build_model({**TINY, 'dropout_rng_impl': 'philox'})
-  # The field's old name (a string named like the PRNG keys) is still read from config.json.
-  assert build_model({**cfg, 'dropout_rng': 'threefry'}).config.dropout_rng_impl == 'threefry'
+  with pytest.raises(ConfigError, match=r"unknown field\(s\) \['dropout_rng'\]"):  # 0.2.0
+    build_model({**cfg, 'dropout_rng': 'threefry'})

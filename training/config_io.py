@@ -1,7 +1,7 @@
 """The resolved config in `DIR/config.json`, config validation, and workdir compatibility.
 
 `save_config(config, workdir)` writes `DIR/config.json`; `load_config(workdir)` reads it back as
-an `ml_collections.ConfigDict`, with renamed fields under their new names (`upgrade_config`).
+an `ml_collections.ConfigDict`.
 `check_compatible(config, workdir)` refuses (with `IncompatibleWorkdirError`) a workdir holding a
 run whose model shape or data/tokenizer setup differs. `validate_config(config)` checks the
 train/optimizer/decode fields (and the model via `model.ModelConfig`) so a bad value fails with
@@ -10,7 +10,6 @@ one line before anything is compiled.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import errno
 import json
@@ -22,7 +21,6 @@ import ml_collections
 import numpy as np
 
 from common.atomic_file import atomic_write
-from common.deprecation import rename_keys
 from common.tokens import DEFAULT_MIN_NEW_TOKENS
 from model.config import ConfigError, ModelConfig
 from model.kinds import ADAPTERS, adapter_of
@@ -43,10 +41,6 @@ SHAPE_FIELDS = (
     'model.norm_position', 'model.scan_layers', 'model.scale_embeddings', 'data.dataset',
     'data.tokenizer', 'data.vocab_size', 'data.source_lang', 'data.target_lang',
 )
-
-# Renamed fields, section -> {old name: new name}: an old config.json, preset or override still
-# loads, with a DeprecationWarning, for one release (config.model's: model.config.RENAMED_FIELDS).
-RENAMED_FIELDS = {'decode': {'max_len': 'max_new_tokens'}}
 
 MIN_MAX_LENGTH = 2  # a token and its EOS
 # Floats are used as float32 (the schedule, the optimizer, decoding): a value must be finite
@@ -94,29 +88,7 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
       values = json.load(f)
   except (OSError, ValueError) as e:
     raise ConfigError(f'{path} is not a readable config: {e}') from None
-  return upgrade_config(ml_collections.ConfigDict(values))
-
-
-def upgrade_config(config):
-  """`config` (a ConfigDict, locked or not, or a dict) with the fields of `RENAMED_FIELDS` moved
-  to their new names, one DeprecationWarning each; changed in place and returned."""
-  unlocked = config.unlocked() if hasattr(config, 'unlocked') else contextlib.nullcontext()
-  with unlocked:
-    for section, renames in RENAMED_FIELDS.items():
-      if section in config:
-        rename_keys(config[section], renames, f'config.{section}', stacklevel=5)
-  return config
-
-
-def renamed_override(arg: str) -> str | None:
-  """The new form of a command-line override naming a renamed field (`--config.decode.max_len=8`
-  -> `--config.decode.max_new_tokens=8`), or None if it names none."""
-  name, eq, value = arg.partition('=')
-  for section, renames in RENAMED_FIELDS.items():
-    for old, new in renames.items():
-      if name == f'--config.{section}.{old}':
-        return f'--config.{section}.{new}{eq}{value}'
-  return None
+  return ml_collections.ConfigDict(values)
 
 
 def _get(values: dict[str, Any], dotted: str):

@@ -99,7 +99,7 @@ class _Run:
   """State of one call to `train_and_evaluate` (kept small: the loop lives in `run`)."""
 
   def __init__(self, config, workdir: str, datasets=None, preset=None, on_second_interrupt=None):
-    self.config, self.workdir, self.preset = config_io.upgrade_config(config), workdir, preset
+    self.config, self.workdir, self.preset = config, workdir, preset
     self.on_second_interrupt = on_second_interrupt
     self.model_config = config_io.validate_config(
         config, num_devices=jax.device_count(), process_count=jax.process_count())
