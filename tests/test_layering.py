@@ -53,32 +53,31 @@ def _type_checking_blocks(tree) -> set[int]:
   return ids
 
 
-def _is_shim(tree) -> bool:
-  """A module kept only so that a moved module's old name works: imports, `__all__`, a
-  deprecation warning, `sys.modules[__name__] = ...`, nothing else. Its import of the new
-  home is the deprecation path, not a dependency; it is left out of the layer rule."""
+def _only_aliases(tree) -> bool:
+  """Whether a module is only another's name: imports, and nothing but a docstring, `__all__`,
+  a warning or `sys.modules[__name__] = ...` beside them (a package's `__init__` is its API and
+  is not asked)."""
+  has_import = False
   for stmt in tree.body:
     if isinstance(stmt, (ast.Import, ast.ImportFrom)):
-      continue
-    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, (ast.Constant, ast.Call)):
-      continue  # the docstring; warnings.warn(...)
-    if isinstance(stmt, ast.Assign) and ast.unparse(stmt.targets[0]) in (
-        '__all__', 'sys.modules[__name__]'):
-      continue
-    return False
-  return True
+      has_import = True
+    elif not ((isinstance(stmt, ast.Expr) and isinstance(stmt.value, (ast.Constant, ast.Call)))
+              or (isinstance(stmt, ast.Assign) and ast.unparse(stmt.targets[0]) in (
+                  '__all__', 'sys.modules[__name__]'))):
+      return False
+  return has_import
 
 
 def import_graph():
   """(edges {module: {imported project module: function-local?}}, function-local imports
-  [(module, line, statement)] of any module, shims {module})."""
+  [(module, line, statement)] of any module, aliases: the modules that only alias others)."""
   modules = _modules()
-  edges, local, shims = collections.defaultdict(dict), [], set()
+  edges, local, aliases = collections.defaultdict(dict), [], set()
   for module, path in modules.items():
     with open(path, encoding='utf-8') as f:
       tree = ast.parse(f.read(), path)
-    if _is_shim(tree) and not path.endswith('__init__.py'):
-      shims.add(module)
+    if _only_aliases(tree) and not path.endswith('__init__.py'):
+      aliases.add(module)
     skip = _type_checking_blocks(tree)
     in_function = {id(sub) for node in ast.walk(tree)
                    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
@@ -91,7 +90,7 @@ def import_graph():
       for target in _targets(node, modules):
         if target != module:
           edges[module][target] = edges[module].get(target, False) or id(node) in in_function
-  return edges, local, shims
+  return edges, local, aliases
 
 
 def _targets(node, modules) -> list[str]:
@@ -147,20 +146,20 @@ def cycles(edges) -> list[list[str]]:
   return sorted(found)
 
 
-def package_edges(edges, shims) -> set[tuple[str, str]]:
-  """(importer package, imported package) of the module edges, shims left out."""
-  return {(m.split('.')[0], t.split('.')[0]) for m, targets in edges.items() if m not in shims
+def package_edges(edges) -> set[tuple[str, str]]:
+  """(importer package, imported package) of the module edges."""
+  return {(m.split('.')[0], t.split('.')[0]) for m, targets in edges.items()
           for t in targets if m.split('.')[0] != t.split('.')[0]}
 
 
-def upward_imports(edges, shims) -> dict[str, list[str]]:
+def upward_imports(edges) -> dict[str, list[str]]:
   """{'a -> b': [importing modules]} for each package edge that does not go down the layers."""
   layer = {name: i for i, names in enumerate(LAYERS) for name in names}
   bad = collections.defaultdict(list)
   for module, targets in sorted(edges.items()):
     for target in sorted(targets):
       a, b = module.split('.')[0], target.split('.')[0]
-      if a == b or module in shims:
+      if a == b:
         continue
       if a not in layer or b not in layer:
         bad[f'{a} -> {b} (a package missing from LAYERS)'].append(module)
@@ -178,8 +177,8 @@ def test_no_import_cycles_between_modules():
 
 def test_no_upward_imports():
   """Hence no cycle between packages either: every other import goes down the layers."""
-  edges, _, shims = import_graph()
-  found = upward_imports(edges, shims)
+  edges, _, _ = import_graph()
+  found = upward_imports(edges)
   assert {k: v for k, v in found.items() if k not in KNOWN_UPWARD} == {}
   assert sorted(set(KNOWN_UPWARD) - set(found)) == []  # removed: delete it from KNOWN_UPWARD
 
@@ -209,17 +208,31 @@ def test_the_checker_sees_a_cycle_and_an_upward_import():
   edges = {'model.a': {'model.b': False}, 'model.b': {'model.a': True},
            'input_pipeline.x': {'training.y': True}}
   assert cycles(edges) == [['model.a', 'model.b']]
-  assert list(upward_imports(edges, set())) == ['input_pipeline -> training']
+  assert list(upward_imports(edges)) == ['input_pipeline -> training']
+
+
+def test_no_module_only_aliases_another():
+  """Before 1.0 a moved module leaves no alias behind: every caller imports its new home."""
+  _, _, aliases = import_graph()
+  assert sorted(aliases) == []
+
+
+def test_the_checker_sees_an_alias_module():
+  alias = ast.parse('"""Moved."""\nimport sys\nfrom a import b\n__all__ = ["b"]\n'
+                    'sys.modules[__name__] = b\n')
+  assert _only_aliases(alias)
+  assert not _only_aliases(ast.parse('"""A package."""\n'))
+  assert not _only_aliases(ast.parse('from a import b\n\n\ndef c():\n  return b\n'))
 
 
 if __name__ == '__main__':
-  graph, functions, compat = import_graph()
+  graph, functions, only_aliases = import_graph()
   print('module cycles:', cycles(graph))
-  for pair in sorted(package_edges(graph, compat)):
+  for pair in sorted(package_edges(graph)):
     print('package import: {} -> {}'.format(*pair))
-  for edge, where in upward_imports(graph, compat).items():
+  for edge, where in upward_imports(graph).items():
     print(f'upward import {edge}: {"; ".join(where)}')
-  print('compat shims (left out of the layer rule):', sorted(compat))
+  print('modules that only alias another:', sorted(only_aliases))
   print(f'function-local imports: {len(functions)} '
         f'({sum(1 for m, _, _ in functions if m.split(".")[0] != "bench")} outside bench/)')
   for entry in functions if '-v' in sys.argv else ():
