@@ -34,7 +34,7 @@ import sys
 
 from absl import app, flags, logging
 
-from common.tokens import DEFAULT_MIN_NEW_TOKENS
+from common.tokens import DEFAULT_MIN_NEW_TOKENS, truncate
 from training import cli
 
 FLAGS = flags.FLAGS
@@ -143,16 +143,14 @@ def restore(workdir: str, step: int | None, average_last: int, mesh=None):
 
 def encode_sources(tokenizer, lines, max_source_len: int):
   """Token ids per line (EOS-terminated); empty lines -> None; long ones truncated (with a
-  warning) by the rule of `autoregressive.translator.truncate`."""
-  from autoregressive import translator  # pylint: disable=import-outside-toplevel
+  warning) by the rule of `common.tokens.truncate`."""
   out = []
   for number, line in enumerate(lines, start=1):
     ids = list(tokenizer.encode(line)) if line.strip() else None
     if ids is not None and len(ids) > max_source_len:
       _warn(f'input line {number} has {len(ids)} tokens, more than the model\'s max_len '
             f'{max_source_len}; truncated')
-    out.append(None if ids is None else translator.truncate(ids, max_source_len,
-                                                            tokenizer.eos_id))
+    out.append(None if ids is None else truncate(ids, max_source_len, tokenizer.eos_id))
   return out
 
 

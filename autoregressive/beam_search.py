@@ -32,10 +32,8 @@ import jax
 import jax.numpy as jnp
 
 from autoregressive.decode_loop import (
-  EOS_ID,
   FIRST_WINDOW,
   NEG_INF,
-  PAD_ID,
   SELF_CACHE_LEAVES,
   block_size,
   forced_tokens,
@@ -47,6 +45,7 @@ from autoregressive.decode_loop import (
   window_then_whole,
   windows,
 )
+from common.tokens import EOS_ID, PAD_ID
 from model.kinds import adapter_of
 
 Array = jax.Array

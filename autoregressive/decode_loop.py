@@ -14,14 +14,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from common.tokens import PAD_ID
 from model import transformer
 from model.kinds import adapter_of
 from model.layers import CACHE_POSITION_AXIS
 
 Array = jax.Array
 
-PAD_ID = 0
-EOS_ID = 1
 NEG_INF = -np.inf
 
 

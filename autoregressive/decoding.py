@@ -40,10 +40,8 @@ import numpy as np
 
 from autoregressive import beam_search, program_cache
 from autoregressive.decode_loop import (
-  EOS_ID,
   FIRST_WINDOW,
   NEG_INF,
-  PAD_ID,
   block_size,
   compact_sizes,
   decoding_model,
@@ -58,13 +56,13 @@ from autoregressive.decode_loop import (
   window_then_whole,
   windows,
 )
-from common.tokens import DEFAULT_MIN_NEW_TOKENS
+from common.tokens import DEFAULT_MIN_NEW_TOKENS, EOS_ID, PAD_ID
 from model.kinds import adapter_of
 
 Array = jax.Array
 
 __all__ = ['greedy_decode', 'sample', 'beam_search_decode', 'sequence_log_probs',
-           'length_penalty', 'PAD_ID', 'EOS_ID']
+           'length_penalty']
 
 
 # ----------------------------------------------------------------------------- greedy / sample

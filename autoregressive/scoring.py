@@ -15,7 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from autoregressive.batches import default_workers, in_order, padded_length
-from autoregressive.decode_loop import PAD_ID, decoding_model, log_normalizer
+from autoregressive.decode_loop import decoding_model, log_normalizer
+from common.tokens import PAD_ID
 from model.kinds import adapter_of
 
 # The (inputs, targets) shapes scored (compiled) in this process, per model.

@@ -2,7 +2,7 @@
 BLEU evaluation, `decode.py` and `inference.Session`; and a language model's generation.
 
 Sources are token ids (EOS-terminated, as the tokenizer gives them); a source longer than the
-model's positions is cut by `truncate`, the same rule as the training pipeline's. Batches
+model's positions is cut by `common.tokens.truncate`, the training pipeline's rule. Batches
 hold sentences of similar length, padded to a multiple of `batches.LENGTH_MULTIPLE` tokens and to a
 fixed number of rows (a whole file: the batch size; a stream: the next power of two), so a
 whole test set, or a stream of any rhythm, compiles only a few shapes.
@@ -26,25 +26,17 @@ from autoregressive import decoding
 from autoregressive.batches import default_workers, in_order, padded_length
 from autoregressive.decode_loop import decoding_model
 from autoregressive.scoring import forced_log_probs
-from common.tokens import DEFAULT_MIN_NEW_TOKENS
+from common.tokens import DEFAULT_MIN_NEW_TOKENS, EOS_ID, PAD_ID, truncate
 
 # One program for the penalties (as eager jnp ops, each op compiled in every new process).
 _length_penalty = jax.jit(decoding.length_penalty, static_argnums=1)
-
-
-def truncate(ids: Sequence[int], max_length: int, eos_id: int | None) -> list[int]:
-  """At most `max_length` ids; a cut sequence keeps its EOS at the end (when there is one)."""
-  ids = list(ids)
-  if len(ids) <= max_length:
-    return ids
-  return ids[:max_length - 1] + [eos_id] if eos_id is not None else ids[:max_length]
 
 
 def until_eos(ids: Sequence[int], eos_id: int | None) -> list[int]:
   """Generated ids up to and including EOS, without the trailing padding."""
   out = []
   for i in ids:
-    if i == decoding.PAD_ID:
+    if i == PAD_ID:
       break
     out.append(int(i))
     if eos_id is not None and i == eos_id:
@@ -115,7 +107,7 @@ class Translator:
 
   def __init__(self, module, params, *, beam_size: int, alpha: float, max_new_tokens: int,
                batch_size: int, min_new_tokens: int = DEFAULT_MIN_NEW_TOKENS,
-               eos_id: int | None = decoding.EOS_ID, nbest: int = 1,
+               eos_id: int | None = EOS_ID, nbest: int = 1,
                sampling: Sampling | None = None, drop_finished: bool | int = True,
                workers: int | None = None):
     self.module, self.params = decoding_model(module, params)

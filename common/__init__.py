@@ -2,6 +2,7 @@
 `training`, `inference`, `hf_export`, the command lines). It imports no other package.
 
   atomic_file   atomic_write(path, data): a file written whole or not at all
+  decode_limits bounds of the decoding settings (alpha, temperature, beam, n-best, batch)
   tokens        PAD_ID, EOS_ID, UNK_ID and `truncate` (a cut sequence keeps its EOS)
   messages      first_few(items): "a; b; c (+N more)" for one-line errors
   errors        ConfigError, the one error for a bad configuration value

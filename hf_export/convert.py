@@ -34,9 +34,9 @@ import numpy as np
 from common.tokens import PAD_ID
 from model import attention as attn
 from model.kinds import adapter_of
+from model.layers import LAYER_NORM_EPS
 
 GELU = 'gelu_new'  # flax's nn.gelu is the tanh approximation; HF's name for that is gelu_new
-LAYER_NORM_EPS = 1e-6  # model/layers.py: LayerNorm
 NEVER = -1e9  # output bias of tokens that are never generated (exp underflows to exactly 0)
 # CTranslate2's default max_input_length; its max_decoding_length (256) is within it and
 # neither engine offsets positions, so a sinusoidal translation model runs any line the

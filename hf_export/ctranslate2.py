@@ -46,8 +46,8 @@ from common.tokens import DEFAULT_MIN_NEW_TOKENS
 from hf_export import convert, targets
 from model import attention as attn
 from model.kinds import adapter_of
+from model.layers import LAYER_NORM_EPS
 
-LAYER_NORM_EPS = 1e-6  # model/layers.py: LayerNorm
 UNK = '<unk>'
 
 

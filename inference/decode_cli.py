@@ -15,16 +15,22 @@ import os
 import sys
 from typing import NamedTuple
 
+from common.decode_limits import (
+  ALPHA_MAX,
+  BEAM_SIZE_MAX,
+  DECODE_BATCH_MAX,
+  NBEST_MAX,
+  TEMPERATURE_MAX,
+  TEMPERATURE_MIN,
+)
 from common.tokens import DEFAULT_MIN_NEW_TOKENS
 from training import cli
 
 PROG = 'decode.py'
-TEMPERATURE_MIN, TEMPERATURE_MAX = 1e-3, 1e3  # below 1e-3 logits / T overflow float32
-ALPHA_MAX = 10.0  # ((5 + len) / 6) ** alpha stays finite in float32 for any length we decode
 INT_LIMITS = {  # flag -> (lowest, highest)
-    'step': (0, cli.INT32_MAX), 'average_last': (1, 10_000), 'beam_size': (1, 1024),
-    'batch_size': (1, 65_536), 'max_new_tokens': (1, cli.INT32_MAX), 'nbest': (1, 1024),
-    'min_new_tokens': (0, cli.INT32_MAX),
+    'step': (0, cli.INT32_MAX), 'average_last': (1, 10_000), 'beam_size': (1, BEAM_SIZE_MAX),
+    'batch_size': (1, DECODE_BATCH_MAX), 'max_new_tokens': (1, cli.INT32_MAX),
+    'nbest': (1, NBEST_MAX), 'min_new_tokens': (0, cli.INT32_MAX),
     'num_tokens': (1, 1_000_000), 'top_k': (0, cli.INT32_MAX), 'seed': (0, cli.UINT32_MAX),
     'attention_plot_max': (0, cli.INT32_MAX)}
 SAMPLING_FLAGS = ('temperature', 'top_k', 'top_p')

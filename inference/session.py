@@ -28,9 +28,8 @@ from autoregressive.translator import (
   Sampling,
   Translator,
   generate as generate_ids,
-  truncate,
 )
-from common.tokens import DEFAULT_MIN_NEW_TOKENS
+from common.tokens import DEFAULT_MIN_NEW_TOKENS, truncate
 from inference import restore as restore_lib
 from model.kinds import adapter_of
 

@@ -284,13 +284,17 @@ class FeedForward(nn.Module):
                   matmul=self.matmul)(h)
 
 
+# The Flax WMT example's (and T2T's); the exports write it into their configs (hf_export).
+LAYER_NORM_EPS = 1e-6
+
+
 class LayerNorm(nn.Module):
   """LayerNorm computed in float32 whatever the compute dtype, cast back."""
   dtype: Dtype = jnp.float32
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    norm = nn.LayerNorm(epsilon=1e-6, dtype=jnp.float32, param_dtype=jnp.float32)
+    norm = nn.LayerNorm(epsilon=LAYER_NORM_EPS, dtype=jnp.float32, param_dtype=jnp.float32)
     return norm(x).astype(self.dtype)
 
 

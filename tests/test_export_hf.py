@@ -24,6 +24,7 @@ from configs import default, shakespeare_char
 from hf_export import UnsupportedConfig, check_exportable, writer
 from input_pipeline.tokenizers import CharTokenizer
 from model import build_model
+from model.layers import LAYER_NORM_EPS
 
 torch = pytest.importorskip('torch')  # the [hf] extra, which [test] includes
 transformers = pytest.importorskip('transformers')
@@ -95,7 +96,7 @@ def test_encoder_decoder_logits_equal(tmp_path, norm, share, tied, activation):
   # Marian's hard-coded LayerNorm epsilon (1e-5, ours 1e-6) moves these logits by ~1e-4 (1.13e-4
   # seen once in CI on 'post-True-False-gelu'); the exact check is the same-epsilon one below.
   np.testing.assert_allclose(theirs[valid], ours[valid], atol=2e-4, rtol=0)
-  same_eps = _hf_seq2seq_logits(_load(tmp_path, cls, eps=1e-6), inputs, targets)
+  same_eps = _hf_seq2seq_logits(_load(tmp_path, cls, eps=LAYER_NORM_EPS), inputs, targets)
   np.testing.assert_allclose(same_eps[valid], ours[valid], atol=1e-5, rtol=0)
 
 
@@ -333,7 +334,7 @@ def test_long_input_runs_and_short_logits_are_unchanged(tmp_path, norm):
   batch = tokenizer(['a man is riding a bike. ' * 12, 'ROSE: his tale'], padding=True,
                     return_tensors='pt')
   assert batch['input_ids'].shape[1] > 4 * config.max_len
-  model = _load(tmp_path, getattr(transformers, arch), eps=1e-6)
+  model = _load(tmp_path, getattr(transformers, arch), eps=LAYER_NORM_EPS)
   assert model.generate(**batch, num_beams=4).shape[0] == 2
   inputs = batch['input_ids'].numpy()
   short = inputs[1:, :(inputs[1] > 0).sum()]

@@ -21,6 +21,13 @@ import ml_collections
 import numpy as np
 
 from common.atomic_file import atomic_write
+from common.decode_limits import (
+  ALPHA_MAX,
+  BEAM_SIZE_MAX,
+  DECODE_BATCH_MAX,
+  TEMPERATURE_MAX,
+  TEMPERATURE_MIN,
+)
 from common.tokens import DEFAULT_MIN_NEW_TOKENS
 from model.config import ConfigError, ModelConfig
 from model.kinds import ADAPTERS, adapter_of
@@ -47,9 +54,6 @@ MIN_MAX_LENGTH = 2  # a token and its EOS
 # there, and a positive one must not underflow to 0 (nor to a subnormal, which XLA may flush
 # to 0 on CPU/GPU): eps=1e-50 would divide 0 by 0 at a zero gradient.
 FLOAT32_TINY = 1.1754944e-38  # the smallest normal float32
-ALPHA_MAX = 10.0  # decode.py's --alpha bound: ((5 + len) / 6) ** alpha stays finite in float32
-TEMPERATURE_MIN, TEMPERATURE_MAX = 1e-3, 1e3  # decode.py's --temperature bounds (0 = greedy)
-BEAM_SIZE_MAX, DECODE_BATCH_MAX = 1024, 65_536  # decode.py's --beam_size, --batch_size bounds
 TRAINABLE_KINDS = tuple(kind for kind, adapter in ADAPTERS.items() if adapter.has_decoder)
 
 
