@@ -222,10 +222,12 @@ class Translator:
 
 def generate(module, params, prompt_ids: Sequence[int], *, num_tokens: int, temperature: float,
              top_k: int | None, top_p: float | None, seed: int, eos_id: int | None,
-             min_new_tokens: int = DEFAULT_MIN_NEW_TOKENS,
+             min_new_tokens: int = DEFAULT_MIN_NEW_TOKENS, line: int = 0,
              warn: Callable[[str], None] | None = None) -> list[int]:
   """Continues `prompt_ids` with a language model -> up to `num_tokens` generated ids, at
-  least `min_new_tokens` of them before an EOS.
+  least `min_new_tokens` of them before an EOS. The random stream is
+  fold_in(PRNGKey(seed), line): each (seed, input line) pair has its own, as the Translator's
+  samples (seed + line would give line 2 at seed 0 line 1's stream at seed 1).
 
   The model sees at most `max_len` positions (the start token, the context and the new
   tokens); longer generations continue in windows whose context is the last half of the
@@ -234,7 +236,7 @@ def generate(module, params, prompt_ids: Sequence[int], *, num_tokens: int, temp
   module, params = decoding_model(module, params)
   span = module.config.max_len
   half = max(1, span // 2)
-  rng = jax.random.PRNGKey(seed)
+  rng = jax.random.fold_in(jax.random.PRNGKey(seed), line)
   context = list(prompt_ids)
   if len(context) >= span:
     if warn is not None:

@@ -124,7 +124,7 @@ def generate(F, session, lines) -> None:
         ids, new = session.generate_ids(prompt, num_tokens=F.num_tokens,
                                         min_new_tokens=F.min_new_tokens,
                                         temperature=F.temperature, top_k=F.top_k,
-                                        top_p=F.top_p, seed=F.seed + number - 1)
+                                        top_p=F.top_p, seed=F.seed, line=number - 1)
       except ValueError as e:  # a character outside the vocabulary
         raise cli.UsageError(f'prompt {number}: {e}') from None
       seconds += time.perf_counter() - started

@@ -132,6 +132,15 @@ class Session:
       sources.append(truncate(ids, limit, self.tokenizer.eos_id))
     return sources
 
+  @staticmethod
+  def _lines(lines) -> Sequence[str]:
+    """`lines` checked: a sequence of strings (a string alone is refused: iterating it would
+    translate each character)."""
+    if isinstance(lines, (str, bytes)) or not all(isinstance(x, str) for x in lines):
+      raise ValueError(f'lines must be a list of strings (one sentence each), got '
+                       f'{type(lines).__name__}: pass [text] for one sentence')
+    return lines
+
   def translate(self, lines: Sequence[str], **settings) -> list[str]:
     """The best translation of each line ('' for an empty line). `settings`: as `translator`."""
     return [h[0].text if h else '' for h in self.hypotheses(lines, **settings)]
@@ -141,7 +150,7 @@ class Session:
     """`nbest` `Hypothesis` (text, score, log_prob, tokens) per line, best first ([] for an
     empty line): the beam's best, or `nbest` samples with `sample=True`."""
     translator = self.translator(nbest=nbest, **settings)
-    found = translator.search(self.encode(lines))
+    found = translator.search(self.encode(self._lines(lines)))
     return [self.with_text(h) for h in found]
 
   def with_text(self, hypotheses: list[Hypothesis] | None) -> list[Hypothesis]:
@@ -154,6 +163,7 @@ class Session:
     """log P(reference | source) under the model (forced decoding; EOS included), None for
     an empty source line. A reference longer than the model's positions is a ValueError."""
     self._require(True, 'scoring references')
+    sources, references = self._lines(sources), self._lines(references)
     if len(sources) != len(references):
       raise ValueError(f'{len(sources)} sources but {len(references)} references')
     limit, targets = self.module.config.max_len, []
@@ -176,7 +186,7 @@ class Session:
 
   def generate_ids(self, prompt: str, *, num_tokens: int | None = None,
                    temperature: float | None = None, top_k: int | None = None,
-                   top_p: float | None = None, seed: int = 0,
+                   top_p: float | None = None, seed: int = 0, line: int = 0,
                    min_new_tokens: int | None = None) -> tuple[list[int], list[int]]:
     """(prompt ids, generated ids): `prompt` continued by up to `num_tokens` tokens (default
     config.decode.max_new_tokens), sampled at `temperature` (0 = greedy; default
@@ -197,5 +207,6 @@ class Session:
                        min_new_tokens=self.min_new_tokens(min_new_tokens, num_tokens),
                        temperature=self._default('temperature', temperature, 1.0),
                        top_k=self._default('top_k', top_k, 0), top_p=top_p, seed=seed,
+                       line=line,
                        eos_id=tok.eos_id, warn=self.warn)
     return ids, new

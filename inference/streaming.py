@@ -13,6 +13,7 @@ import gzip
 import json
 import os
 import queue
+import re
 import stat
 import sys
 import threading
@@ -138,6 +139,9 @@ class Output:
       self._file.close()
 
 
+_LINE_BREAK = re.compile('\r\n|[\n\r\v\f\x1c-\x1e\x85\u2028\u2029]')
+
+
 def format_hypotheses(index: int, source: str, hypotheses: Sequence, fmt: str, nbest: int) -> str:
   """One input line's output. `text`: the best text on one line (newlines folded), or with
   `nbest > 1` one `index<TAB>score<TAB>text` line per hypothesis (index: the input line,
@@ -146,10 +150,16 @@ def format_hypotheses(index: int, source: str, hypotheses: Sequence, fmt: str, n
   if fmt == 'jsonl':
     return json.dumps({'source': source, 'hypotheses': [h.as_dict() for h in hypotheses]},
                       ensure_ascii=False) + '\n'
-  fold = lambda text: ' '.join(text.split('\n'))  # noqa: E731
   if nbest == 1:
-    return (fold(hypotheses[0].text) if hypotheses else '') + '\n'
-  return ''.join(f'{index}\t{h.score:.4f}\t{fold(h.text)}\n' for h in hypotheses)
+    return (one_line(hypotheses[0].text) if hypotheses else '') + '\n'
+  return ''.join(f'{index}\t{h.score:.4f}\t{one_line(h.text)}\n' for h in hypotheses)
+
+
+def one_line(text: str) -> str:
+  """`text` with each line break a reader may see (`str.splitlines`' set: \\r\\n, \\n, \\r,
+  \\v, \\f, \\x1c-\\x1e, \\x85, \\u2028, \\u2029) as a space: one input line, one output line,
+  for `wc -l`, `readlines()` and `splitlines()` alike (a model's pieces can hold any of them)."""
+  return _LINE_BREAK.sub(' ', text)
 
 
 def format_reference_score(source: str, reference: str, tokens, log_prob: float | None,
@@ -160,7 +170,7 @@ def format_reference_score(source: str, reference: str, tokens, log_prob: float 
     return json.dumps({'source': source, 'reference': reference, 'log_prob': log_prob,
                        'tokens': list(tokens) if log_prob is not None else []},
                       ensure_ascii=False) + '\n'
-  return '\n' if log_prob is None else f'{log_prob:.4f}\t{" ".join(reference.split(chr(10)))}\n'
+  return '\n' if log_prob is None else f'{log_prob:.4f}\t{one_line(reference)}\n'
 
 
 def format_generation(prompt: str, text: str, tokens, fmt: str) -> str:

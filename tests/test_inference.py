@@ -128,6 +128,10 @@ def test_settings_that_do_not_apply_are_refused(mt):
       (lambda: lm.score(['a'], ['b']), 'needs a model with a source'),
       (lambda: mt.score(['a'], ['b', 'c']), '1 sources but 2 references'),
       (lambda: mt.score(['a'], ['z' * 30]), 'reference line 1 has 31 tokens'),
+      # A string where a list of sentences is expected: not one sentence per character.
+      (lambda: mt.translate('a dog'), 'lines must be a list of strings'),
+      (lambda: mt.hypotheses('a dog', nbest=2), 'lines must be a list of strings'),
+      (lambda: mt.score('a', 'b'), 'lines must be a list of strings'),
   ]
   for call, message in cases:
     with pytest.raises(ValueError, match=message):
@@ -176,6 +180,10 @@ def test_generate_continues_the_prompt():
   assert ids == [3, 4] and 0 < len(new) <= 6  # the prompt's EOS is dropped: it continues
   sampled = {lm.generate('ab', num_tokens=6, temperature=1.0, seed=s) for s in range(4)}
   assert len(sampled) > 1
+  # Each (seed, line) pair has its own stream: line 1 at seed 0 is not line 0 at seed 1.
+  streams = {(s, n): lm.generate('ab', num_tokens=8, temperature=1.0, seed=s, line=n)
+             for s, n in ((0, 0), (0, 1), (1, 0), (1, 1))}
+  assert streams[0, 1] != streams[1, 0] and len(set(streams.values())) == 4
 
 
 def _pipe_reader():
@@ -236,6 +244,14 @@ def test_output_formats():
   assert json.loads(streaming.format_reference_score('s', 'r', [4, 1], -2.5, 'jsonl')) == {
       'source': 's', 'reference': 'r', 'log_prob': -2.5, 'tokens': [4, 1]}
   assert streaming.format_generation('a\nb', 'c\n', [1], 'text') == 'a\nbc\n\n'
+  # Every character a reader may take as a line break is a space in a translation's line.
+  breaks = '\r\n \n \r \x0b \x0c \x1c \x1d \x1e \x85 \u2028 \u2029'
+  odd = [inference.Hypothesis([5, 1], -0.5, -0.5, f'a{c}b') for c in breaks.split(' ')]
+  out = ''.join(streaming.format_hypotheses(i, 's', [h], 'text', 1) for i, h in enumerate(odd))
+  assert out.splitlines() == ['a b'] * len(odd) and out.count('\n') == len(odd)
+  nbest = streaming.format_hypotheses(0, 's', odd, 'text', len(odd))
+  assert len(nbest.splitlines()) == len(odd)
+  assert streaming.format_reference_score('s', 'r\x1ds', [4, 1], -2.5, 'text') == '-2.5000\tr s\n'
 
 
 def test_attention_plots_have_token_labels_and_report_progress(mt, tmp_path):
