@@ -3,6 +3,7 @@ TensorBoard; and TensorBoard (the [tb] extra) reads the same files. The event fi
 written here with tensorboardX as a run writes them, at chosen wall times (no training)."""
 
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -100,3 +101,29 @@ def test_tensorboard_reads_the_same_event_files(resumed):
   acc = event_accumulator.EventAccumulator(resumed)
   acc.Reload()
   assert 'train/loss' in acc.Tags()['scalars'] and 'eval/bleu' in acc.Tags()['scalars']
+
+
+def test_a_flipped_bit_stops_the_reading_with_a_warning(resumed, tmp_path):
+  """Every record's CRCs are checked: a flipped bit in a length or in a record's data (a
+  step, a loss, a wall time) stops that file's reading at the record, with a warning naming
+  the file and the offset, instead of a silently different table."""
+  source = pathlib.Path(resumed)
+  second = sorted(p.name for p in source.iterdir() if p.name.endswith('.2'))[0]
+  header = next(report.read_records(str(source / second)))  # the file's version record
+  start = 16 + len(header)  # where its first scalar record starts
+  for where, byte in (('length', start + 3), ('data', start + 14)):
+    copy = tmp_path / where
+    copy.mkdir()
+    for path in source.iterdir():
+      data = bytearray(path.read_bytes())
+      if path.name == second:
+        data[byte] ^= 0x10
+      (copy / path.name).write_bytes(bytes(data))
+    warnings = []
+    run = report.load_run(str(copy), warn=warnings.append)
+    assert warnings == [f'{copy / second}: the record at byte {start} is damaged (CRC '
+                        'mismatch); it and the records after it are left out'], where
+    # Nothing of the damaged session is read: the first session's points only.
+    loss = run.scalars['train/loss']
+    assert [p.step for p in loss] == [2, 4, 6, 8], where
+    assert [p.value for p in loss] == pytest.approx([5.0, 4.0, 3.5, 3.4]), where

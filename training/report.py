@@ -21,6 +21,8 @@ import glob
 import os
 import statistics
 import struct
+import sys
+from collections.abc import Callable
 
 from absl import app, flags
 
@@ -47,26 +49,43 @@ class Run:
   minutes: float  # the sessions' total wall time
 
 
-def read_records(path: str):
-  """The records of one TFRecord file (8-byte length, 4-byte CRC, data, 4-byte CRC); stops
-  quietly at a truncated last record (a run killed while writing)."""
+def read_records(path: str, warn: Callable[[str], None] | None = None):
+  """The records of one TFRecord file (8-byte length, its masked CRC-32C, data, the data's):
+  stops quietly at a truncated last record (a run killed while writing), and at the first
+  record whose length or data fails its CRC, with a `warn` naming the file and the offset
+  (a flipped bit would otherwise read as another step, loss or wall time)."""
+  from tensorboardX.record_writer import masked_crc32c  # pylint: disable=import-outside-toplevel
   with open(path, 'rb') as f:
     data = f.read()
   pos = 0
   while pos + 12 <= len(data):
-    (length,) = struct.unpack('<Q', data[pos:pos + 8])
+    header, (length_crc,) = data[pos:pos + 8], struct.unpack('<I', data[pos + 8:pos + 12])
+    (length,) = struct.unpack('<Q', header)
     end = pos + 12 + length
+    if masked_crc32c(header) != length_crc:
+      return _damaged(path, pos, warn)
     if end + 4 > len(data):
       return
+    (data_crc,) = struct.unpack('<I', data[end:end + 4])
+    if masked_crc32c(data[pos + 12:end]) != data_crc:
+      return _damaged(path, pos, warn)
     yield data[pos + 12:end]
     pos = end + 4
 
 
-def read_events(path: str) -> list[tuple[float, int, str, object]]:
-  """-> [(wall_time, step, tag, float value or str text)] of one event file."""
+def _damaged(path: str, offset: int, warn) -> None:
+  if warn is not None:
+    warn(f'{path}: the record at byte {offset} is damaged (CRC mismatch); it and the records '
+         'after it are left out')
+
+
+def read_events(path: str, warn: Callable[[str], None] | None = None
+                ) -> list[tuple[float, int, str, object]]:
+  """-> [(wall_time, step, tag, float value or str text)] of one event file (`warn`: as
+  `read_records`)."""
   from tensorboardX.proto import event_pb2  # pylint: disable=import-outside-toplevel
   out = []
-  for record in read_records(path):
+  for record in read_records(path, warn):
     event = event_pb2.Event()
     try:
       event.ParseFromString(record)
@@ -81,10 +100,12 @@ def read_events(path: str) -> list[tuple[float, int, str, object]]:
   return out
 
 
-def load_run(workdir: str, name: str | None = None) -> Run:
-  """Joins the sessions (event files) of `workdir` into one `Run`. Raises FileNotFoundError."""
+def load_run(workdir: str, name: str | None = None,
+             warn: Callable[[str], None] | None = None) -> Run:
+  """Joins the sessions (event files) of `workdir` into one `Run`; `warn` hears of damaged
+  records (`read_records`). Raises FileNotFoundError."""
   paths = glob.glob(os.path.join(workdir, 'events.out.tfevents.*'))
-  sessions = [events for events in map(read_events, paths) if events]
+  sessions = [events for events in (read_events(p, warn) for p in paths) if events]
   if not sessions:
     raise FileNotFoundError(f'no TensorBoard events in {workdir} (is it a train.py workdir?)')
   sessions.sort(key=lambda events: events[0][0])
@@ -171,11 +192,12 @@ def plot_curves(runs: list[Run], path: str) -> str:
   return path
 
 
-def report(workdirs: list[str], output_dir: str, names: list[str] | None = None) -> dict:
+def report(workdirs: list[str], output_dir: str, names: list[str] | None = None,
+           warn: Callable[[str], None] | None = None) -> dict:
   """Writes curves.png and summary.md for `workdirs` into `output_dir` -> their paths and the
-  table."""
+  table (`warn`: as `read_records`)."""
   names = names or [None] * len(workdirs)
-  runs = [load_run(w, n) for w, n in zip(workdirs, names, strict=True)]
+  runs = [load_run(w, n, warn) for w, n in zip(workdirs, names, strict=True)]
   os.makedirs(output_dir, exist_ok=True)
   table = summary_table(runs)
   table_path = os.path.join(output_dir, 'summary.md')
@@ -205,7 +227,8 @@ def main(argv: list[str]) -> None:
   if f.names is not None and len(f.names) != len(f.workdir):
     cli.fail(prog, f'--names has {len(f.names)} names for {len(f.workdir)} workdirs')
   try:
-    out = report(f.workdir, f.output_dir, f.names)
+    out = report(f.workdir, f.output_dir, f.names,
+                 warn=lambda m: print(f'{prog}: warning: {m}', file=sys.stderr, flush=True))
   except (FileNotFoundError, ValueError) as e:
     cli.fail(prog, e)
   except OSError as e:
