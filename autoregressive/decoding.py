@@ -86,7 +86,9 @@ def _select(logits, rng, temperature, top_p, eos_banned, *, greedy: bool, top_k:
     sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]
     probs = jax.nn.softmax(sorted_logits, axis=-1)
     before = jnp.cumsum(probs, axis=-1) - probs  # mass of the strictly better tokens
-    keep = before < top_p
+    # The best token always: a top_p that float32 flushes to 0 (1e-38) would keep none, and
+    # the draw from all -inf logits would be pad (an empty output).
+    keep = (before < top_p) | (jnp.arange(logits.shape[-1]) == 0)
     threshold = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
     logits = jnp.where(logits < threshold, NEG_INF, logits)
   if _per_row(rng):  # each row draws from its own key: independent of the batch it is in

@@ -340,10 +340,12 @@ def test_sampling_top_p_and_temperature_zero():
   zero_t = np.asarray(decoding.sample(module, params, src, rng=jax.random.PRNGKey(3),
                                       max_new_tokens=6, temperature=0.0))
   np.testing.assert_array_equal(greedy, zero_t)
-  # A tiny nucleus keeps only the most likely token: greedy again.
-  tiny_p = np.asarray(decoding.sample(module, params, inputs=src, rng=jax.random.PRNGKey(3),
-                                      max_new_tokens=6, top_p=1e-6))
-  np.testing.assert_array_equal(greedy, tiny_p)
+  # A tiny nucleus keeps only the most likely token: greedy again, also for a top_p that is
+  # 0 as a float32 on CPU (1e-38: subnormal, flushed), which once kept no token at all.
+  for top_p in (1e-6, 1e-38, 1e-40):
+    tiny_p = np.asarray(decoding.sample(module, params, inputs=src, rng=jax.random.PRNGKey(3),
+                                        max_new_tokens=6, top_p=top_p))
+    np.testing.assert_array_equal(greedy, tiny_p)
 
 
 def test_greedy_rope_and_fused_attention_equal_full_forward():
