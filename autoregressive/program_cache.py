@@ -11,8 +11,9 @@ an exported program's arrays otherwise, so beam scores may differ in float round
 The key of a program covers everything it was built from: JAX's version and backend, the
 source of the model and search packages, the module (its config), the static arguments and
 the arguments' shapes and dtypes. Only single-device processes use it (an exported program
-fixes its shardings). A file that cannot be read is exported again; failing to write one
-only costs the next run the tracing.
+fixes its shardings). A file that cannot be read, fails its sha256, or cannot be parsed or
+called with the arguments (missing, damaged, or another program's) is a miss: the program is
+exported again and replaces it; failing to write one only costs the next run the tracing.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from common.atomic_file import atomic_write
 _PACKAGES = ('autoregressive', 'model')  # whose code the programs are traced from
 _state: dict[str, Any] = {'directory': None}
 _loaded: dict[tuple, Callable] = {}  # call's signature -> the exported program, jitted
+_DIGEST = 32  # a file is the sha256 of the serialized program, then the program
 
 
 def enable(directory: str | None) -> None:
@@ -47,12 +49,22 @@ def call(fn, module, *args, **static):
   leaves, tree = jax.tree.flatten(args)
   signature = (fn, module, tuple(sorted(static.items())), tree, tuple(map(_aval, leaves)))
   program = _loaded.get(signature)  # the same search again in this process: no hashing
-  if program is None:
-    try:
-      program = jax.jit(_load_or_export(directory, _key(signature), fn, module, args, static))
-    except Exception:  # noqa: BLE001  # what jax.export cannot express runs as it is
-      program = functools.partial(fn, module, **static)
-    _loaded[signature] = program
+  if program is not None:
+    return program(*args)
+  path = os.path.join(directory, f'{_key(signature)}.jaxexport')
+  loaded = _load(path)
+  if loaded is not None:
+    try:  # a file is parsed and checked against the arguments at its first call
+      result = loaded(*args)
+      _loaded[signature] = loaded
+      return result
+    except Exception:  # noqa: BLE001, S110  # damaged, or another program's: a miss
+      pass
+  try:
+    program = jax.jit(_export(path, fn, module, args, static))
+  except Exception:  # noqa: BLE001  # what jax.export cannot express runs as it is
+    program = functools.partial(fn, module, **static)
+  _loaded[signature] = program
   return program(*args)
 
 
@@ -64,18 +76,29 @@ def _aval(x) -> tuple:
   return jax.numpy.shape(x), jax.numpy.result_type(x), getattr(x, 'weak_type', False)
 
 
-def _load_or_export(directory, key, fn, module, args, static) -> Callable:
+def _load(path: str) -> Callable | None:
+  """The program stored at `path`, jitted, or None when it is missing, cannot be read or
+  fails its digest (a flipped bit may still parse, and compute something else)."""
   from jax import export  # pylint: disable=import-outside-toplevel
-  path = os.path.join(directory, f'{key}.jaxexport')
   try:
     with open(path, 'rb') as f:
-      return export.deserialize(bytearray(f.read())).call
-  except Exception:  # noqa: BLE001, S110  # missing or unreadable: exported again below
-    pass
+      data = f.read()
+    digest, payload = data[:_DIGEST], data[_DIGEST:]
+    if hashlib.sha256(payload).digest() != digest:
+      return None
+    return jax.jit(export.deserialize(bytearray(payload)).call)
+  except Exception:  # noqa: BLE001  # missing or unreadable: exported again
+    return None
+
+
+def _export(path: str, fn, module, args, static) -> Callable:
+  """`fn` exported for these arguments, written to `path` (replacing whatever was there)."""
+  from jax import export  # pylint: disable=import-outside-toplevel
   exported = export.export(fn)(module, *args, **static)
   try:
-    os.makedirs(directory, exist_ok=True)
-    atomic_write(path, exported.serialize())
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    payload = bytes(exported.serialize())
+    atomic_write(path, hashlib.sha256(payload).digest() + payload)
   except Exception:  # noqa: BLE001, S110  # a cache is only an optimisation
     pass
   return exported.call

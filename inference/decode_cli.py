@@ -23,16 +23,17 @@ from common.decode_limits import (
   TEMPERATURE_MAX,
   TEMPERATURE_MIN,
 )
+from common.dtype_limits import INT32_MAX, UINT32_MAX
 from common.tokens import DEFAULT_MIN_NEW_TOKENS
 from training import cli
 
 PROG = 'decode.py'
 INT_LIMITS = {  # flag -> (lowest, highest)
-    'step': (0, cli.INT32_MAX), 'average_last': (1, 10_000), 'beam_size': (1, BEAM_SIZE_MAX),
-    'batch_size': (1, DECODE_BATCH_MAX), 'max_new_tokens': (1, cli.INT32_MAX),
-    'nbest': (1, NBEST_MAX), 'min_new_tokens': (0, cli.INT32_MAX),
-    'num_tokens': (1, 1_000_000), 'top_k': (0, cli.INT32_MAX), 'seed': (0, cli.UINT32_MAX),
-    'attention_plot_max': (0, cli.INT32_MAX)}
+    'step': (0, INT32_MAX), 'average_last': (1, 10_000), 'beam_size': (1, BEAM_SIZE_MAX),
+    'batch_size': (1, DECODE_BATCH_MAX), 'max_new_tokens': (1, INT32_MAX),
+    'nbest': (1, NBEST_MAX), 'min_new_tokens': (0, INT32_MAX),
+    'num_tokens': (1, 1_000_000), 'top_k': (0, INT32_MAX), 'seed': (0, UINT32_MAX),
+    'attention_plot_max': (0, INT32_MAX)}
 SAMPLING_FLAGS = ('temperature', 'top_k', 'top_p')
 # Flags of a translation model that a language model refuses (and the reverse).
 TRANSLATION_FLAGS = ('reference', 'score_reference', 'beam_size', 'alpha', 'max_new_tokens',
@@ -96,6 +97,31 @@ def check_paths(F) -> None:
     if _same_file(F.output_file, path):
       raise cli.UsageError(f'--output_file {F.output_file} is the same file as --{name} '
                            f'{path}: refusing to overwrite it')
+  if F.compilation_cache and inside(os.path.expanduser(F.compilation_cache), F.workdir):
+    raise cli.UsageError(f'--compilation_cache {F.compilation_cache} is inside --workdir '
+                         f'{F.workdir}: decode.py never writes there (give another directory, '
+                         "or '' for none)")
+
+
+def inside(path: str, directory: str) -> bool:
+  """Whether `path` (existing or not) is `directory` or under it, by device and inode (so
+  through symlinks and bind mounts too) for every existing ancestor of `path`."""
+  try:
+    target = os.stat(directory)
+  except OSError:
+    return False
+  current = os.path.abspath(path)
+  while True:
+    try:
+      st = os.stat(current)
+      if (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino):
+        return True
+    except OSError:
+      pass  # not created yet: its parent decides
+    parent = os.path.dirname(current)
+    if parent == current:
+      return False
+    current = parent
 
 
 def _given(F, name: str) -> bool:

@@ -193,6 +193,7 @@ MT_REFUSALS = {
     '--attention_plot_heads=average': '--attention_plot_heads needs --attention_plot',
     '--score_reference=README.md --beam_size=2': '--beam_size does not apply to '
                                                  '--score_reference',
+    '--compilation_cache=WORKDIR/xla': '--compilation_cache WORKDIR/xla is inside --workdir',
     '--min_new_tokens=-1': '--min_new_tokens=-1 must be an integer in [0, ',
     '--min_new_tokens=9 --max_new_tokens=8': '--min_new_tokens=9 is more than '
                                              '--max_new_tokens=8',
@@ -239,10 +240,16 @@ print(json.dumps(results))
 
 
 def _refusal_cases(workdirs):
-  return {(kind, flags_): ([f'--workdir={workdirs[kind]}', *flags_.split(), '--compilation_cache='],
-                           message)
-          for kind, cases in (('mt', MT_REFUSALS), ('lm', LM_REFUSALS))
-          for flags_, message in cases.items()}
+  """(kind, flags) -> (arguments, message); WORKDIR in a case is the kind's workdir."""
+  cases = {}
+  for kind, refusals in (('mt', MT_REFUSALS), ('lm', LM_REFUSALS)):
+    for flags_, message in refusals.items():
+      args = flags_.replace('WORKDIR', workdirs[kind]).split()
+      if not any(a.startswith('--compilation_cache') for a in args):
+        args.append('--compilation_cache=')
+      cases[kind, flags_] = ([f'--workdir={workdirs[kind]}', *args],
+                             message.replace('WORKDIR', workdirs[kind]))
+  return cases
 
 
 def _assert_refused(name, code, out, err, message):

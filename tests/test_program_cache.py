@@ -72,3 +72,24 @@ def test_a_damaged_program_is_exported_again(cache_dir):
   decoding.greedy_decode(module, params, src, max_new_tokens=MAX_LEN - 1)
   decoding.greedy_decode(module, params, src[:4], max_new_tokens=MAX_LEN)
   assert len(_files(cache_dir)) == 3
+
+
+def test_another_programs_file_or_a_flipped_bit_is_a_miss(cache_dir):
+  """A valid program stored under another program's key (the greedy search's file where the
+  beam search's belongs), and a file with one bit flipped, fail only when called: each is a
+  miss, exported again and replaced, with the plain path's results."""
+  module, params = _model(seed=3)
+  src = _sources(seed=3)
+  decoding.greedy_decode(module, params, src, max_new_tokens=MAX_LEN)
+  [greedy_file] = _files(cache_dir)
+  expected = _searches(module, params, src)
+  [beam_file] = set(_files(cache_dir)) - {greedy_file}
+  good = (cache_dir / beam_file).read_bytes()
+  flipped = bytearray(good)
+  flipped[len(flipped) // 2] ^= 0x04
+  for damage in ((cache_dir / greedy_file).read_bytes(), bytes(flipped)):
+    (cache_dir / beam_file).write_bytes(damage)
+    program_cache._loaded.clear()  # pylint: disable=protected-access  # as a new process
+    for got, want in zip(_searches(module, params, src), expected, strict=True):
+      np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert (cache_dir / beam_file).read_bytes() != damage
