@@ -69,7 +69,13 @@ class LineReader:
   """Lines of a binary stream, read by a daemon thread as they arrive.
 
   `batches(limit)` yields `(first_index, lines)`: at least one line (waiting for it), plus
-  every line already read, up to `limit`; a line never waits for more input.
+  every line already read, up to `limit`; a line never waits for more input. A line that is
+  not UTF-8 raises `InputError` after the lines before it were yielded.
+
+  The thread reads the file descriptor with `os.read`, not through a buffered file object: a
+  daemon thread blocked inside a BufferedReader's `readline` holds its lock, and an
+  interpreter that exits then (an error, Ctrl-C, a closed stdout) aborts with "Fatal Python
+  error: _enter_buffered_busy".
   """
 
   def __init__(self, stream=None, what: str = 'input', name: str = '<stdin>'):
@@ -81,7 +87,7 @@ class LineReader:
 
   def _read(self, stream) -> None:
     try:
-      for raw in iter(stream.readline, b''):
+      for raw in _raw_lines(stream):
         self._queue.put(raw)
     except (OSError, ValueError) as e:  # a closed or unreadable stream ends the input
       self._queue.put(InputError(f'cannot read {self.what} {self.name}: {e}'))
@@ -103,13 +109,38 @@ class LineReader:
           break
       ended = raws[-1] is None
       raws = raws[:-1] if ended else raws
-      if raws:
+      lines, error = [], None
+      for raw in raws:
+        try:
+          lines.append(decode_line(raw, self._count + len(lines) + 1, self.what, self.name))
+        except InputError as e:  # the lines before it are answered first
+          error = e
+          break
+      if lines:
         first = self._count
-        self._count += len(raws)
-        yield first, [decode_line(r, first + i + 1, self.what, self.name)
-                      for i, r in enumerate(raws)]
+        self._count += len(lines)
+        yield first, lines
+      if error is not None:
+        raise error
       if ended:
         return
+
+
+def _raw_lines(stream) -> Iterator[bytes]:
+  """The lines of `stream` (with their `\\n`), read from its file descriptor in chunks."""
+  try:
+    fd = stream.fileno()
+  except (AttributeError, OSError, ValueError):  # no descriptor (an in-memory stream)
+    yield from iter(stream.readline, b'')
+    return
+  pending = b''
+  while chunk := os.read(fd, 1 << 16):
+    pending += chunk
+    if b'\n' in chunk:
+      *lines, pending = pending.split(b'\n')
+      yield from (line + b'\n' for line in lines)
+  if pending:
+    yield pending
 
 
 class Output:

@@ -5,6 +5,7 @@ decoding of references, sampled translations, and the flags it refuses."""
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -80,6 +81,34 @@ def test_translation_stream_is_answered_line_by_line(workdirs):
   import inference  # pylint: disable=import-outside-toplevel  # the same from Python
   session = inference.load(workdirs['mt'])
   assert session.translate(['A man rides a bike.'], beam_size=1, max_new_tokens=6) == [first[:-1]]
+
+
+def test_a_stream_stops_cleanly_on_a_bad_line_or_ctrl_c(workdirs):
+  """With the input still open: a non-UTF-8 line is one error line naming it, after the line
+  before it (read in the same chunk) was answered, exit 2; Ctrl-C while waiting for input is
+  one line, exit 130. Neither aborts on the reader thread (once: 'Fatal Python error:
+  _enter_buffered_busy', SIGABRT)."""
+  args = (f'--workdir={workdirs["mt"]}', '--beam_size=1', '--max_new_tokens=6',
+          '--compilation_cache=')
+  bad = _start(*args)
+  bad.stdin.write(b'A man rides a bike.\n\xff bad\n')
+  bad.stdin.flush()  # and left open
+  try:
+    code = bad.wait(timeout=300)
+  finally:
+    bad.kill()
+  out, err = bad.stdout.read().decode(), bad.stderr.read().decode()
+  assert code == 2 and len(out.splitlines()) == 1 and out.strip(), (code, out, err[-2000:])
+  assert err.strip().splitlines()[-1] == ('decode.py: error: input <stdin> line 2 is not '
+                                         'valid UTF-8 (byte 0xff at column 1)')
+  assert 'Fatal Python error' not in err and 'Traceback' not in err
+  talk = _Conversation(*args)
+  assert talk.ask('A man rides a bike.').strip()
+  talk.proc.send_signal(signal.SIGINT)
+  assert talk.proc.wait(timeout=120) == 130
+  err = talk.proc.stderr.read().decode()
+  assert err.strip().splitlines()[-1] == 'decode.py: error: interrupted', err[-2000:]
+  assert 'Fatal Python error' not in err and 'Traceback' not in err
 
 
 def test_language_model_stream_is_answered_prompt_by_prompt(workdirs):
