@@ -7,4 +7,5 @@
   messages      first_few(items): "a; b; c (+N more)" for one-line errors
   errors        ConfigError, the one error for a bad configuration value
   lock_file     open_lock_file(path): a lock file opened without following a symlink
+  files         open_regular / read_regular(path): a regular file only, never waiting on a FIFO
 """

@@ -22,6 +22,7 @@ import sys
 
 from common import lock_file
 from common.atomic_file import atomic_write
+from common.files import read_regular
 from input_pipeline.errors import DataFileError
 
 CHECKSUMS = 'checksums.json'
@@ -74,8 +75,7 @@ def _warn_unverified(directory: str) -> None:
 def _digests(directory: str) -> dict:
   path = os.path.join(directory, CHECKSUMS)
   try:
-    with open(path, 'rb') as f:
-      digests = json.loads(f.read())['files']
+    digests = json.loads(read_regular(path))['files']
     if not isinstance(digests, dict):
       raise TypeError('files is not a mapping')
     return digests

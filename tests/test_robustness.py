@@ -395,3 +395,32 @@ def test_garbage_orbax_metadata_and_read_only_notices_stay_quiet(trained, tmp_pa
   params, step = checkpoint.restore_params(workdir)
   assert step == 6
   _assert_trees_equal(params, trained[1]['state'].params)
+
+
+def test_a_fifo_where_a_file_is_expected_is_refused_without_waiting(tmp_path):
+  """`common.files.open_regular` opens without blocking and refuses a FIFO (or a directory,
+  a device) before reading: best_metrics.json, checkpoint and tokenizer checksum files are
+  read through it, where a planted FIFO hung the run forever."""
+  import threading  # pylint: disable=import-outside-toplevel
+
+  from common import files  # pylint: disable=import-outside-toplevel
+  fifo = tmp_path / 'best_metrics.json'
+  os.mkfifo(fifo)
+  box = []
+
+  def read():
+    try:
+      files.read_regular(str(fifo))
+    except OSError as e:
+      box.append(e)
+  thread = threading.Thread(target=read, daemon=True)
+  thread.start()
+  thread.join(30)
+  assert box and isinstance(box[0], files.NotARegularFileError), 'the read waited on the FIFO'
+  assert str(box[0]) == f'{fifo} is a FIFO, not a regular file'
+  with pytest.raises(files.NotARegularFileError, match='is a directory'):
+    files.read_regular(str(tmp_path))
+  with pytest.raises(files.NotARegularFileError, match='is a device'):
+    files.read_regular('/dev/null')
+  (tmp_path / 'ok').write_bytes(b'{}')
+  assert files.read_regular(str(tmp_path / 'ok')) == b'{}'

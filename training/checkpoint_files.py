@@ -28,13 +28,14 @@ import shutil
 from typing import Any
 
 from common.atomic_file import atomic_write
+from common.files import open_regular, read_regular
 from training.orbax_noise import note_failure, quiet_orbax_logs  # noqa: F401  (files.quiet_...)
 
 CHECKSUM_FILE = 'checksums.json'
 
 
 def _file_sha256(path: str) -> str:
-  with open(path, 'rb') as f:
+  with open_regular(path) as f:  # streamed: a checkpoint file may be large
     return hashlib.file_digest(f, 'sha256').hexdigest()
 
 
@@ -74,8 +75,7 @@ def _written_with_checksums(step_dir: str) -> bool | None:
   """True/False from the marker in the step's data item; None when there is none (a step of a
   version from before checksums) or the item cannot be read."""
   try:
-    with open(os.path.join(step_dir, 'data', 'metadata'), 'rb') as f:
-      data = json.loads(f.read())
+    data = json.loads(read_regular(os.path.join(step_dir, 'data', 'metadata')))
   except (OSError, ValueError):
     return None
   if not isinstance(data, dict) or 'checksums' not in data:
@@ -98,8 +98,7 @@ def verify_checksums(step_dir: str, skip: tuple[str, ...] = ()) -> str | None:
   if not os.path.lexists(path):
     return f'{CHECKSUM_FILE} is missing' if _written_with_checksums(step_dir) else None
   try:
-    with open(path) as f:
-      digests = json.load(f)['files']
+    digests = json.loads(read_regular(path))['files']
   except (OSError, ValueError, KeyError, TypeError) as e:
     return f'{CHECKSUM_FILE} is unreadable ({type(e).__name__})'
   for rel, expected in sorted(digests.items()):

@@ -25,6 +25,7 @@ import jax
 import numpy as np
 
 from common.atomic_file import atomic_write
+from common.files import read_regular
 from training import metrics as metrics_lib, steps, telemetry
 from training.metrics import log
 
@@ -135,8 +136,7 @@ class BestMetrics:
     if resumed_step <= 0 or not os.path.exists(self.path):
       return
     try:
-      with open(self.path) as f:
-        values = json.load(f)
+      values = json.loads(read_regular(self.path))
       for name, entry in values.items():
         value, step = float(entry['value']), entry['step']
         if name in self.HIGHER_IS_BETTER and math.isfinite(value) and isinstance(step, int):

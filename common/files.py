@@ -1,0 +1,41 @@
+"""Reading the project's own files without blocking: `open_regular(path)` opens without waiting
+(O_NONBLOCK) and refuses anything but a regular file before reading it. A FIFO planted where a
+file is expected (a workdir's config.json, best_metrics.json, tokenizer or checkpoint files)
+would otherwise hang the reader forever with no message (an open() for reading waits for a
+writer)."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+
+class NotARegularFileError(OSError):
+  """The path is a FIFO, socket, device or directory, not a regular file."""
+
+
+_KINDS = ((stat.S_ISFIFO, 'a FIFO'), (stat.S_ISSOCK, 'a socket'), (stat.S_ISCHR, 'a device'),
+          (stat.S_ISBLK, 'a device'), (stat.S_ISDIR, 'a directory'))
+
+
+def open_regular(path: str):
+  """`path` opened for reading in binary (symlinks followed) if it is a regular file; raises
+  `NotARegularFileError` (an OSError naming the path and what it is) for anything else,
+  `FileNotFoundError` etc. as `open` would. Never waits on a FIFO."""
+  fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+  try:
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+      what = next((name for test, name in _KINDS if test(mode)), 'not a regular file')
+      raise NotARegularFileError(f'{path} is {what}, not a regular file')
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, 'rb')
+  except BaseException:
+    os.close(fd)
+    raise
+
+
+def read_regular(path: str) -> bytes:
+  """The bytes of the regular file `path` (`open_regular`)."""
+  with open_regular(path) as f:
+    return f.read()
