@@ -73,47 +73,13 @@ def _load_preset(argv: list[str]):
     return None
 
 
-def _fields(node, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
-  """Every leaf field of a config, as key paths."""
-  out = []
-  for key in node.keys():
-    value = node[key]
-    out += _fields(value, prefix + (key,)) if hasattr(value, 'keys') else [prefix + (key,)]
-  return out
-
-
-def _similarity(typed: str, field: str) -> tuple[float, float]:
-  """How alike two field names are -> (score, difflib's ratio). The score is the ratio, or
-  the share of `typed`'s words (split at '_') found in `field` when higher, so that num_layers
-  is closest to num_encoder_layers and num_decoder_layers rather than to scan_layers."""
-  import difflib  # pylint: disable=import-outside-toplevel
-  words = typed.split('_')
-  shared = sum(w in field.split('_') for w in words) / len(words)
-  ratio = difflib.SequenceMatcher(None, typed, field).ratio()
-  return max(ratio, shared), ratio
-
-
-def close_fields(name: str, config) -> list[str]:
-  """The fields of `config` most like the unknown dotted `name`, ranked by the similarity of
-  the last component (on ties: same section first, then difflib's ratio): every one within
-  0.1 of the best, if the best reaches 0.6; at most 4, as 'config.section.field'."""
-  *section, last = name.split('.')
-  ranked = []
-  for path in _fields(config):
-    score, ratio = _similarity(last, path[-1])
-    ranked.append((-score, list(path[:-1]) != section, -ratio, path))
-  ranked.sort()
-  if not ranked or -ranked[0][0] < 0.6:
-    return []
-  return ['.'.join(('config',) + r[-1]) for r in ranked[:4] if -r[0] >= -ranked[0][0] - 0.1]
-
-
 def _unknown_overrides(argv: list[str]) -> str | None:
   """'unknown config field --config.x.y; did you mean ...' for the first override naming no
   field."""
   config = _load_preset(argv)
   if config is None:
     return None
+  from common import schema as schema_lib  # pylint: disable=import-outside-toplevel
   for arg in argv:
     if not arg.startswith('--config.'):
       continue
@@ -122,7 +88,7 @@ def _unknown_overrides(argv: list[str]) -> str | None:
     for i, key in enumerate(name.split('.')):
       keys = list(node.keys()) if hasattr(node, 'keys') else []
       if key not in keys:
-        close = close_fields(name, config)
+        close = schema_lib.close_fields(name, schema_lib.leaf_paths(config))
         where = '.'.join(['config'] + name.split('.')[:i])
         hint = (f'; did you mean {" or ".join(close)}?' if close
                 else f'; {where} has {sorted(keys)}')

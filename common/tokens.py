@@ -18,6 +18,10 @@ UNK_ID = 2
 # language model's prompt may be complete as it is, but an empty continuation answers nothing
 # that was asked, so 1 there too. 0 lets EOS come first.
 DEFAULT_MIN_NEW_TOKENS = 1
+# config.data.tokenizer: the tokenizers the input pipeline trains, and the sentencepiece model
+# types (config.data.tokenizer_model_type; 'bpe' is the paper's).
+TOKENIZERS = ('sentencepiece', 'char')
+SENTENCEPIECE_MODEL_TYPES = ('bpe', 'unigram')
 
 
 def truncate(ids: Sequence[int], max_length: int, eos_id: int | None) -> list[int]:

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 import sentencepiece as spm
 
-from common.tokens import EOS_ID, PAD_ID, UNK_ID
+from common.tokens import EOS_ID, PAD_ID, TOKENIZERS, UNK_ID
 from input_pipeline import tokenizer_files
 from input_pipeline.errors import DataError, DataFileError
 from input_pipeline.tokenizer_files import TokenizerChecksumError  # noqa: F401  (public)
@@ -250,7 +250,7 @@ def get_tokenizer(data_config, workdir: str | None) -> Tokenizer:
   split (ids 1..N). With `workdir=None` nothing is saved.
   """
   name = data_config.get('tokenizer', 'sentencepiece')
-  if name not in ('sentencepiece', 'char'):
+  if name not in TOKENIZERS:  # callers from Python may pass a config that was never validated
     raise DataError(f"config.data.tokenizer must be 'sentencepiece' or 'char', got {name!r}")
   if workdir is None:
     return _train(data_config, name)

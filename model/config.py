@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax.numpy as jnp
 
 from common.errors import ConfigError
+from common.schema import Schema, documented
 from model.attention import DROPOUT_RNGS, IMPLEMENTATIONS
 from model.kinds import ADAPTERS
 
@@ -45,33 +45,48 @@ class InitStds(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(Schema):
   """`config.model`: every field and its default (configs/base.py takes them from here).
-  Names follow the paper (Vaswani et al. 2017, Table 3); the defaults are its base model."""
-  kind: str = 'encoder_decoder'  # a name in model.kinds.ADAPTERS
-  vocab_size: int = 8000
-  num_encoder_layers: int = 6
-  num_decoder_layers: int = 6
-  d_model: int = 512
-  num_heads: int = 8
-  d_ff: int = 2048
-  dropout_rate: float = 0.1  # P_drop: sub-layer outputs and embedding sums
-  attention_dropout_rate: float = 0.0  # on the attention weights (not in the paper)
-  max_len: int = 256  # positions of the position table (the longest sequence)
-  share_embeddings: bool = True  # one source/target embedding matrix (§3.4)
-  logits_via_embedding: bool = True  # the pre-softmax projection is that matrix (§3.4)
-  positional_encoding: str = 'sinusoidal'  # 'sinusoidal' (§3.5) | 'learned' | 'rope'
-  norm_position: str = 'post'  # 'post' (the paper: LayerNorm(x + Sublayer(x))) | 'pre'
-  activation: str = 'relu'  # 'relu' (the paper) | 'gelu'
-  dtype: str = 'float32'  # compute dtype; parameters stay float32
-  residual_dtype: str = 'compute'  # one of RESIDUAL_DTYPES (above)
-  attention_impl: str = 'reference'  # one of ATTENTION_IMPLS (above)
-  remat: bool = False  # rematerialise each layer in the backward pass
-  scan_layers: bool = False  # nn.scan over layers: one compiled layer, params [layers, ...]
-  dropout_rng_impl: str = 'hash'  # dropout bits: 'hash' (fused integer hash) | 'threefry'
-  init: str = 'paper'  # parameter initialisation, one of INIT_SCHEMES (see init_stds)
-  scale_embeddings: bool = True  # token embeddings times sqrt(d_model) (§3.4); GPT-2: False
-  projection_matmul: str = 'auto'  # one of PROJECTION_MATMULS (above)
+  Names follow the paper (Vaswani et al. 2017, Table 3); the defaults are its base model.
+  `ModelConfig.from_config(config.model)` builds and validates one (common.schema.Schema)."""
+  SECTION = 'model'
+  kind: str = documented('encoder_decoder', 'which stack (one adapter each: model/kinds.py)',
+                         choices=ADAPTERS)
+  vocab_size: int = documented(8000, 'token ids the embedding and the output layer cover')
+  num_encoder_layers: int = documented(6, 'N of the encoder (0 for decoder_only)')
+  num_decoder_layers: int = documented(6, 'N of the decoder (0 for encoder_only)')
+  d_model: int = documented(512, 'width of the residual stream and the embeddings')
+  num_heads: int = documented(8, 'h: attention heads (d_model must divide by it)')
+  d_ff: int = documented(2048, 'inner width of the feed-forward sub-layers')
+  dropout_rate: float = documented(0.1, 'P_drop: sub-layer outputs and embedding sums')
+  attention_dropout_rate: float = documented(
+      0.0, 'dropout on the attention weights (not in the paper)')
+  max_len: int = documented(256, 'positions of the position table (the longest sequence)')
+  share_embeddings: bool = documented(True, 'one source/target embedding matrix (§3.4)')
+  logits_via_embedding: bool = documented(
+      True, 'the pre-softmax projection is the embedding matrix (§3.4)')
+  positional_encoding: str = documented('sinusoidal', 'position information (§3.5: sinusoidal)',
+                                        choices=POSITIONAL_ENCODINGS)
+  norm_position: str = documented('post', "LayerNorm(x + Sublayer(x)) (the paper's 'post') or "
+                                  "x + Sublayer(LayerNorm(x)) ('pre')", choices=NORM_POSITIONS)
+  activation: str = documented('relu', 'feed-forward activation (the paper: relu)',
+                               choices=ACTIVATIONS)
+  dtype: str = documented('float32', 'compute dtype; parameters stay float32', choices=DTYPES)
+  residual_dtype: str = documented('compute', "the residual stream's dtype ('compute': dtype)",
+                                   choices=RESIDUAL_DTYPES)
+  attention_impl: str = documented('reference', 'attention function (all compute the same '
+                                   'values)', choices=IMPLEMENTATIONS)
+  remat: bool = documented(False, 'rematerialise each layer in the backward pass')
+  scan_layers: bool = documented(
+      False, 'nn.scan over layers: one compiled layer, params [layers, ...]')
+  dropout_rng_impl: str = documented('hash', "dropout bits ('hash': a fused integer hash)",
+                                     choices=DROPOUT_RNGS)
+  init: str = documented('paper', 'parameter initialisation (see init_stds)',
+                         choices=INIT_SCHEMES)
+  scale_embeddings: bool = documented(
+      True, 'token embeddings times sqrt(d_model) (§3.4); GPT-2: False')
+  projection_matmul: str = documented('auto', 'how the fused QKV projection multiplies (auto: '
+                                      'by device)', choices=PROJECTION_MATMULS)
 
   @property
   def compute_dtype(self):
@@ -99,34 +114,8 @@ class ModelConfig:
       return InitStds(GPT2_INIT_STD, GPT2_INIT_STD / (2 * num_layers) ** 0.5, GPT2_INIT_STD)
     return InitStds(None, None, self.d_model ** -0.5)
 
-  @classmethod
-  def from_config(cls, model_config: Mapping[str, Any]) -> ModelConfig:
-    """Builds from a ConfigDict/dict (unknown fields are an error) and validates."""
-    values = dict(model_config.items())
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-      raise ConfigError(f'config.model has unknown field(s) {unknown}; known: {sorted(known)}')
-    config = cls(**values)
-    config.validate()
-    return config
-
   def validate(self) -> None:
-    def choice(field, options):
-      value = getattr(self, field)
-      if value not in options:
-        raise ConfigError(f'config.model.{field}={value!r} is not one of {list(options)}')
-
-    choice('kind', ADAPTERS)
-    choice('positional_encoding', POSITIONAL_ENCODINGS)
-    choice('norm_position', NORM_POSITIONS)
-    choice('activation', ACTIVATIONS)
-    choice('dtype', DTYPES)
-    choice('residual_dtype', RESIDUAL_DTYPES)
-    choice('attention_impl', IMPLEMENTATIONS)
-    choice('dropout_rng_impl', DROPOUT_RNGS)
-    choice('init', INIT_SCHEMES)
-    choice('projection_matmul', PROJECTION_MATMULS)
+    super().validate()  # the choices, in field order
     if not isinstance(self.scale_embeddings, bool):
       raise ConfigError(f'config.model.scale_embeddings={self.scale_embeddings!r} must be '
                         f'True or False')

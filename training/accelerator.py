@@ -11,9 +11,9 @@ from __future__ import annotations
 import contextlib
 import os
 
+from configs.schema import MATMUL_PRECISIONS
 from model.config import ConfigError
 
-MATMUL_PRECISIONS = ('default', 'high', 'highest')
 DETERMINISTIC_XLA_FLAG = '--xla_gpu_deterministic_ops=true'
 
 

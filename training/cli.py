@@ -14,14 +14,10 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-import numpy as np
 from absl import flags
 
+from common.dtype_limits import FLOAT32_MAX, INT32_MAX
 from training import orbax_noise
-
-INT32_MAX = int(np.iinfo(np.int32).max)
-UINT32_MAX = int(np.iinfo(np.uint32).max)  # jax.random.PRNGKey takes a 32-bit seed on CPU
-FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class UsageError(ValueError):

@@ -19,11 +19,10 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from configs.schema import MESH_AXES as AXES, MeshConfig
 from model.config import ConfigError
-from model.partitioning import DEFAULT_RULES, LOGICAL_AXES, Rules
+from model.partitioning import Rules
 
-AXES = ('data', 'fsdp', 'tensor')
-DATA_AXIS = 'data'
 BATCH_AXES = ('data', 'fsdp')  # the batch is split over both
 
 
@@ -31,12 +30,7 @@ def mesh_shape(mesh_config=None, num_devices: int | None = None) -> tuple[int, i
   """`config.mesh` sizes -> (data, fsdp, tensor) for `num_devices` (one size may be -1: the
   devices left). No section: every device on 'data'. Raises ConfigError naming the field."""
   n = num_devices or jax.device_count()
-  sizes = [(mesh_config or {}).get(a, -1 if a == DATA_AXIS else 1) for a in AXES]
-  for axis, size in zip(AXES, sizes, strict=True):
-    if not isinstance(size, int) or isinstance(size, bool) or (size < 1 and size != -1):
-      raise ConfigError(f'config.mesh.{axis}={size!r} must be a positive integer or -1')
-  if sizes.count(-1) > 1:
-    raise ConfigError(f'config.mesh: only one of data/fsdp/tensor may be -1, got {sizes}')
+  sizes = list(_schema(mesh_config).sizes)
   known = math.prod(s for s in sizes if s != -1)
   if -1 in sizes:
     if n % known:
@@ -63,25 +57,14 @@ def make_mesh(num_devices: int | None = None, mesh_config=None) -> Mesh:
 
 def rules(mesh_config=None) -> Rules:
   """`config.mesh.rules` -> ((logical name, mesh axes), ...); unset names take DEFAULT_RULES."""
-  table = dict(DEFAULT_RULES)
-  given = (mesh_config or {}).get('rules', None) or {}
-  for name, value in dict(given).items():
-    if name not in LOGICAL_AXES:
-      raise ConfigError(f'config.mesh.rules.{name}: unknown logical axis; known: '
-                        f'{list(LOGICAL_AXES)}')
-    if not isinstance(value, str):
-      raise ConfigError(f'config.mesh.rules.{name}={value!r} must be a string of mesh axes '
-                        f"(e.g. 'fsdp', 'data,fsdp' or '' for none)")
-    table[name] = value
-  out = []
-  for name, value in table.items():
-    axes = tuple(a.strip() for a in value.split(',') if a.strip())
-    unknown = [a for a in axes if a not in AXES]
-    if unknown:
-      raise ConfigError(f'config.mesh.rules.{name}={value!r}: {unknown} are not mesh axes '
-                        f'{list(AXES)}')
-    out.append((name, axes or None))
-  return tuple(out)
+  return _schema(mesh_config).rule_table()
+
+
+def _schema(mesh_config) -> MeshConfig:
+  """`config.mesh` (a ConfigDict, dict, None or a `MeshConfig`) checked by its schema."""
+  if isinstance(mesh_config, MeshConfig):
+    return mesh_config
+  return MeshConfig.from_config(mesh_config)
 
 
 def tensor_misfit(model_config, tensor: int) -> tuple[str, int] | None:

@@ -13,8 +13,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-OPTIMIZERS = ('adam', 'adamw')  # config.optimizer.name (make_optimizer)
-SCHEDULES = ('rsqrt', 'cosine', 'constant')  # config.optimizer.schedule (make_schedule)
+from configs.schema import OPTIMIZERS, SCHEDULES, WEIGHT_DECAY_MASKS
 
 
 def rsqrt_schedule(learning_rate: float, d_model: int, warmup_steps: int) -> optax.Schedule:
@@ -68,7 +67,6 @@ def make_schedule(config) -> optax.Schedule:
 #               scan_layers, every stacked bias and LayerNorm scale ([layers, ...]).
 #   'matrices'  kernels and embeddings only, by name: never a bias or a LayerNorm scale,
 #               whatever its shape (nanoGPT's rule: its biases and norms are the 1-D tensors).
-WEIGHT_DECAY_MASKS = ('ndim', 'matrices')
 _NOT_MATRICES = ('bias', 'scale')  # parameter names of biases and LayerNorm scales
 
 

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 import jax
 import jax.monitoring
 
+from configs.schema import parse_profile_steps
 from model.kinds import adapter_of
 
 # Dense peak TFLOP/s per chip (vendor data sheets, no sparsity): bf16 compute, and float32
@@ -105,21 +106,6 @@ def peak_memory_bytes() -> int | None:
     if stats and 'peak_bytes_in_use' in stats:
       peaks.append(int(stats['peak_bytes_in_use']))
   return max(peaks) if peaks else None
-
-
-def parse_profile_steps(value: str) -> tuple[int, int] | None:
-  """'START,END' -> (START, END), 1 <= START <= END; '' -> None. Raises ValueError."""
-  if value is None or (isinstance(value, str) and not value.strip()):
-    return None
-  if not isinstance(value, str):
-    raise ValueError(f'{value!r} is not START,END (two step numbers)')
-  parts = value.split(',')
-  if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-    raise ValueError(f'{value!r} is not START,END (two step numbers)')
-  start, end = (int(p) for p in parts)
-  if not 1 <= start <= end:
-    raise ValueError(f'{value!r} needs 1 <= START <= END')
-  return start, end
 
 
 class StepProfiler:

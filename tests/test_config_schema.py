@@ -1,0 +1,77 @@
+"""The schema of every config section (configs/schema.py, model.ModelConfig): defaults, docs,
+one-line refusals, 'did you mean', and configs/base.py built from them."""
+
+import dataclasses
+
+import pytest
+import test_train_synthetic as syn
+
+from common.errors import ConfigError
+from common.schema import DOC, default_of
+from configs import base, schema
+from training import config_io
+
+
+@pytest.mark.parametrize('section,values,message', [
+    ('model', {'d_ff': 0}, 'config.model.d_ff=0 must be a positive integer'),
+    ('data', {'max_length': 1}, 'config.data.max_length=1 must be an integer >= 2'),
+    ('data', {'tokenizer': 'bytes'},
+     "config.data.tokenizer='bytes' is not one of ['sentencepiece', 'char']"),
+    ('data', {'packing': 'yes'}, "config.data.packing='yes' must be True or False"),
+    ('data', {'num_workers': -1}, 'config.data.num_workers=-1 must be an integer >= 0'),
+    ('optimizer', {'name': 'sgd'}, "config.optimizer.name='sgd' is not one of ['adam', 'adamw']"),
+    ('optimizer', {'b1': 1.0}, 'config.optimizer.b1=1.0 must be in [0, 1) (also as a float32'),
+    ('optimizer', {'schedule': 'rsqrt', 'warmup_steps': 0},
+     'config.optimizer.warmup_steps must be > 0 for schedule=rsqrt'),
+    ('train', {'log_every_steps': 0}, 'config.train.log_every_steps=0 must be a positive integer'),
+    ('train', {'profile_steps': '9,3'},
+     "config.train.profile_steps: '9,3' needs 1 <= START <= END"),
+    ('train', {'dry_run': 1}, 'config.train.dry_run=1 must be True or False'),
+    ('decode', {'top_k': -1}, 'config.decode.top_k=-1 must be an integer >= 0 (0 = no top-k)'),
+    ('decode', {'max_new_tokens': 8, 'min_new_tokens': 9},
+     'config.decode.min_new_tokens=9 must be an integer in [0, config.decode.max_new_tokens=8]'),
+    ('mesh', {'fsdp': 0}, 'config.mesh.fsdp=0 must be a positive integer or -1'),
+    ('mesh', {'data': -1, 'tensor': -1},
+     'config.mesh: only one of data/fsdp/tensor may be -1, got [-1, 1, -1]'),
+    ('mesh', {'rules': {'hidden': 'tensor'}}, 'config.mesh.rules.hidden: unknown logical axis'),
+])
+def test_each_section_refuses_a_bad_value_in_one_line(section, values, message):
+  with pytest.raises(ConfigError) as e:
+    schema.SECTIONS[section].from_config(values)
+  assert str(e.value).startswith(message) and '\n' not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize('section', list(schema.SECTIONS))
+def test_every_field_has_a_doc_and_the_defaults_pass(section):
+  cls = schema.SECTIONS[section]
+  for field in dataclasses.fields(cls):
+    doc = field.metadata.get(DOC, '')
+    assert doc and '\n' not in doc, f'config.{section}.{field.name} has no one-line doc'
+  cls.from_config({})  # every default is valid
+
+
+def test_base_config_is_the_schemas_defaults():
+  config = base.base_config()
+  assert sorted(config.keys()) == sorted(schema.SECTIONS)
+  for name, cls in schema.SECTIONS.items():
+    assert config[name].to_dict() == cls.defaults(), name
+    for field in dataclasses.fields(cls):  # None: a typed placeholder, overridable by a flag
+      if default_of(field) is None:
+        assert config[name].get_ref(field.name).get_type() in (str, int), field.name
+
+
+def test_unknown_fields_and_sections_get_did_you_mean():
+  with pytest.raises(ConfigError, match=r"^config.data has unknown field\(s\) \['max_lenght'\]; "
+                                        r'did you mean config.data.max_length\?$'):
+    schema.DataConfig.from_config({'max_lenght': 3})
+  with pytest.raises(ConfigError, match=r"unknown field\(s\) \['zzz'\]; known: \['data', "):
+    schema.MeshConfig.from_config({'zzz': 1})
+  config = syn.tiny_config()
+  config.train.num_step = 3  # a preset's typo: a new field, not the one it meant
+  with pytest.raises(ConfigError, match=r'did you mean config.train.num_steps\?$'):
+    config_io.validate_config(config)
+  config = syn.tiny_config()
+  config.trian = {'num_steps': 3}
+  with pytest.raises(ConfigError, match=r"unknown section\(s\) \['trian'\]; did you mean "
+                                        r'config.train\?$'):
+    config_io.validate_config(config)
