@@ -35,6 +35,8 @@ def _define_flags() -> None:
                        'auto-detection).')
   flags.DEFINE_string('cpu_collectives', 'gloo', 'CPU collectives for multi-process CPU runs '
                       "('gloo' | 'mpi' | 'none').")
+  flags.DEFINE_bool('show_config', False, 'Print the resolved config (each field with its '
+                    'value, origin and doc) and exit; --workdir is not needed.')
 
 
 def argv_config(argv: list[str]) -> str:
@@ -114,7 +116,7 @@ def parse_flags(argv: list[str]) -> list[str]:
     _fail(_config_error_message(e, argv))
   if FLAGS.config is None:
     _fail('--config did not give a config')
-  if not FLAGS.workdir and not FLAGS.config.train.get('dry_run', False):
+  if not (FLAGS.workdir or FLAGS.show_config or FLAGS.config.train.get('dry_run', False)):
     _fail('--workdir is required')
   from training import cli  # pylint: disable=import-outside-toplevel
   try:  # int flags that become C ints in jax.distributed (the config's: config_io's checks)
@@ -146,6 +148,9 @@ def main(argv: list[str]) -> None:
     logging.set_verbosity(logging.WARNING)
   if len(argv) > 1:
     _fail(f'unexpected arguments {argv[1:]}')
+  if FLAGS.show_config:
+    _show_config()
+    return
   if FLAGS.config.train.get('deterministic', False) is True:
     from training import accelerator  # pylint: disable=import-outside-toplevel
     accelerator.request_deterministic_ops()  # XLA reads it when the backend starts
@@ -161,10 +166,8 @@ def main(argv: list[str]) -> None:
       _dry_run(FLAGS.config)
       return
     preset = _load_preset(sys.argv)  # for the run's first line: the preset and what differs
-    name = argv_config(sys.argv)
-    name = 'configs/default.py' if name == DEFAULT_CONFIG else name
     trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir,
-                               preset=None if preset is None else (name, preset),
+                               preset=None if preset is None else (_config_name(), preset),
                                on_second_interrupt=_interrupted_now)
   except checkpoint.CheckpointWriteError as e:  # ran, then failed to save
     print(f'train.py: error: {" ".join(str(e).split())}', file=sys.stderr, flush=True)
@@ -176,6 +179,26 @@ def main(argv: list[str]) -> None:
     _fail(e, code=getattr(e, 'exit_code', 2))  # 1: damaged files (a tokenizer checksum)
   except KeyboardInterrupt:  # a second Ctrl-C (the first saves and stops), or one in the setup
     _interrupted(checkpoint.list_steps(FLAGS.workdir) if FLAGS.workdir else [])
+
+
+def _config_name() -> str:
+  name = argv_config(sys.argv)
+  return 'configs/default.py' if name == DEFAULT_CONFIG else name
+
+
+def _show_config() -> None:
+  """--show_config: the resolved config as a table (configs/show.py), then the checks that
+  need no devices, so that a config the run would refuse is said so too. No workdir is read."""
+  from common.errors import ConfigError  # pylint: disable=import-outside-toplevel
+  from configs import schema, show  # pylint: disable=import-outside-toplevel
+  preset = _load_preset(sys.argv)
+  overrides = config_flags.get_override_values(FLAGS['config'])
+  print(show.table(FLAGS.config, FLAGS.config if preset is None else preset, set(overrides),
+                   _config_name()), flush=True)
+  try:
+    schema.check_across(schema.validate_sections(FLAGS.config))
+  except ConfigError as e:
+    _fail(e)
 
 
 def _interrupted_now() -> None:

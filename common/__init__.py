@@ -3,9 +3,11 @@
 
   atomic_file   atomic_write(path, data): a file written whole or not at all
   decode_limits bounds of the decoding settings (alpha, temperature, beam, n-best, batch)
+  dtype_limits  INT32_MAX, UINT32_MAX, FLOAT32_MAX, FLOAT32_TINY: what numbers are checked against
   tokens        PAD_ID, EOS_ID, UNK_ID and `truncate` (a cut sequence keeps its EOS)
   messages      first_few(items): "a; b; c (+N more)" for one-line errors
   errors        ConfigError, the one error for a bad configuration value
+  schema        a config section's base: documented fields, from_config, 'did you mean'
   lock_file     open_lock_file(path): a lock file opened without following a symlink
   files         open_regular / read_regular(path): a regular file only, never waiting on a FIFO
 """

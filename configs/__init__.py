@@ -1,1 +1,3 @@
-"""ml_collections presets. Each module exposes `get_config(preset=None)`."""
+"""ml_collections presets: each module exposes `get_config(preset=None)`, starting from
+`base.base_config()`, which `schema.py`'s section dataclasses build (`show.py`: the table of
+`train.py --show_config`)."""

@@ -1,5 +1,6 @@
 """The schema of every config section (configs/schema.py, model.ModelConfig): defaults, docs,
-one-line refusals, 'did you mean', and configs/base.py built from them."""
+one-line refusals, 'did you mean', configs/base.py built from them, and --show_config's origins
+(its command line is in tests/test_train_cli.py)."""
 
 import dataclasses
 
@@ -8,7 +9,7 @@ import test_train_synthetic as syn
 
 from common.errors import ConfigError
 from common.schema import DOC, default_of
-from configs import base, schema
+from configs import base, default, schema, show
 from training import config_io
 
 
@@ -75,3 +76,20 @@ def test_unknown_fields_and_sections_get_did_you_mean():
   with pytest.raises(ConfigError, match=r"unknown section\(s\) \['trian'\]; did you mean "
                                         r'config.train\?$'):
     config_io.validate_config(config)
+
+
+def test_origins_of_a_preset_field_an_override_and_a_default():
+  preset = default.get_config('tiny')
+  config = default.get_config('tiny')
+  config.train.num_steps, config.mesh.rules.vocab = 9, ''
+  found = {r[0]: r for lines in show.rows(config, preset, {'train.num_steps', 'mesh.rules.vocab'})
+           for r in lines}
+  assert found['train.num_steps'][1:3] == ('9', 'override')
+  assert found['mesh.rules.vocab'][1:3] == ("''", 'override')
+  assert found['train.batch_size'][1:3] == ('16', 'preset')  # the schema's is 256
+  assert found['train.seed'][1:3] == ('0', 'default')
+  assert found['mesh.rules.embed'][1:3] == ("'fsdp'", 'default')
+  assert found['model.dropout_rate'][2] == 'default'  # the preset sets the default's 0.1
+  assert found['optimizer.name'][3].endswith('[adam | adamw]')
+  fields = sum(len(dataclasses.fields(cls)) for cls in schema.SECTIONS.values())
+  assert len(found) == fields - 1 + len(config.mesh.rules)  # a row per rule, not one for all

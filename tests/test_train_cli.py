@@ -55,6 +55,27 @@ def test_dry_run_prints_the_memory_table_and_writes_nothing(tmp_path):
   assert 'temporaries' in lines[-1] and 'total' in lines[-1]
 
 
+def test_show_config_prints_values_origins_and_docs_and_touches_no_workdir(tmp_path):
+  """--show_config: a row per field (value, origin, doc), then exit 0; --workdir is not needed
+  and, given, not created. The origins' rules: tests/test_config_schema.py."""
+  workdir = tmp_path / 'never-created'
+  proc = _train('--config=configs/default.py:tiny', '--config.train.num_steps=9',
+                f'--workdir={workdir}', '--show_config')
+  assert proc.returncode == 0 and proc.stderr == '', proc.stderr[-3000:]
+  lines = proc.stdout.splitlines()
+  assert lines[0] == 'config: configs/default.py:tiny' and lines[1].startswith('origin: ')
+  header = lines[3]
+  cut = [header.index(word) for word in ('value', 'origin', 'doc')]
+  rows = {line[:cut[0]].strip(): (line[cut[0]:cut[1]].strip(), line[cut[1]:cut[2]].strip(),
+                                  line[cut[2]:]) for line in lines[4:] if line}
+  assert rows['train.num_steps'] == ('9', 'override', 'optimizer updates of the run')
+  assert rows['train.batch_size'][:2] == ('16', 'preset')
+  assert rows['train.seed'][:2] == ('0', 'default')
+  assert rows['data.data_dir'][:2] == ('None', 'default')
+  assert all(doc for _, _, doc in rows.values())
+  assert not workdir.exists()
+
+
 def test_workdir_is_required():
   proc = _train('--config=configs/default.py:tiny')
   assert proc.returncode == 2
