@@ -24,8 +24,16 @@ def _env():
   return env
 
 
-def _start(*args, stdin=subprocess.PIPE):
-  cmd = [sys.executable, os.path.join(ROOT, 'decode.py'), *args]
+# decode.py with SIGINT as a terminal delivers it: a pytest-xdist worker ignores SIGINT, a child
+# inherits that, and Python then installs no KeyboardInterrupt handler.
+_INTERRUPTIBLE = ('import runpy, signal, sys; signal.signal(signal.SIGINT, '
+                  'signal.default_int_handler); sys.argv = sys.argv[1:]; '
+                  "runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
+def _start(*args, stdin=subprocess.PIPE, interruptible=False):
+  cmd = [sys.executable, *(('-c', _INTERRUPTIBLE) if interruptible else ()),
+         os.path.join(ROOT, 'decode.py'), *args]
   return subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdin=stdin, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE)
 
@@ -41,8 +49,8 @@ class _Conversation:
   """decode.py on a pipe: `ask(line)` writes one line and returns the first output line,
   before anything else is written (failing, not hanging, if none comes)."""
 
-  def __init__(self, *args):
-    self.proc = _start(*args)
+  def __init__(self, *args, interruptible=False):
+    self.proc = _start(*args, interruptible=interruptible)
     self.lines: queue.Queue = queue.Queue()
     threading.Thread(target=self._read, daemon=True).start()
 
@@ -102,7 +110,7 @@ def test_a_stream_stops_cleanly_on_a_bad_line_or_ctrl_c(workdirs):
   assert err.strip().splitlines()[-1] == ('decode.py: error: input <stdin> line 2 is not '
                                          'valid UTF-8 (byte 0xff at column 1)')
   assert 'Fatal Python error' not in err and 'Traceback' not in err
-  talk = _Conversation(*args)
+  talk = _Conversation(*args, interruptible=True)
   assert talk.ask('A man rides a bike.').strip()
   talk.proc.send_signal(signal.SIGINT)
   assert talk.proc.wait(timeout=120) == 130
