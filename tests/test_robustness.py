@@ -424,3 +424,29 @@ def test_a_fifo_where_a_file_is_expected_is_refused_without_waiting(tmp_path):
     files.read_regular('/dev/null')
   (tmp_path / 'ok').write_bytes(b'{}')
   assert files.read_regular(str(tmp_path / 'ok')) == b'{}'
+
+
+def test_best_metrics_on_a_full_disk_is_said_once(tmp_path, monkeypatch, capfd):
+  """best_metrics.json failing on a full disk says nothing at once: the checkpoint that meets
+  the full disk next ends the run with its one line; a run that finishes anyway warns at its
+  end, once. Another failure warns at once."""
+  import errno  # pylint: disable=import-outside-toplevel
+
+  from training import progress  # pylint: disable=import-outside-toplevel
+  best = progress.BestMetrics(str(tmp_path))
+
+  def full(path, data):
+    raise OSError(errno.ENOSPC, 'No space left on device')
+  monkeypatch.setattr(progress, 'atomic_write', full)
+  best.update('loss', 2.0, 10)
+  assert capfd.readouterr().err == ''
+  best.warn_unsaved()
+  best.warn_unsaved()
+  err = capfd.readouterr().err
+  assert err.count('No space left on device') == 1 and 'best_metrics.json' in err
+
+  def denied(path, data):
+    raise OSError(errno.EACCES, 'Permission denied')
+  monkeypatch.setattr(progress, 'atomic_write', denied)
+  best.update('loss', 1.0, 20)
+  assert 'Permission denied' in capfd.readouterr().err

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import json
 import math
 import os
@@ -127,6 +128,7 @@ class BestMetrics:
   def __init__(self, workdir: str):
     self.path = os.path.join(workdir, BEST_FILE)
     self.best: dict[str, tuple[float, int]] = {}
+    self.unsaved: str | None = None  # why the last save failed
 
   def load(self, resumed_step: int) -> None:
     """Reads the file of the run being resumed from a checkpoint at `resumed_step` (0: a fresh
@@ -166,5 +168,16 @@ class BestMetrics:
     values = {k: {'value': v, 'step': s} for k, (v, s) in sorted(self.best.items())}
     try:
       atomic_write(self.path, (json.dumps(values, indent=2) + '\n').encode())
+      self.unsaved = None
     except OSError as e:  # a summary only: training goes on
-      metrics_lib.warn(f'cannot write {self.path}: {e.strerror or e}')
+      self.unsaved = f'cannot write {self.path}: {e.strerror or e}'
+      if e.errno != errno.ENOSPC:
+        metrics_lib.warn(self.unsaved)
+      # A full disk is said once, by the checkpoint that meets it next (the run's one error
+      # line), or by the run's end (`warn_unsaved`) if it finishes anyway.
+
+  def warn_unsaved(self) -> None:
+    """Warns if the last save of the file failed on a full disk (not yet said)."""
+    if self.unsaved is not None and metrics_lib.is_main_process():
+      metrics_lib.warn(self.unsaved)
+      self.unsaved = None
