@@ -38,6 +38,8 @@ from autoregressive.decode_loop import (
   block_size,
   forced_tokens,
   grow_cache,
+  left_out,
+  left_out_blocks,
   length_penalty,
   log_normalizer,
   pin,
@@ -94,23 +96,18 @@ def best_extensions(logits, alive_lp, n: int, block: int = 32, *, eos_banned=Non
   batch, b, vocab = logits.shape
   size = block_size(vocab, block)
   blocks = logits.reshape(batch, b, vocab // size, size)
-
-  def excluded(tok):  # token ids `[batch or 1, ...]` -> whether they may not be chosen
-    out = tok == PAD_ID
-    if eos_banned is not None and eos_id is not None:
-      out |= (tok == eos_id) & eos_banned.reshape((-1,) + (1,) * (tok.ndim - 1))
-    return out
-
+  excluded = functools.partial(left_out, exclude=PAD_ID, eos_banned=eos_banned, eos_id=eos_id)
   maxima = jnp.max(blocks, axis=-1)
-  special = [PAD_ID, *([eos_id] if eos_banned is not None and eos_id is not None else [])]
-  for j in sorted({i // size for i in special}):  # the blocks holding pad (and EOS), recomputed
+  for j in left_out_blocks(size, PAD_ID, eos_banned, eos_id):  # their maxima, recomputed
     cols = (j * size + jnp.arange(size))[None, None, :]
     maxima = maxima.at[:, :, j].set(
         jnp.max(jnp.where(excluded(cols), NEG_INF, blocks[:, :, j]), axis=-1))
   # The maximum over the tokens that can be output, from the block maxima (written so, XLA
   # would reread the logits for it): pad is not one of them, a banned EOS is.
-  peak = functools.reduce(jnp.maximum, [logits[:, :, i] for i in special if i != PAD_ID],
-                          jnp.max(maxima, axis=-1))[:, :, None]  # [batch, b, 1]
+  peak = jnp.max(maxima, axis=-1)
+  if eos_banned is not None and eos_id is not None:
+    peak = jnp.maximum(peak, logits[:, :, eos_id])
+  peak = peak[:, :, None]  # [batch, b, 1]
   log_sum = log_normalizer(logits, peak)
   alive_lp = alive_lp[:, :b, None]
   scores = (alive_lp + ((maxima - peak) - log_sum)).reshape(batch, -1)  # [batch, b * blocks]

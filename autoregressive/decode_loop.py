@@ -42,6 +42,24 @@ def log_normalizer(logits: Array, peak: Array) -> Array:
   return jnp.log(jnp.sum(terms, axis=-1, keepdims=True))
 
 
+def left_out(tokens: Array, exclude: int | None = PAD_ID, eos_banned: Array | None = None,
+             eos_id: int | None = None) -> Array:
+  """Which token ids `tokens` `[rows or 1, ...]` a search may not choose -> bool, broadcast to
+  `[rows, ...]`: `exclude` (pad), and `eos_id` in the rows where `eos_banned` `[rows]` (an
+  output shorter than `min_new_tokens`)."""
+  out = jnp.zeros(tokens.shape, jnp.bool_) if exclude is None else tokens == exclude
+  if eos_banned is not None and eos_id is not None:
+    out = out | ((tokens == eos_id) & eos_banned.reshape((-1,) + (1,) * (tokens.ndim - 1)))
+  return out
+
+
+def left_out_blocks(size: int, exclude: int | None = PAD_ID, eos_banned: Array | None = None,
+                    eos_id: int | None = None) -> list[int]:
+  """The indices of the blocks of `size` tokens that hold a token `left_out` may mask."""
+  ids = [exclude, eos_id if eos_banned is not None else None]
+  return sorted({i // size for i in ids if i is not None})
+
+
 def decoding_model(module, params):
   """(module, params) to decode or plot with. Accepts the params tree or `{'params': tree}`. A
   `scan_layers` model runs unrolled, so that every layer has its own KV cache and its own

@@ -47,6 +47,8 @@ from autoregressive.decode_loop import (
   decoding_model,
   forced_tokens,
   grow_cache,
+  left_out,
+  left_out_blocks,
   length_penalty,
   log_normalizer,
   pin,
@@ -73,9 +75,7 @@ def _select(logits, rng, temperature, top_p, eos_banned, *, greedy: bool, top_k:
   `eos_banned` `[batch]`."""
   if greedy:
     return first_argmax(logits, exclude=PAD_ID, eos_banned=eos_banned, eos_id=eos_id)
-  never = jnp.arange(logits.shape[-1]) == PAD_ID
-  if eos_id is not None:
-    never = never | ((jnp.arange(logits.shape[-1]) == eos_id) & eos_banned[:, None])
+  never = left_out(jnp.arange(logits.shape[-1])[None, :], PAD_ID, eos_banned, eos_id)
   logits = jnp.where(never, NEG_INF, logits)
   logits = logits / temperature
   if top_k is not None:
@@ -112,24 +112,17 @@ def first_argmax(x, exclude: int | None = None, block: int = 32, *, eos_banned=N
   block = block_size(n, block)
   blocks = x.reshape(rows, n // block, block)
   peak = jnp.max(blocks, axis=-1)  # [rows, n // block]
-  special = [i for i in (exclude, None if eos_banned is None else eos_id) if i is not None]
-
-  def left_out(columns):  # column ids `[1 or rows, block]` -> bool `[rows or 1, block]`
-    out = jnp.zeros(columns.shape, jnp.bool_)
-    if exclude is not None:
-      out |= columns == exclude
-    if eos_banned is not None and eos_id is not None:
-      out |= (columns == eos_id) & eos_banned[:, None]
-    return out
-
-  for j in sorted({i // block for i in special}):
+  masked = left_out_blocks(block, exclude, eos_banned, eos_id)
+  for j in masked:
     columns = j * block + jnp.arange(block)[None, :]
-    own = jnp.where(left_out(columns), NEG_INF, x[:, j * block:(j + 1) * block])
+    own = jnp.where(left_out(columns, exclude, eos_banned, eos_id), NEG_INF,
+                    x[:, j * block:(j + 1) * block])
     peak = peak.at[:, j].set(jnp.max(own, axis=-1))
   which = _first_max(peak)
   chosen = jnp.take_along_axis(blocks, which[:, None, None], axis=1)[:, 0]  # [rows, block]
-  if special:
-    chosen = jnp.where(left_out(which[:, None] * block + jnp.arange(block)), NEG_INF, chosen)
+  if masked:
+    columns = which[:, None] * block + jnp.arange(block)
+    chosen = jnp.where(left_out(columns, exclude, eos_banned, eos_id), NEG_INF, chosen)
   return which * block + _first_max(chosen)
 
 
