@@ -2,7 +2,10 @@
 (O_NONBLOCK) and refuses anything but a regular file before reading it. A FIFO planted where a
 file is expected (a workdir's config.json, best_metrics.json, tokenizer or checkpoint files)
 would otherwise hang the reader forever with no message (an open() for reading waits for a
-writer)."""
+writer).
+
+`inside(path, directory)` judges by device and inode, not by spelling, so a symlink or a bind
+mount does not hide that an output or a cache would land in a workdir."""
 
 from __future__ import annotations
 
@@ -39,3 +42,24 @@ def read_regular(path: str) -> bytes:
   """The bytes of the regular file `path` (`open_regular`)."""
   with open_regular(path) as f:
     return f.read()
+
+
+def inside(path: str, directory: str) -> bool:
+  """Whether `path` (existing or not) is `directory` or under it, by device and inode (so
+  through symlinks and bind mounts too) for every existing ancestor of `path`."""
+  try:
+    target = os.stat(directory)
+  except OSError:
+    return False
+  current = os.path.abspath(path)
+  while True:
+    try:
+      st = os.stat(current)
+      if (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino):
+        return True
+    except OSError:
+      pass  # not created yet: its parent decides
+    parent = os.path.dirname(current)
+    if parent == current:
+      return False
+    current = parent

@@ -7,7 +7,8 @@
 
 Rules (resolved paths: symbolic links and `..` followed):
 - the output directory is never the workdir, inside it, or one of its ancestors, with or
-  without `--overwrite` (an export must not replace or mix with the checkpoints it reads);
+  without `--overwrite` (an export must not replace or mix with the checkpoints it reads),
+  judged by device and inode too (`common.files.inside`: a bind mount of the workdir);
 - an existing non-empty output directory is replaced only with `--overwrite`, and only when
   it is a previous export: a directory holding the `MARKER` file every export writes and no
   other entry than the files that marker lists (so a workdir, a home directory, a typo, or an
@@ -23,6 +24,9 @@ import json
 import os
 import shutil
 import tempfile
+
+from common.atomic_file import write_output
+from common.files import inside, read_regular
 
 MARKER = 'export_info.json'
 
@@ -43,8 +47,7 @@ def is_previous_export(path: str) -> bool:
   if os.path.islink(marker) or not os.path.isfile(marker):
     return False
   try:
-    with open(marker, encoding='utf-8') as f:
-      info = json.load(f)
+    info = json.loads(read_regular(marker))
   except (OSError, ValueError):
     return False
   if not isinstance(info, dict) or info.get('written_by') != 'export.py':
@@ -64,8 +67,9 @@ def check_output_dir(output_dir: str | None, workdir: str | None, overwrite: boo
   path = os.path.abspath(output_dir)
   if workdir:
     real, work = os.path.realpath(path), os.path.realpath(workdir)
-    if _within(real, work) or _within(work, real):
-      where = ('is' if real == work else 'is inside' if _within(real, work) else 'contains')
+    if inside(real, work) or inside(work, real) or _within(real, work) or _within(work, real):
+      where = ('is' if inside(real, work) and inside(work, real) else
+               'is inside' if inside(real, work) or _within(real, work) else 'contains')
       raise ExportError(f'--output_dir {output_dir} {where} the workdir {workdir}: an export '
                         'never writes into (or replaces) the workdir it reads; give a '
                         'directory outside it')
@@ -99,9 +103,8 @@ def write_marker(directory: str, info: dict) -> None:
   """Writes `MARKER` (what was exported, from where, how to run it, and the files written)
   into `directory`, once every other file is there."""
   files = sorted({*os.listdir(directory), MARKER})
-  with open(os.path.join(directory, MARKER), 'w', encoding='utf-8') as f:
-    json.dump({'written_by': 'export.py', **info, 'files': files}, f, indent=2, sort_keys=True)
-    f.write('\n')
+  text = json.dumps({'written_by': 'export.py', **info, 'files': files}, indent=2, sort_keys=True)
+  write_output(os.path.join(directory, MARKER), text + '\n', what='export marker')
 
 
 def _publish_permissions(directory: str) -> None:

@@ -13,10 +13,12 @@ transformers format, `ctranslate2` (the `[ct2]` extra) for the CTranslate2 one.
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import os
 import shutil
 
+from common.atomic_file import OutputError, OutputLock
 from hf_export import output_dir as out_lib, targets
 from hf_export.output_dir import ExportError
 from hf_export.tokenizer import save_tokenizer
@@ -78,13 +80,12 @@ def write_export(directory: str, params, model_config, tokenizer, decode_config,
   Returns (model class, tokenizer class). `decode_config` (`config.decode`) gives the
   generation defaults. Nothing is checked here that `check_workdir` checks.
   """
-  from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
-
   config, generation = hf_configs(model_config, tokenizer, decode_config)
   config.save_pretrained(directory)
   generation.save_pretrained(directory)
-  save_file(convert_params(params, model_config), os.path.join(directory, 'model.safetensors'),
-            metadata={'format': 'pt', **(metadata or {})})
+  save_safetensors(convert_params(params, model_config),
+                   os.path.join(directory, 'model.safetensors'),
+                   {'format': 'pt', **(metadata or {})})
   tokenizer_class = save_tokenizer(tokenizer, directory, max_len=model_config.max_len,
                                    start_token=targets.target(model_config).start_token)
   return config.architectures[0], tokenizer_class
@@ -142,17 +143,42 @@ def export_workdir(workdir: str, output_dir: str, *, step: int | None = None,
     raise ExportError(str(e)) from None
   metadata = {'source_workdir': os.path.abspath(workdir), 'step': str(restored.step),
               'average_last': str(average_last)}
-  staging = out_lib.make_staging(path)
-  try:
-    what, info = fmt.write(staging, restored, model_config, tokenizer, config, metadata)
-    out_lib.write_marker(staging, {'format': fmt.name, **metadata, **info})
-    out_lib.publish(staging, path)
+  try:  # a second export.py to the same directory is refused, not interleaved
+    with OutputLock(path, '--output_dir', output_dir):
+      what, _ = _write(fmt, path, restored, (model_config, tokenizer, config), metadata)
+  except OutputError as e:
+    raise ExportError(str(e)) from None
   except OSError as e:
-    raise ExportError(f'cannot write {output_dir}: {e.strerror or e}') from None
-  finally:
-    shutil.rmtree(staging, ignore_errors=True)  # gone already when it was moved into place
+    raise ExportError(f'cannot write {output_dir}: {e.strerror or e} (nothing written: '
+                      f'{output_dir} is as it was)') from None
   averaged = f' (average of the last {average_last})' if average_last > 1 else ''
   return f'wrote {what} of step {restored.step}{averaged} to {output_dir}'
+
+
+def _write(fmt, path: str, restored, configs, metadata: dict) -> tuple[str, dict]:
+  """The export written into a staging directory beside `path`, then renamed onto it."""
+  staging = out_lib.make_staging(path)
+  try:
+    what, info = fmt.write(staging, restored, *configs, metadata)
+    out_lib.write_marker(staging, {'format': fmt.name, **metadata, **info})
+    out_lib.publish(staging, path)
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)  # gone already when it was moved into place
+  return what, info
+
+
+def save_safetensors(tensors: dict, path: str, metadata: dict[str, str]) -> None:
+  """safetensors' `save_file`, whose write errors (a full disk) become an `OSError` with their
+  errno: its own `SafetensorError` is no OSError, and ended the export in a traceback."""
+  from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
+  try:
+    save_file(tensors, path, metadata=metadata)
+  except Exception as e:
+    if type(e).__name__ != 'SafetensorError':
+      raise
+    full = 'No space left' in str(e) or 'StorageFull' in str(e)
+    raise OSError(errno.ENOSPC if full else errno.EIO,
+                  'No space left on device' if full else str(e), path) from None
 
 
 def convert_params(params, model_config) -> dict:

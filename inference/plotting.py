@@ -19,6 +19,7 @@ predicted (queries), columns the source tokens (cross-attention) or the decoder 
 from __future__ import annotations
 
 import functools
+import io
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -28,6 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from autoregressive.decode_loop import decoding_model
+from common.atomic_file import OutputError, make_output_dir, write_output
+from inference.streaming import InputError
 from model import transformer
 from model.kinds import adapter_of
 
@@ -89,10 +92,26 @@ def _figure(width: float, height: float, dpi: int):
 
 
 def _write_png(fig, path: str) -> str:
-  """The figure's current Agg buffer as a PNG (fast zlib level: these are throwaway plots)."""
+  """The figure's current Agg buffer as a PNG (fast zlib level: these are throwaway plots),
+  written as every output is (`common.atomic_file`: no symlink or workdir file, whole or not at
+  all; not fsynced: hundreds of throwaway files), a failure one `InputError` line."""
   from PIL import Image  # pylint: disable=import-outside-toplevel  # what matplotlib writes with
-  Image.fromarray(np.asarray(fig.canvas.buffer_rgba())[..., :3]).save(path, compress_level=1)
+  png = io.BytesIO()
+  Image.fromarray(np.asarray(fig.canvas.buffer_rgba())[..., :3]).save(png, format='PNG',
+                                                                      compress_level=1)
+  try:
+    write_output(path, png.getvalue(), what='attention plot', sync=False)
+  except OutputError as e:
+    raise InputError(str(e)) from None
   return path
+
+
+def _make_dir(path: str) -> None:
+  """`path` created (not inside a workdir's own folders), a failure one `InputError` line."""
+  try:
+    make_output_dir(path, what='attention plot directory')
+  except OutputError as e:
+    raise InputError(str(e)) from None
 
 
 class _Heatmap:
@@ -236,7 +255,7 @@ def save_sentence_plots(maps: dict[str, np.ndarray], index: int, out_dir: str, *
   """
   directory = os.path.join(out_dir, folder or f'sentence_{index:04d}')
   title = title or f'sentence {index}'
-  os.makedirs(directory, exist_ok=True)
+  _make_dir(directory)
   panels = list(_panels(maps, index, source_pieces, target_pieces))
   written = [save_overview(panels, title, os.path.join(directory, 'overview.png'))]
   for name, weights, rows, cols, xlabel, ylabel in panels:
@@ -262,7 +281,7 @@ def plot_lines(module, params, piece, items, out_dir: str, *, heads: str = 'all'
   `index` goes to `out_dir/line_<index+1>/`; `progress(1)` after each sentence. Returns the
   number of PNGs."""
   has_source = adapter_of(module).has_source
-  os.makedirs(out_dir, exist_ok=True)
+  _make_dir(out_dir)
   bucket = lambda n: -(-max(n, 1) // 16) * 16  # noqa: E731  (few padded shapes: few compilations)
   written = 0
   for start in range(0, len(items), 8):

@@ -4,7 +4,9 @@ output formats.
 A file is read whole (then sorted by length and decoded in full batches). A pipe or a terminal
 is read by a thread as lines arrive (`LineReader`): the decoder takes every line already
 waiting (up to a batch) and never waits for more, so each line is answered as soon as it can
-be, in input order. `Output` writes and flushes each piece as it is ready.
+be, in input order. `Output` writes and flushes each piece as it is ready: to stdout as it
+is, to an `--output_file` into a temporary file beside it, renamed onto it when the run ends
+(whole or not at all; see `Output`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import stat
 import sys
 import threading
 from collections.abc import Iterator, Sequence
+
+from common.atomic_file import OutputError, OutputFile
 
 
 class InputError(ValueError):
@@ -144,30 +148,57 @@ def _raw_lines(stream) -> Iterator[bytes]:
 
 
 class Output:
-  """Text to `path` (stdout when None), flushed after each `write`; the file (and its
-  directory) is created at the first write."""
+  """Text to stdout, each `write` flushed as it is ready (a stream is answered line by line),
+  or to the file `path` through `common.atomic_file.OutputFile`: checked (no symlink, FIFO,
+  device or workdir file: `workdirs` plus any workdir above `path`) and locked against a
+  second writer when made, each write appended to a temporary file beside `path`, renamed
+  onto `path` by `close()`. So a file appears whole when the run ends, and a run that fails or
+  is interrupted leaves `path` as it was. A refusal or a failed write (a full disk, stdout
+  too) is one `InputError` line."""
 
-  def __init__(self, path: str | None):
+  def __init__(self, path: str | None, workdirs=()):
     self.path, self._file = path, None
+    if path is not None:
+      try:
+        self._file = OutputFile(path, what='--output_file', workdirs=workdirs)
+      except OutputError as e:
+        raise InputError(str(e)) from None
 
   def write(self, text: str) -> None:
     if not text:
       return
-    if self._file is None:
-      self._file = sys.stdout if self.path is None else self._open()
-    self._file.write(text)
-    self._file.flush()
-
-  def _open(self):
     try:
-      os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-      return open(self.path, 'w', encoding='utf-8')  # noqa: SIM115  # closed by close()
-    except OSError as e:
-      raise InputError(f'cannot write --output_file {self.path}: {e.strerror or e}') from None
+      if self._file is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+      else:
+        self._file.write(text)
+    except OutputError as e:
+      raise InputError(str(e)) from None
+    except BrokenPipeError:  # the reader went away (`| head`): decode.py stops quietly
+      raise
+    except OSError as e:  # stdout on a full disk (`> file`, `> /dev/full`)
+      _drop_stdout()
+      raise InputError(f'cannot write the output to stdout: {e.strerror or e}') from None
 
   def close(self) -> None:
-    if self._file is not None and self._file is not sys.stdout:
-      self._file.close()
+    """Puts the file in place (stdout: nothing to do)."""
+    if self._file is not None:
+      try:
+        self._file.commit()
+      except OutputError as e:
+        raise InputError(str(e)) from None
+
+
+def _drop_stdout() -> None:
+  """Points stdout at /dev/null: what could not be written stays in its buffer, and the flush
+  at exit would otherwise add a traceback to the one-line error."""
+  try:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+  except (OSError, ValueError, AttributeError):  # no descriptor (an in-memory stdout)
+    pass
 
 
 _LINE_BREAK = re.compile('\r\n|[\n\r\v\f\x1c-\x1e\x85\u2028\u2029]')

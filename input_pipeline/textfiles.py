@@ -15,6 +15,8 @@ import logging
 import os
 import sys
 
+from common.files import open_regular
+from common.lock_file import open_lock_file
 from input_pipeline.errors import DataError, DataFileError
 
 log = logging.getLogger(__name__)
@@ -138,7 +140,7 @@ def files_fingerprint(paths: list[str]) -> str:
     if not os.path.isfile(path):
       raise DataFileError(f'data file not found: {path}')
     try:
-      with open(path, 'rb') as f:
+      with open_regular(path) as f:  # a FIFO would block an open() forever
         for chunk in iter(lambda: f.read(1 << 20), b''):
           digest.update(chunk)
     except OSError as e:
@@ -149,11 +151,18 @@ def files_fingerprint(paths: list[str]) -> str:
 
 @contextlib.contextmanager
 def file_lock(path: str):
-  """Exclusive inter-process lock on `path` (created with its folder if missing)."""
+  """Exclusive inter-process lock on `path` (created with its folder if missing), waiting for
+  its holder. A symlink there is refused, never followed (it would create a file at its
+  target), and a FIFO is refused, never waited on (`common.lock_file`): one `DataFileError`."""
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path, 'a') as f:
-    fcntl.flock(f, fcntl.LOCK_EX)
-    try:
-      yield
-    finally:
-      fcntl.flock(f, fcntl.LOCK_UN)
+  try:
+    fd, _ = open_lock_file(path)
+  except OSError as e:
+    raise DataFileError(f'cannot open the lock file {path}: {e.strerror or e}') from None
+  except ValueError as e:  # UnsafeLockFileError: its message names the path
+    raise DataFileError(str(e)) from None
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    yield
+  finally:
+    os.close(fd)  # unlocks

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 import sentencepiece as spm
 
+from common.files import read_regular
 from common.tokens import EOS_ID, PAD_ID, TOKENIZERS, UNK_ID
 from input_pipeline import tokenizer_files
 from input_pipeline.errors import DataError, DataFileError
@@ -185,9 +186,9 @@ def load_tokenizer(workdir: str) -> Tokenizer:
   meta_path = os.path.join(directory, _META)
   if not os.path.isfile(meta_path):
     raise DataFileError(f'no tokenizer in workdir: {meta_path} not found')
-  try:  # the bytes that are checked are the bytes that are parsed
-    with open(meta_path, 'rb') as f:
-      files = {_META: f.read()}
+  try:  # the bytes that are checked are the bytes that are parsed; regular files only (a
+    # FIFO planted there would block an open() forever)
+    files = {_META: read_regular(meta_path)}
     meta = json.loads(files[_META])
     name = meta[_META_NAME_KEY]
   except (OSError, ValueError, KeyError, TypeError) as e:
@@ -195,8 +196,7 @@ def load_tokenizer(workdir: str) -> Tokenizer:
   if name == 'sentencepiece':
     model_path = _model_path(directory, meta_path, meta.get('model_file'))
     try:
-      with open(model_path, 'rb') as f:
-        files[os.path.basename(model_path)] = f.read()
+      files[os.path.basename(model_path)] = read_regular(model_path)
     except OSError as e:
       raise DataFileError(f'cannot read tokenizer {meta_path}: {type(e).__name__}: {e}') from None
   tokenizer_files.check(directory, meta, files)

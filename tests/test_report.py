@@ -87,11 +87,39 @@ def test_cli_prints_the_table_and_refuses_bad_input_in_one_line(resumed, tmp_pat
                          'no TensorBoard events in'),
                         ((f'--workdir={resumed}',), '--output_dir=DIR'),
                         ((f'--workdir={resumed}', f'--output_dir={out_dir}', '--names=a,b'),
-                         '--names has 2 names for 1 workdirs')]:
+                         '--names has 2 names for 1 workdirs'),
+                        ((f'--workdir={resumed}', f'--output_dir={resumed}/checkpoints'),
+                         "checkpoints/, a workdir's own folder")]:
     proc = cli(*args)
     assert proc.returncode == 2
     assert proc.stderr.startswith('python -m training.report: error: ') and message in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_outputs_never_follow_a_planted_link_nor_replace_a_workdirs_file(resumed, tmp_path):
+  """Issue 45 item 2: symlinks planted at OUT/summary.md and OUT/curves.png had their targets
+  overwritten; a report may go inside a workdir, but never over its own files."""
+  (pathlib.Path(resumed) / 'checkpoints').mkdir()  # with config.json: a workdir's marks
+  (pathlib.Path(resumed) / 'config.json').write_text('{}')
+  out, victim = tmp_path / 'out', tmp_path / 'victim.txt'
+  out.mkdir()
+  victim.write_text('precious\n')
+  for name in ('curves.png', 'summary.md'):
+    (out / name).symlink_to(victim)
+    with pytest.raises(ValueError, match=f'{name} is a symbolic link: refusing'):
+      report.report([resumed], str(out))
+    (out / name).unlink()
+  assert victim.read_text() == 'precious\n'
+  with pytest.raises(ValueError, match="checkpoints/, a workdir's own folder"):
+    report.report([resumed], os.path.join(resumed, 'checkpoints', 'report'))
+  written = report.report([resumed], os.path.join(resumed, 'report'))  # beside its files: fine
+  assert os.path.isfile(written['summary']) and os.path.isfile(written['curves'])
+
+
+def test_a_fifo_among_the_event_files_is_refused_not_waited_on(resumed):
+  os.mkfifo(os.path.join(resumed, 'events.out.tfevents.0.fifo'))
+  with pytest.raises(OSError, match='is a FIFO, not a regular file'):
+    report.load_run(resumed)  # an open() would wait for a writer forever
 
 
 def test_tensorboard_reads_the_same_event_files(resumed):

@@ -19,6 +19,7 @@ from typing import Any
 import ml_collections
 
 from common.atomic_file import atomic_write
+from common.files import read_regular
 from configs import schema
 from model.config import ConfigError, ModelConfig
 from model.kinds import ADAPTERS
@@ -69,9 +70,8 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   path = config_path(workdir)
   if not os.path.exists(path):
     raise ConfigError(f'{path} not found: is {workdir!r} a training workdir?')
-  try:
-    with open(path) as f:
-      values = json.load(f)
+  try:  # a regular file only: a FIFO planted there would block an open() forever
+    values = json.loads(read_regular(path))
   except (OSError, ValueError) as e:
     raise ConfigError(f'{path} is not a readable config: {e}') from None
   return ml_collections.ConfigDict(values)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import io
 import os
 import statistics
 import struct
@@ -26,6 +27,8 @@ from collections.abc import Callable
 
 from absl import app, flags
 
+from common.atomic_file import make_output_dir, write_output
+from common.files import read_regular
 from training import cli
 
 PANELS = (('train/loss', 'train loss'), ('train/learning_rate', 'learning rate'),
@@ -55,8 +58,7 @@ def read_records(path: str, warn: Callable[[str], None] | None = None):
   record whose length or data fails its CRC, with a `warn` naming the file and the offset
   (a flipped bit would otherwise read as another step, loss or wall time)."""
   from tensorboardX.record_writer import masked_crc32c  # pylint: disable=import-outside-toplevel
-  with open(path, 'rb') as f:
-    data = f.read()
+  data = read_regular(path)  # a FIFO planted there would block an open() forever
   pos = 0
   while pos + 12 <= len(data):
     header, (length_crc,) = data[pos:pos + 8], struct.unpack('<I', data[pos + 8:pos + 12])
@@ -161,8 +163,9 @@ def summary_table(runs: list[Run]) -> str:
   return '\n'.join(lines) + '\n'
 
 
-def plot_curves(runs: list[Run], path: str) -> str:
-  """The panels of `PANELS` that any run has, against step and wall time -> `path` (PNG)."""
+def plot_curves(runs: list[Run], path: str, workdirs=()) -> str:
+  """The panels of `PANELS` that any run has, against step and wall time -> `path` (PNG,
+  written as every output is: `common.atomic_file.write_output`)."""
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
@@ -187,23 +190,25 @@ def plot_curves(runs: list[Run], path: str) -> str:
       if tag == 'train/loss' and len(runs) > 1:
         ax.legend(fontsize=8)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  png = io.BytesIO()
+  fig.savefig(png, format='png', dpi=110)
   plt.close(fig)
+  write_output(path, png.getvalue(), what='report file', workdirs=workdirs)
   return path
 
 
 def report(workdirs: list[str], output_dir: str, names: list[str] | None = None,
            warn: Callable[[str], None] | None = None) -> dict:
   """Writes curves.png and summary.md for `workdirs` into `output_dir` -> their paths and the
-  table (`warn`: as `read_records`)."""
+  table (`warn`: as `read_records`). Each file is written whole or not at all, never through a
+  symlink or over a workdir's own file (`common.atomic_file`: `OutputError`, one line)."""
   names = names or [None] * len(workdirs)
   runs = [load_run(w, n, warn) for w, n in zip(workdirs, names, strict=True)]
-  os.makedirs(output_dir, exist_ok=True)
+  make_output_dir(output_dir, what='--output_dir', workdirs=workdirs)
   table = summary_table(runs)
   table_path = os.path.join(output_dir, 'summary.md')
-  with open(table_path, 'w') as f:
-    f.write(table)
-  curves = plot_curves(runs, os.path.join(output_dir, 'curves.png'))
+  curves = plot_curves(runs, os.path.join(output_dir, 'curves.png'), workdirs)
+  write_output(table_path, table, what='report file', workdirs=workdirs)
   return {'curves': curves, 'summary': table_path, 'table': table}
 
 
@@ -232,7 +237,7 @@ def main(argv: list[str]) -> None:
   except (FileNotFoundError, ValueError) as e:
     cli.fail(prog, e)
   except OSError as e:
-    cli.fail(prog, f'{e.filename or ""}: {e.strerror or e}', code=1)
+    cli.fail(prog, f'{e.filename}: {e.strerror or e}' if e.filename else e, code=1)
   print(out['table'], end='')
   print(f'wrote {out["curves"]} and {out["summary"]}')
 
