@@ -10,7 +10,7 @@ Translation (encoder-decoder), one sentence per line, output in input order:
       --reference=test.de.ref --beam_size=4 --alpha=0.6 --attention_plot=/tmp/plots
   python decode.py --workdir=/tmp/run          # interactive: each line answered as it comes
   ... --nbest=4 [--output_format=jsonl]        # n-best: `index<TAB>score<TAB>text` lines
-  ... --sample --temperature=0.7 --nbest=3 --seed=1   # 3 sampled translations per line
+  ... --strategy=sampling --temperature=0.7 --nbest=3 --seed=1   # 3 sampled translations
   ... --input_file=test.en --score_reference=test.de  # log P(reference | source) per line
 
 A pipe or a terminal on stdin (or `--input_file=-`) is translated as lines arrive (the lines
@@ -34,7 +34,7 @@ import sys
 
 from absl import app, flags, logging
 
-from common.tokens import DEFAULT_MIN_NEW_TOKENS, truncate
+from inference import decode_cli
 from training import cli
 
 FLAGS = flags.FLAGS
@@ -66,21 +66,8 @@ def _define_flags() -> None:
   flags.DEFINE_bool('lowercase_bleu', False, 'With --reference, also print BLEU on lowercased, '
                     'tokenized text (sacreBLEU lowercase=True, tok 13a), as Multi30k papers '
                     'score it, beside the cased detokenized BLEU.')
-  flags.DEFINE_integer('beam_size', None, 'Beam size (1: greedy); default config.decode.beam_size')
-  flags.DEFINE_float('alpha', None, 'GNMT length penalty exponent in [0, 10]; default '
-                     'config.decode.alpha.')
-  flags.DEFINE_integer('nbest', 1, 'Hypotheses per input, best first (at most the beam size; '
-                       'with --sample, the number of samples).')
-  flags.DEFINE_bool('sample', False, 'Translation: sample from the model instead of searching '
-                    '(--temperature, --top_k, --top_p, --seed; --beam_size=1 with one of them '
-                    'samples too).')
-  flags.DEFINE_integer('max_new_tokens', None, 'Maximum generated tokens per sentence; default '
-                       'config.decode.max_new_tokens (at most the model\'s max_len).')
-  flags.DEFINE_integer('min_new_tokens', None, 'Generated tokens before EOS may end an output '
-                       '(every search; a language model too); default '
-                       'config.decode.min_new_tokens (1: no empty output; 0: EOS may come '
-                       'first).')
-  flags.DEFINE_integer('batch_size', None, 'Sentences per batch; default config.decode.batch_size.')
+  for define, args in decode_cli.setting_flags():  # the decoding settings' (one definition)
+    getattr(flags, define)(*args)
   flags.DEFINE_string('attention_plot', None, 'Directory for attention heatmaps (PNG): one '
                       'folder per sentence, an overview and a file per attention module, layer '
                       'and head + the head average.')
@@ -97,84 +84,11 @@ def _define_flags() -> None:
 
 
 def _define_generation_flags() -> None:
-  """A language model's flags, and sampling's (a translation model samples with --sample)."""
+  """A language model's flags (its sampling settings are the decoding settings' flags)."""
   flags.DEFINE_string('prompt', None, 'Language model: text to continue (\\n = a newline).')
   flags.DEFINE_integer('num_tokens', None, 'Language model: tokens to generate; default '
                        'config.decode.max_new_tokens. Longer than the model\'s context is done in '
                        'windows (the context is cut to its last half).')
-  flags.DEFINE_float('temperature', None, 'Sampling temperature: 0 (greedy) or in [0.001, '
-                     '1000]; default config.decode.temperature.')
-  flags.DEFINE_integer('top_k', None, 'Sample from the k most likely tokens (0 = all); '
-                       'default config.decode.top_k.')
-  flags.DEFINE_float('top_p', None, 'Nucleus sampling: the fewest tokens of this mass, in (0, 1] '
-                     '(1 = off).')
-  flags.DEFINE_integer('seed', 0, 'Random seed for sampling (a line\'s samples depend only on '
-                       'the seed and its line number).')
-
-
-class DecodeError(cli.UsageError):
-  """A user-facing error: printed as one line, no traceback."""
-
-
-def _warn(message: str) -> None:
-  print(f'{PROG}: warning: {message}', file=sys.stderr, flush=True)
-
-
-# ----------------------------------------------------------------------------- for Python callers
-
-def read_lines(path: str | None, what: str = 'input') -> list[str]:
-  """UTF-8 lines of `path` (stdin when None or '-'; `.gz` decompressed), without newlines."""
-  from inference import streaming  # pylint: disable=import-outside-toplevel
-  try:
-    return streaming.read_lines(path, what)
-  except streaming.InputError as e:
-    raise DecodeError(str(e)) from None
-
-
-def restore(workdir: str, step: int | None, average_last: int, mesh=None):
-  """The `inference.Session` of a workdir holding a model with a decoder (its parameters on
-  one device, or sharded over `mesh`): `module`, `params`, `tokenizer`, `config`, `step`."""
-  from inference import decode_cli  # pylint: disable=import-outside-toplevel
-  try:
-    return decode_cli.restore(workdir, step, average_last, mesh)
-  except cli.UsageError as e:
-    raise DecodeError(str(e)) from None
-
-
-def encode_sources(tokenizer, lines, max_source_len: int):
-  """Token ids per line (EOS-terminated); empty lines -> None; long ones truncated (with a
-  warning) by the rule of `common.tokens.truncate`."""
-  out = []
-  for number, line in enumerate(lines, start=1):
-    ids = list(tokenizer.encode(line)) if line.strip() else None
-    if ids is not None and len(ids) > max_source_len:
-      _warn(f'input line {number} has {len(ids)} tokens, more than the model\'s max_len '
-            f'{max_source_len}; truncated')
-    out.append(None if ids is None else truncate(ids, max_source_len, tokenizer.eos_id))
-  return out
-
-
-def translate(session, sources, *, beam_size, alpha, max_new_tokens, batch_size,
-              min_new_tokens=DEFAULT_MIN_NEW_TOKENS, progress=True):
-  """Output ids per source (None for empty), in order (`inference.Translator`, as decode.py
-  and the trainer's BLEU run it)."""
-  from tqdm import tqdm  # pylint: disable=import-outside-toplevel
-
-  import inference  # pylint: disable=import-outside-toplevel
-  translator = inference.Translator(session.module, session.params, beam_size=beam_size,
-                                    alpha=alpha, max_new_tokens=max_new_tokens,
-                                    min_new_tokens=min_new_tokens, batch_size=batch_size,
-                                    eos_id=session.tokenizer.eos_id)
-  count = sum(s is not None for s in sources)
-  with tqdm(total=count, file=sys.stderr, unit='sent', desc='decoding', dynamic_ncols=True,
-            disable=not progress or count <= batch_size) as bar:
-    return translator(sources, progress=bar.update)
-
-
-def score(hypotheses, references, lowercase_bleu=False) -> list[str]:
-  """sacreBLEU BLEU (and lowercased BLEU) and chrF lines with their signatures."""
-  from training import evaluation  # pylint: disable=import-outside-toplevel
-  return evaluation.score_report(hypotheses, references, lowercase_bleu=lowercase_bleu)
 
 
 # ----------------------------------------------------------------------------- main
@@ -183,7 +97,6 @@ def main(argv) -> None:
   if len(argv) > 1:
     cli.fail(PROG, f'unexpected arguments {argv[1:]} (flags are --name=value)')
   logging.set_verbosity(logging.ERROR)  # Orbax/JAX info lines would drown the output
-  from inference import decode_cli  # pylint: disable=import-outside-toplevel
   try:
     decode_cli.run(FLAGS)
   except cli.UsageError as e:

@@ -1,5 +1,5 @@
-"""Beam search on the KV cache (the public entry is `autoregressive.decoding.beam_search_decode`,
-re-exported as `inference.beam_search_decode`).
+"""Beam search on the KV cache (the public entry is `autoregressive.decoding.beam_search_decode`;
+the strategy table's row is `autoregressive.strategies.beam`).
 
 Alive and finished beams are kept apart (the Flax-WMT/t5x layout) with fairseq's (and
 CTranslate2's) selection rule: each step extends the `beam_size` (k) alive hypotheses and takes

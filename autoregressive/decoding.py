@@ -1,5 +1,5 @@
-"""Decoding on the KV cache: greedy, sampling (temperature, top-k, top-p) and beam search
-(`inference` re-exports the public names).
+"""Decoding on the KV cache: greedy, sampling (temperature, top-k, top-p) and beam search, over
+token ids (the strategy table, `autoregressive.strategies`, runs them on batches).
 
 Every function runs the whole generation inside one jitted `lax.while_loop` over the
 model's `cache` collection (no per-token Python round trips, no recomputation of the

@@ -64,22 +64,21 @@ EOS = 1
 # ----------------------------------------------------------------------------- engines
 
 def _ours(job):
-  """decode.py's code path: its restore and translate (`inference`'s Translator)."""
-  import decode  # pylint: disable=import-outside-toplevel
+  """decode.py's code path: `inference.load` and the session's translator."""
+  import inference  # pylint: disable=import-outside-toplevel
   from inference import decode_cli  # pylint: disable=import-outside-toplevel
 
   # decode.py's persistent compilation cache (its default is on): empty in the first
   # repetition, so that cold run compiles every shape; later repetitions load them.
   decode_cli.enable_compilation_cache(job['xla_cache'])
-  restored = decode.restore(job['workdir'], job['step'], 1)
+  session = inference.load(job['workdir'], step=job['step'])
+  translator = session.translator(beam_size=job['beam'], alpha=None if job['beam'] == 1 else 0.0,
+                                  max_new_tokens=job['max_new_tokens'],
+                                  batch_size=job['batch_size'])
   sources = job['sources']
 
   def run():
-    outputs = decode.translate(restored, sources, beam_size=job['beam'], alpha=0.0,
-                               max_new_tokens=job['max_new_tokens'],
-                               batch_size=job['batch_size'],
-                               progress=False)
-    return [list(map(int, o)) for o in outputs]
+    return [list(map(int, o)) for o in translator(sources)]
   return run
 
 
@@ -211,19 +210,18 @@ def _worker(job_path: str) -> None:
 
 def _sources(workdir: str, input_file: str, lines: int):
   """(lines, our token ids cut to the model's max_len as decode.py cuts them, max_len)."""
-  import decode  # pylint: disable=import-outside-toplevel
+  from autoregressive.session import Session  # pylint: disable=import-outside-toplevel
+  from inference import restore  # pylint: disable=import-outside-toplevel
   from input_pipeline import tokenizers  # pylint: disable=import-outside-toplevel
-  from training import config_io  # pylint: disable=import-outside-toplevel
 
   opener = gzip.open if input_file.endswith('.gz') else open
   with opener(input_file, 'rt', encoding='utf-8') as f:
     text = [line for line in f.read().splitlines() if line.strip()]
   text = text[:lines] if lines else text
-  max_len = config_io.load_config(workdir).model.max_len
-  tokenizer = tokenizers.load_tokenizer(workdir)
-  with contextlib.redirect_stderr(io.StringIO()):  # decode.py's warning per cut line
-    ids = decode.encode_sources(tokenizer, text, max_len)
-  return text, ids, max_len
+  config, module = restore.read_model(workdir)  # the session's encoding; no parameters
+  session = Session(module, None, tokenizers.load_tokenizer(workdir), config,
+                    warn=lambda message: None)
+  return text, session.encode(text), module.config.max_len
 
 
 def _export(workdir: str, step, scratch: str, engines) -> dict:

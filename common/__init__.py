@@ -2,7 +2,6 @@
 `training`, `inference`, `hf_export`, the command lines). It imports no other package.
 
   atomic_file   atomic_write(path, data): a file written whole or not at all
-  decode_limits bounds of the decoding settings (alpha, temperature, beam, n-best, batch)
   dtype_limits  INT32_MAX, UINT32_MAX, FLOAT32_MAX, FLOAT32_TINY: what numbers are checked against
   tokens        PAD_ID, EOS_ID, UNK_ID and `truncate` (a cut sequence keeps its EOS)
   messages      first_few(items): "a; b; c (+N more)" for one-line errors

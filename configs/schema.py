@@ -14,16 +14,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from common.decode_limits import (
-  ALPHA_MAX,
-  BEAM_SIZE_MAX,
-  DECODE_BATCH_MAX,
-  TEMPERATURE_MAX,
-  TEMPERATURE_MIN,
-)
+from autoregressive import strategies
 from common.dtype_limits import FLOAT32_MAX, FLOAT32_TINY, INT32_MAX, UINT32_MAX
 from common.errors import ConfigError
 from common.schema import (
+  DOC,
   Schema,
   close_fields,
   documented,
@@ -32,7 +27,7 @@ from common.schema import (
   is_number,
   require,
 )
-from common.tokens import DEFAULT_MIN_NEW_TOKENS, SENTENCEPIECE_MODEL_TYPES, TOKENIZERS
+from common.tokens import SENTENCEPIECE_MODEL_TYPES, TOKENIZERS
 from model.config import ModelConfig
 from model.kinds import adapter_of
 from model.partitioning import DEFAULT_RULES, LOGICAL_AXES, Rules
@@ -213,47 +208,39 @@ def parse_profile_steps(value: str) -> tuple[int, int] | None:
   return start, end
 
 
+def _setting(name: str):
+  """config.decode's field `name`: the default and doc of its decoding setting."""
+  _, field = strategies.config_fields()[name]
+  return documented(field.default, field.metadata[DOC])
+
+
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig(Schema):
-  """`config.decode`: the validation BLEU's decoding, and decode.py's defaults (its bounds are
-  common/decode_limits.py's, which decode.py's flags share)."""
+  """`config.decode`: the validation BLEU's decoding, and decode.py's defaults. Its fields are
+  the decoding settings of `autoregressive.strategies` (defaults, docs and bounds there;
+  decode.py's flags and `Session` read them too) but the per-call ones, plus
+  num_eval_sentences."""
   SECTION = 'decode'
-  beam_size: int = documented(4, 'beams (1 = greedy)')
-  alpha: float = documented(0.6, 'length penalty ((5 + len) / 6) ** alpha (GNMT; the paper: '
-                            '0.6)')
-  max_new_tokens: int = documented(128, 'tokens decoding may generate (at most model.max_len)')
-  min_new_tokens: int = documented(DEFAULT_MIN_NEW_TOKENS, 'tokens before EOS may end an '
-                                   'output (0: any)')
+  beam_size: int = _setting('beam_size')
+  alpha: float = _setting('alpha')
+  max_new_tokens: int = _setting('max_new_tokens')
+  min_new_tokens: int = _setting('min_new_tokens')
   num_eval_sentences: int = documented(1014, 'sentences the validation BLEU decodes')
-  batch_size: int = documented(64, 'sentences per decoding batch')
-  temperature: float = documented(1.0, 'sampling temperature of a language model (0 = greedy)')
-  top_k: int = documented(0, 'sample among the k most likely tokens (0 = no top-k)')
+  batch_size: int = _setting('batch_size')
+  temperature: float = _setting('temperature')
+  top_k: int = _setting('top_k')
 
   def validate(self) -> None:
     super().validate()
-    bounds = {'beam_size': BEAM_SIZE_MAX, 'max_new_tokens': INT32_MAX,
-              'batch_size': DECODE_BATCH_MAX}
-    for name, most in bounds.items():
-      value = getattr(self, name)
-      require(is_int(value) and 0 < value <= most,
-              f'config.decode.{name}={value!r} must be an integer in [1, {most}]')
     require(is_int(self.num_eval_sentences) and self.num_eval_sentences >= 0,
             f'config.decode.num_eval_sentences={self.num_eval_sentences!r} must be an integer '
             '>= 0')
-    require(is_number(self.alpha) and 0 <= self.alpha <= ALPHA_MAX,
-            f'config.decode.alpha={self.alpha!r} must be a number in [0, {ALPHA_MAX:g}] (the '
-            'length penalty ((5 + len) / 6) ** alpha must stay finite in float32)')
-    t = self.temperature
-    require(is_number(t) and (t == 0 or TEMPERATURE_MIN <= t <= TEMPERATURE_MAX),
-            f'config.decode.temperature={t!r} must be 0 (greedy) or in '
-            f'[{TEMPERATURE_MIN:g}, {TEMPERATURE_MAX:g}] (logits / temperature in float32)')
-    require(is_int(self.top_k) and self.top_k >= 0,
-            f'config.decode.top_k={self.top_k!r} must be an integer >= 0 (0 = no top-k)')
-    least = self.min_new_tokens
-    require(is_int(least) and 0 <= least <= self.max_new_tokens,
-            f'config.decode.min_new_tokens={least!r} must be an integer in [0, '
-            f'config.decode.max_new_tokens={self.max_new_tokens}] (tokens before EOS may end an '
-            'output)')
+    values = dataclasses.asdict(self)
+    try:  # every strategy's settings: the one config.decode chooses, and the others'
+      for name in strategies.TABLE:
+        strategies.from_config(values, strategy=name)
+    except ValueError as e:
+      raise ConfigError(str(e)) from None
 
 
 @dataclasses.dataclass(frozen=True)

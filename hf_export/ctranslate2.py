@@ -42,7 +42,7 @@ import os
 
 import numpy as np
 
-from common.tokens import DEFAULT_MIN_NEW_TOKENS
+from configs.schema import DecodeConfig
 from hf_export import convert, targets
 from model import attention as attn
 from model.kinds import adapter_of
@@ -216,12 +216,12 @@ def _beyond(cfg) -> str:
 
 def decoding_options(cfg, tokenizer, decode_config) -> dict:
   """The options that make CTranslate2 decode as decode.py does (for export_info.json)."""
-  max_new_tokens = min(int(decode_config.get('max_new_tokens', cfg.max_len)), cfg.max_len)
-  min_new_tokens = min(int(decode_config.get('min_new_tokens', DEFAULT_MIN_NEW_TOKENS)),
-                       max_new_tokens)
+  decode = DecodeConfig.from_config(decode_config)  # a missing field: its default
+  max_new_tokens = min(decode.max_new_tokens, cfg.max_len)
+  min_new_tokens = min(decode.min_new_tokens, max_new_tokens)
   if adapter_of(cfg).has_source:
     return {'class': 'ctranslate2.Translator', 'input': 'the tokenizer\'s pieces, no EOS',
-            'translate_batch': {'beam_size': int(decode_config.get('beam_size', 4)),
+            'translate_batch': {'beam_size': decode.beam_size,
                                 'length_penalty': 0.0, 'max_decoding_length': max_new_tokens,
                                 'min_decoding_length': min_new_tokens,
                                 'max_input_length': cfg.max_len},

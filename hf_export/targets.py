@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from common.tokens import DEFAULT_MIN_NEW_TOKENS
+from configs.schema import DecodeConfig
 from hf_export import convert
 from model.kinds import ADAPTERS, adapter_of
 
@@ -51,24 +51,22 @@ def _beam_generation(cfg, eos: int | None, decode_config) -> dict:
   (early_stopping='never'; True would stop at num_beams finished, fairseq's rule).
   transformers divides by len ** length_penalty where decode.py uses the GNMT penalty
   ((5 + len) / 6) ** alpha: the same search when alpha = 0 (see the README)."""
-  max_new_tokens = min(decode_config.get('max_new_tokens', cfg.max_len), cfg.max_len)
+  decode = DecodeConfig.from_config(decode_config)  # a missing field: its default
+  max_new_tokens = min(decode.max_new_tokens, cfg.max_len)
   return dict(decoder_start_token_id=0, pad_token_id=0, eos_token_id=eos,
-              forced_eos_token_id=None, suppress_tokens=[0],
-              num_beams=decode_config.get('beam_size', 4),
-              length_penalty=decode_config.get('alpha', 0.0), early_stopping='never',
+              forced_eos_token_id=None, suppress_tokens=[0], num_beams=decode.beam_size,
+              length_penalty=decode.alpha, early_stopping='never',
               max_new_tokens=max_new_tokens,
-              min_new_tokens=min(decode_config.get('min_new_tokens', DEFAULT_MIN_NEW_TOKENS),
-                                 max_new_tokens))
+              min_new_tokens=min(decode.min_new_tokens, max_new_tokens))
 
 
 def _sampling_generation(cfg, eos: int | None, decode_config) -> dict:
   """decode.py's sampling (greedy at temperature 0); GPT-2 has max_len positions: the start
   token and the text together."""
-  temperature = decode_config.get('temperature', 1.0)
-  sampling = ({'do_sample': True, 'temperature': temperature,
-               'top_k': decode_config.get('top_k', 0) or 0} if temperature > 0 else {})
-  least = ({} if eos is None else
-           {'min_new_tokens': decode_config.get('min_new_tokens', DEFAULT_MIN_NEW_TOKENS)})
+  decode = DecodeConfig.from_config(decode_config)  # a missing field: its default
+  sampling = ({'do_sample': True, 'temperature': decode.temperature, 'top_k': decode.top_k}
+              if decode.temperature > 0 else {})
+  least = {} if eos is None else {'min_new_tokens': decode.min_new_tokens}
   return dict(bos_token_id=0, pad_token_id=0, eos_token_id=eos, suppress_tokens=[0],
               max_length=cfg.max_len, **sampling, **least)
 

@@ -1,35 +1,27 @@
 """Everything after training: restore a workdir, translate, generate, score and plot.
-`decode.py` and `export.py` go through here. The search itself is `autoregressive` (below
-`training`, whose validation BLEU runs it too); its public names are re-exported here.
+`decode.py` and `export.py` go through here; the search itself, and the `Session` that runs
+it on text, are `autoregressive`'s (below `training`, whose validation BLEU runs them too).
 
     import inference
-    session = inference.load(WORKDIR)                  # a `Session`
+    session = inference.load(WORKDIR)                  # an `autoregressive.session.Session`
     print(session.translate(['A man is riding a bike.']))
     print(inference.load(LM_WORKDIR).generate('ROMEO:', num_tokens=50))
 
 Modules (imported on first use, so `import inference` is cheap):
-  session      `load(workdir, *, step, average_last, mesh)` -> `Session`: translate,
-               hypotheses (n-best, samples, scores), score (forced decoding), generate
-  restore      `Restored`: config, model, tokenizer and parameters of a workdir (params only;
-               a `scan_layers` model unrolled once), `RestoreError`, `mesh_from_flag`
+  restore      `load(workdir, *, step, average_last, mesh, warn)` -> `Session`; `Restored`:
+               config, model, tokenizer and parameters of a workdir (params only; a
+               `scan_layers` model unrolled once), `RestoreError`, `mesh_from_flag`
   streaming    lines from a pipe as they arrive, batched without waiting (decode.py)
   plotting     attention heatmaps (PNG) from the weights the model sows
-Re-exported from `autoregressive`: `Translator`, `Hypothesis`, `Sampling` (translator),
-`greedy_decode`, `sample`, `beam_search_decode`, `sequence_log_probs` (decoding),
-`forced_log_probs` (scoring)."""
+  decode_cli, decode_runs   decode.py's flag checks and its three runs
+"""
 
 from __future__ import annotations
 
 import importlib
 
-_EXPORTS = {
-    'load': 'inference.session', 'Session': 'inference.session',
-    'Restored': 'inference.restore', 'RestoreError': 'inference.restore',
-    'Translator': 'autoregressive.translator', 'Hypothesis': 'autoregressive.translator',
-    'Sampling': 'autoregressive.translator', 'greedy_decode': 'autoregressive.decoding',
-    'sample': 'autoregressive.decoding', 'beam_search_decode': 'autoregressive.decoding',
-    'sequence_log_probs': 'autoregressive.decoding', 'forced_log_probs': 'autoregressive.scoring',
-}
+_EXPORTS = {'load': 'inference.restore', 'Restored': 'inference.restore',
+            'RestoreError': 'inference.restore'}
 
 __all__ = sorted(_EXPORTS)
 

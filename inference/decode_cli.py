@@ -10,41 +10,47 @@ stream line by line as it arrives), score references (forced decoding), or gener
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 from typing import NamedTuple
 
-from common.decode_limits import (
-  ALPHA_MAX,
-  BEAM_SIZE_MAX,
-  DECODE_BATCH_MAX,
-  NBEST_MAX,
-  TEMPERATURE_MAX,
-  TEMPERATURE_MIN,
-)
-from common.dtype_limits import INT32_MAX, UINT32_MAX
-from common.tokens import DEFAULT_MIN_NEW_TOKENS
+from autoregressive import strategies
+from common.dtype_limits import INT32_MAX
 from training import cli
 
 PROG = 'decode.py'
-INT_LIMITS = {  # flag -> (lowest, highest)
-    'step': (0, INT32_MAX), 'average_last': (1, 10_000), 'beam_size': (1, BEAM_SIZE_MAX),
-    'batch_size': (1, DECODE_BATCH_MAX), 'max_new_tokens': (1, INT32_MAX),
-    'nbest': (1, NBEST_MAX), 'min_new_tokens': (0, INT32_MAX),
-    'num_tokens': (1, 1_000_000), 'top_k': (0, INT32_MAX), 'seed': (0, UINT32_MAX),
+INT_LIMITS = {  # flag -> (lowest, highest); the decoding settings' are their fields'
+    'step': (0, INT32_MAX), 'average_last': (1, 10_000), 'num_tokens': (1, 1_000_000),
     'attention_plot_max': (0, INT32_MAX)}
 SAMPLING_FLAGS = ('temperature', 'top_k', 'top_p')
 # Flags of a translation model that a language model refuses (and the reverse).
-TRANSLATION_FLAGS = ('reference', 'score_reference', 'beam_size', 'alpha', 'max_new_tokens',
-                     'batch_size', 'nbest', 'sample', 'lowercase_bleu')
+TRANSLATION_FLAGS = ('reference', 'score_reference', 'strategy', 'beam_size', 'alpha',
+                     'max_new_tokens', 'batch_size', 'nbest', 'lowercase_bleu')
 LM_FLAGS = ('prompt', 'num_tokens')
+
+
+def setting_flags() -> list[tuple[str, tuple]]:
+  """decode.py's flags for the decoding settings, as (absl DEFINE function, its arguments):
+  `--strategy` and one per field of `autoregressive.strategies` (its help; default
+  config.decode's value where it has one)."""
+  names = ', '.join(f'{name} ({row.HELP})' for name, row in strategies.TABLE.items())
+  out = [('DEFINE_enum', ('strategy', None, list(strategies.TABLE),
+                          f'Decoding strategy: {names}. Default: beam, or greedy at '
+                          '--beam_size=1.'))]
+  for name, (owner, field) in strategies.fields().items():
+    in_config = field.metadata[strategies.base.IN_CONFIG]
+    default = None if in_config else field.default
+    where = f'; default config.decode.{name}' if in_config else ''
+    of = '' if owner is strategies.Limits else f'{owner.NAME}: '
+    help_text = f'{of}{field.metadata["doc"]}: {strategies.base.rule_of(field)}{where}.'
+    define = 'DEFINE_integer' if field.type in ('int', int) else 'DEFINE_float'
+    out.append((define, (name, default, help_text)))
+  return out
 
 
 class Plan(NamedTuple):
   mode: str  # 'translate' | 'score' | 'generate'
-  sampling: bool = False
-  beam_size: int = 1
+  settings: dict | None = None  # the decoding settings given as flags, and `strategy`
 
 
 def _info(message: str) -> None:
@@ -57,21 +63,15 @@ def _warn(message: str) -> None:
 
 # ----------------------------------------------------------------------------- flag checks
 
-def check_temperature(value: float | None, where: str = '--temperature') -> None:
-  """0 (greedy) or in [TEMPERATURE_MIN, TEMPERATURE_MAX]."""
-  if value is None or value == 0:
-    return
-  if not (math.isfinite(value) and TEMPERATURE_MIN <= value <= TEMPERATURE_MAX):
-    raise cli.UsageError(f'{where}={value} must be 0 (greedy) or a number in '
-                         f'[{TEMPERATURE_MIN:g}, {TEMPERATURE_MAX:g}]')
-
-
 def check_numbers(F) -> None:
   for name, (lo, hi) in INT_LIMITS.items():
     cli.check_int(name, getattr(F, name), lo=lo, hi=hi)
-  cli.check_float('alpha', F.alpha, lo=0.0, hi=ALPHA_MAX)
-  cli.check_float('top_p', F.top_p, lo=0.0, hi=1.0, lo_open=True)
-  check_temperature(F.temperature)
+  for name, (_, field) in strategies.fields().items():
+    if getattr(F, name) is not None:
+      try:
+        strategies.check(field, getattr(F, name), f'--{name}')
+      except ValueError as e:
+        raise cli.UsageError(str(e)) from None
 
 
 def _same_file(a: str | None, b: str | None) -> bool:
@@ -137,21 +137,26 @@ def _refuse(F, names, message: str) -> None:
       raise cli.UsageError(message.format(flag=f'--{name}'))
 
 
-def check_min_new_tokens(F, config, most: int | None, most_flag: str, cap: bool = True) -> None:
-  """--min_new_tokens (or config.decode's) at most the generated tokens asked for (`most`, from
-  `most_flag`, or config.decode.max_new_tokens, capped at the model's positions with `cap`)."""
-  least = F.min_new_tokens
-  where = '--min_new_tokens'
-  if least is None:
-    least, where = config.decode.get('min_new_tokens', DEFAULT_MIN_NEW_TOKENS), \
-        'config.decode.min_new_tokens'
-  if most is None:
-    most, most_flag = config.decode.max_new_tokens, 'config.decode.max_new_tokens'
-    if cap and most > config.model.max_len:
-      most, most_flag = config.model.max_len, "the model's max_len"
-  if least > most:
-    raise cli.UsageError(f'{where}={least} is more than {most_flag}={most}: no output could '
-                         'end before the limit')
+def _settings(F, config, names, strategy: str | None, rename=None) -> dict:
+  """The settings among `names` given as flags (and `strategy`), checked against the config
+  and each other as the `Session` will (`rename`: a setting -> the flag giving it).
+  A max_new_tokens beyond the model's positions is capped, as the session caps it."""
+  rename = rename or {}
+  flag_of = {name: rename.get(name, name) for name in names}
+  given = {name: getattr(F, flag) for name, flag in flag_of.items() if _given(F, flag)}
+  most = given.get('max_new_tokens', config.decode.get('max_new_tokens'))
+  capped = 'max_new_tokens' not in rename and most > config.model.max_len
+  checked = dict(given, max_new_tokens=config.model.max_len) if capped else given
+
+  def where(name):
+    if name == 'max_new_tokens' and capped:
+      return "the model's max_len"
+    return f'--{flag_of.get(name, name)}'
+  try:
+    strategies.from_config(dict(config.decode), checked, strategy=strategy, where=where)
+  except ValueError as e:
+    raise cli.UsageError(str(e)) from None
+  return dict(given, strategy=strategy)
 
 
 def plan_translation(F, config, where: str) -> Plan:
@@ -159,32 +164,13 @@ def plan_translation(F, config, where: str) -> Plan:
           'encoder_decoder (translation) model: give sentences on stdin or --input_file')
   if F.lowercase_bleu and F.reference is None:
     raise cli.UsageError('--lowercase_bleu needs --reference')
+  settings = [name for name in strategies.fields() if name != 'batch_size']
   if F.score_reference is not None:
-    _refuse(F, ('reference', 'beam_size', 'alpha', 'max_new_tokens', 'min_new_tokens', 'nbest',
-                'sample', 'seed', *SAMPLING_FLAGS, 'attention_plot'),
+    _refuse(F, ('reference', 'strategy', *settings, 'attention_plot'),
             '{flag} does not apply to --score_reference (it scores the given references: '
             'nothing is searched)')
     return Plan('score')
-  check_min_new_tokens(F, config, F.max_new_tokens, '--max_new_tokens')
-  beam = F.beam_size if F.beam_size is not None else config.decode.beam_size
-  sampling = F.sample or (beam == 1 and any(_given(F, n) for n in SAMPLING_FLAGS))
-  if sampling:
-    if F.beam_size is not None and F.beam_size > 1:
-      raise cli.UsageError(f'--beam_size={F.beam_size} does not apply to sampling (it draws '
-                           'one token at a time; --nbest=N gives N samples)')
-    _refuse(F, ('alpha',), "{flag} (beam search's length penalty) does not apply to sampling")
-    check_temperature(config.decode.get('temperature', 1.0), 'config.decode.temperature')
-    return Plan('translate', sampling=True)
-  search = f'beam search (beam size {beam})' if beam > 1 else 'greedy decoding (beam size 1)'
-  _refuse(F, (*SAMPLING_FLAGS, 'seed'), '{flag} applies to sampling, not to ' + search +
-          ': add --sample')
-  if beam == 1:
-    _refuse(F, ('alpha',), "{flag} (beam search's length penalty) does not apply to greedy "
-            'decoding (beam size 1)')
-  if F.nbest > beam:
-    raise cli.UsageError(f'--nbest={F.nbest} is more than the beam size {beam} (raise '
-                         '--beam_size, or --sample for N samples)')
-  return Plan('translate', beam_size=beam)
+  return Plan('translate', _settings(F, config, strategies.fields(), F.strategy))
 
 
 def plan_generation(F, config, where: str, kind: str) -> Plan:
@@ -194,15 +180,16 @@ def plan_generation(F, config, where: str, kind: str) -> Plan:
             f'(language) model{hint.get(name, "")}')
   if F.prompt is not None and F.input_file is not None:
     raise cli.UsageError('--prompt and --input_file both give prompts: use one')
-  check_min_new_tokens(F, config, F.num_tokens, '--num_tokens', cap=False)
+  names = ('min_new_tokens', 'max_new_tokens', *SAMPLING_FLAGS, 'seed')
+  settings = _settings(F, config, names, strategies.Sampling.NAME,
+                       rename={'max_new_tokens': 'num_tokens'})
   temperature = F.temperature
   if temperature is None:
-    temperature = config.decode.get('temperature', 1.0)
-    check_temperature(temperature, 'config.decode.temperature')
+    temperature = config.decode.get('temperature', strategies.Sampling.temperature)
   if temperature == 0:
     _refuse(F, ('top_k', 'top_p', 'seed'), '{flag} applies to sampling, but the temperature '
             'is 0 (greedy)')
-  return Plan('generate')
+  return Plan('generate', settings)
 
 
 def plan(F):
@@ -229,11 +216,14 @@ def plan(F):
 # ----------------------------------------------------------------------------- run
 
 def restore(workdir: str, step: int | None, average_last: int, mesh=None):
-  """The `inference.Session` of `workdir` (one `restored ...` line on stderr)."""
+  """`inference.load(workdir, ...)` with one `restored ...` line on stderr."""
+  import time  # pylint: disable=import-outside-toplevel
+
   from inference import restore as restore_lib  # pylint: disable=import-outside-toplevel
-  from inference.session import Session  # pylint: disable=import-outside-toplevel
+  started = time.perf_counter()
   try:
-    session = Session(restore_lib.Restored(workdir, step, average_last, mesh), warn=_warn)
+    session = restore_lib.load(workdir, step=step, average_last=average_last, mesh=mesh,
+                               warn=_warn)
   except (restore_lib.RestoreError, ValueError) as e:
     error = cli.UsageError(str(e))
     error.exit_code = getattr(e, 'exit_code', 2)  # 1: damaged files (a tokenizer checksum)
@@ -241,7 +231,7 @@ def restore(workdir: str, step: int | None, average_last: int, mesh=None):
   averaged = f' (average of the last {average_last})' if average_last > 1 else ''
   where = '' if mesh is None else f' onto mesh (data, fsdp, tensor)={tuple(mesh.shape.values())}'
   _info(f'restored {session.kind} step {session.step}{averaged} from {workdir}{where} '
-        f'in {session.restored.seconds:.1f}s')
+        f'in {time.perf_counter() - started:.1f}s')
   return session
 
 
@@ -285,7 +275,7 @@ def run(F) -> None:
     try:
       if the_plan.mode == 'generate':
         from inference.decode_runs import generate  # pylint: disable=import-outside-toplevel
-        generate(F, session, lines)
+        generate(F, session, the_plan, lines)
       elif the_plan.mode == 'score':
         from inference.decode_runs import score  # pylint: disable=import-outside-toplevel
         score(F, session, lines, references)

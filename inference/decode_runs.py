@@ -29,16 +29,13 @@ def _rate(count: int, unit: str, seconds: float) -> str:
 def translate(F, session, plan, lines, references) -> None:
   """Translations (or n-best lists, or samples) of every input line, in order."""
   from tqdm import tqdm  # pylint: disable=import-outside-toplevel
-  batch_size = F.batch_size or session.config.decode.get('batch_size', 64)
+  settings = dict(plan.settings)
   if lines is not None:  # a file: no more rows than sentences
-    batch_size = min(batch_size, max(1, sum(bool(line.strip()) for line in lines)))
-  settings = dict(beam_size=F.beam_size, alpha=F.alpha, max_new_tokens=F.max_new_tokens,
-                  min_new_tokens=F.min_new_tokens, batch_size=batch_size, nbest=F.nbest)
-  if plan.sampling:
-    settings.update(sample=True, beam_size=None, temperature=F.temperature, top_k=F.top_k,
-                    top_p=F.top_p, seed=F.seed)
+    sentences = max(1, sum(bool(line.strip()) for line in lines))
+    settings['batch_size'] = min(session.settings(**settings)[1].batch_size, sentences)
   translator = session.translator(**settings)
-  scores = F.output_format == 'jsonl' or F.nbest > 1
+  batch_size, nbest = translator.limits.batch_size, translator.limits.nbest
+  scores = F.output_format == 'jsonl' or nbest > 1
   out, texts, plotted = streaming.Output(F.output_file), [], []
   seconds, count, tokens, empty, cut = 0.0, 0, 0, 0, 0
   total = None if lines is None else sum(bool(line.strip()) for line in lines)
@@ -53,7 +50,7 @@ def translate(F, session, plan, lines, references) -> None:
       seconds += time.perf_counter() - started
       for i, (line, source, hyps) in enumerate(zip(chunk, sources, found, strict=True)):
         hyps = session.with_text(hyps)
-        out.write(streaming.format_hypotheses(first + i, line, hyps, F.output_format, F.nbest))
+        out.write(streaming.format_hypotheses(first + i, line, hyps, F.output_format, nbest))
         texts.append(hyps[0].text if hyps else '')
         count += source is not None
         tokens += sum(len(h.tokens) for h in hyps[:1])
@@ -63,16 +60,14 @@ def translate(F, session, plan, lines, references) -> None:
         if F.attention_plot and source is not None and hyps:
           plotted.append((first + i, source, hyps[0].tokens))
   out.close()
-  if plan.sampling:
-    search = f'sampling, {F.nbest} per sentence' if F.nbest > 1 else 'sampling'
-  else:
-    search = (f'beam {translator.beam_size}, alpha {translator.alpha}'
-              if translator.beam_size > 1 else 'greedy')
+  search = translator.strategy.describe()
+  if nbest > 1:
+    search += f', {nbest} per sentence'
   excluded = '; attention plots not included' if F.attention_plot else ''
   _info(f'translated {count} sentence(s) ({search}) in {seconds:.1f}s: '
         f'{_rate(count, "sentences", seconds)}, {tokens / max(seconds, 1e-9):.0f} tokens/s '
         f'(compilation included{excluded}); {empty} empty, {cut} cut at '
-        f'{translator.max_new_tokens} tokens')
+        f'{translator.limits.max_new_tokens} tokens')
   if references is not None:
     from training import evaluation  # pylint: disable=import-outside-toplevel
     for line in evaluation.score_report(texts, references, lowercase_bleu=F.lowercase_bleu):
@@ -84,7 +79,7 @@ def translate(F, session, plan, lines, references) -> None:
 def _cut(tokens, translator) -> bool:
   """Whether an output stopped at the token limit, not at EOS (likely a repetition loop)."""
   eos = translator.eos_id
-  return len(tokens) >= translator.max_new_tokens and (eos is None or tokens[-1] != eos)
+  return len(tokens) >= translator.limits.max_new_tokens and (eos is None or tokens[-1] != eos)
 
 
 def score(F, session, lines, references) -> None:
@@ -106,9 +101,11 @@ def score(F, session, lines, references) -> None:
         f'(compilation included)')
 
 
-def generate(F, session, lines) -> None:
+def generate(F, session, plan, lines) -> None:
   """A language model's continuation of `--prompt` or of each input line (a stream: each
   as it arrives); `\\n` in a prompt is a newline. An empty line gives an empty line."""
+  settings = {k: v for k, v in plan.settings.items() if k != 'strategy'}
+  settings['num_tokens'] = settings.pop('max_new_tokens', None)
   out, plotted = streaming.Output(F.output_file), []
   seconds, total, prompts = 0.0, 0, 0
   for first, chunk in _chunks(lines, 1):
@@ -121,10 +118,7 @@ def generate(F, session, lines) -> None:
       prompt = line.replace('\\n', '\n')
       started = time.perf_counter()
       try:
-        ids, new = session.generate_ids(prompt, num_tokens=F.num_tokens,
-                                        min_new_tokens=F.min_new_tokens,
-                                        temperature=F.temperature, top_k=F.top_k,
-                                        top_p=F.top_p, seed=F.seed, line=number - 1)
+        ids, new = session.generate_ids(prompt, **settings, line=number - 1)
       except ValueError as e:  # a character outside the vocabulary
         raise cli.UsageError(f'prompt {number}: {e}') from None
       seconds += time.perf_counter() - started

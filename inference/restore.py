@@ -1,6 +1,6 @@
 """A workdir restored for inference: config, model, tokenizer and parameters only (no optimizer
 state, no training code path, no dataset): what `decode.py`, `export.py` and
-`inference.load` start from.
+`inference.load` (below) start from.
 
 Every problem (missing workdir, unreadable config.json or tokenizer, no checkpoint, a
 checkpoint that does not fit the model of config.json, a mesh that does not fit the devices or
@@ -21,6 +21,7 @@ import time
 import jax
 
 from autoregressive.decode_loop import decoding_model
+from autoregressive.session import Session
 from input_pipeline import tokenizers
 from model import ConfigError, build_model, partitioning
 from model.kinds import adapter_of
@@ -113,6 +114,17 @@ def read_model(workdir: str):
     return config, build_model(config.model)
   except ConfigError as e:
     raise RestoreError(str(e)) from None
+
+
+def load(workdir: str, *, step: int | None = None, average_last: int = 1,
+         mesh: jax.sharding.Mesh | None = None, warn=None) -> Session:
+  """`workdir`'s model ready to decode (`inference.load`): its parameters (the newest
+  checkpoint, or `step`; the average of the last `average_last`) on one device, or sharded
+  over `mesh` -> a `Session`. `warn(message)` hears about truncated inputs and capped
+  lengths (default: `warnings.warn`)."""
+  restored = Restored(workdir, step, average_last, mesh)
+  return Session(restored.module, restored.params, restored.tokenizer, restored.config,
+                 step=restored.step, warn=warn)
 
 
 class Restored:

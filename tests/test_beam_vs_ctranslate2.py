@@ -133,19 +133,19 @@ def test_no_empty_output_for_a_non_empty_source():
   `min_new_tokens` tokens before EOS (default 1: no empty output), on a model whose most
   likely output is the empty one for many sources (and for greedy decoding too: seed 2); with
   `min_new_tokens=0` those come back."""
-  from autoregressive.translator import Sampling, Translator  # pylint: disable=import-outside-toplevel
+  from autoregressive.strategies import BeamSearch, Greedy, Limits, Sampling  # pylint: disable=import-outside-toplevel
+  from autoregressive.translator import Translator  # pylint: disable=import-outside-toplevel
   module, params = _trained(2)
   sources = [src for src, _ in _pairs(np.random.default_rng(102), 24)]
-  searches = {'greedy': dict(beam_size=1), 'beam': dict(beam_size=4, nbest=4),
-              'sampling': dict(beam_size=1, nbest=4, sampling=Sampling(temperature=1.0, seed=1))}
+  searches = {'greedy': (Greedy(), 1), 'beam': (BeamSearch(beam_size=4, alpha=0.0), 4),
+              'sampling': (Sampling(temperature=1.0, seed=1), 4)}
 
-  def lengths(least, **kw):  # tokens before EOS, every hypothesis of every source
-    translator = Translator(module, params, alpha=0.0, max_new_tokens=MAX_NEW, batch_size=8,
-                            min_new_tokens=least, **kw)
-    found = translator.search(sources)
-    assert all(len(h) == kw.get('nbest', 1) for h in found)
+  def lengths(least, strategy, nbest):  # tokens before EOS, every hypothesis of every source
+    limits = Limits(max_new_tokens=MAX_NEW, min_new_tokens=least, batch_size=8, nbest=nbest)
+    found = Translator(module, params, strategy, limits).search(sources)
+    assert all(len(h) == nbest for h in found)
     return [len([t for t in h.tokens if t != EOS]) for hyps in found for h in hyps]
-  for name, kw in searches.items():
-    assert min(lengths(1, **kw)) >= 1, name
-    assert min(lengths(3, **kw)) >= 3, name
-    assert min(lengths(0, **kw)) == 0, name  # the case: empty outputs without the minimum
+  for name, search in searches.items():
+    assert min(lengths(1, *search)) >= 1, name
+    assert min(lengths(3, *search)) >= 3, name
+    assert min(lengths(0, *search)) == 0, name  # the case: empty outputs without the minimum

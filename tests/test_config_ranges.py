@@ -26,7 +26,8 @@ from training import config_io
     # decoding computes in float32
     ('decode.alpha', 1e308, 'config.decode.alpha=1e+308 must be a finite number'),
     ('decode.alpha', 30.0, 'config.decode.alpha=30.0 must be a number in [0, 10]'),
-    ('decode.temperature', 1e-30, 'config.decode.temperature=1e-30 must be 0 (greedy) or in'),
+    ('decode.temperature', 1e-30, 'config.decode.temperature=1e-30 must be 0 (greedy) or a number '
+                                                'in [0.001, 1000]'),
     # ints: int32 steps, sizes and indices; a uint32 seed
     ('train.num_steps', 99999999999999999999, 'config.train.num_steps=99999999999999999999 is '
                                               'out of range: at most 2147483647 (an int32)'),

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 
+import decode_mains
 import pytest
 import test_train_synthetic as syn
 
@@ -185,7 +186,7 @@ def test_score_reference_is_the_models_log_probability(workdirs, tmp_path):
 def test_sampled_translations_are_reproducible(workdirs, tmp_path):
   source = tmp_path / 'src.txt'
   source.write_text('\n'.join(SENTENCES) + '\n', encoding='utf-8')
-  args = (f'--workdir={workdirs["mt"]}', '--sample', '--nbest=2', '--max_new_tokens=6',
+  args = (f'--workdir={workdirs["mt"]}', '--strategy=sampling', '--nbest=2', '--max_new_tokens=6',
           '--temperature=0.9', '--compilation_cache=')
   procs = [_start(*args, f'--input_file={source}', '--seed=5', stdin=subprocess.DEVNULL),
            _start(*args, f'--input_file={source}', '--seed=5', stdin=subprocess.DEVNULL),
@@ -214,16 +215,18 @@ MT_REFUSALS = {
     '--nbest=99999999999999999999': '--nbest=99999999999999999999 must be an integer',
     '--average_last=99999999999999999999': '--average_last=99999999999999999999 must be',
     '--step=-1': '--step=-1 must be an integer in [0, ',
-    '--alpha=1e308': '--alpha=1e+308 must be a number in [0, 10] (finite as a float32)',
+    '--alpha=1e308': '--alpha=1e+308 must be a number in [0, 10] (a normal float32)',
     '--top_p=1e308': '--top_p=1e+308 must be a number in (0, 1]',
+    '--top_p=1e-40': '--top_p=1e-40 must be a number in (0, 1] (a normal float32)',
+    '--strategy=diverse': 'flag --strategy=diverse: value should be one of <beam|greedy|sampling>',
     '--input_file=/': '--input_file / is a directory',
-    '--temperature=0.7': '--temperature applies to sampling, not to beam search (beam size 2): '
-                         'add --sample',
-    '--beam_size=1 --seed=3': '--seed applies to sampling, not to greedy decoding',
-    '--beam_size=1 --alpha=0.5': "--alpha (beam search's length penalty) does not apply to "
-                                 'greedy decoding',
-    '--sample --beam_size=3': '--beam_size=3 does not apply to sampling',
-    '--sample --alpha=0.5': "--alpha (beam search's length penalty) does not apply to sampling",
+    '--temperature=0.7': '--temperature applies to sampling, not to beam (choose it with '
+                         '--strategy=sampling)',
+    '--beam_size=1 --seed=3': '--seed applies to sampling, not to greedy',
+    '--beam_size=1 --alpha=0.5': '--alpha applies to beam, not to greedy',
+    '--strategy=greedy --nbest=2': '--nbest=2 is more than greedy decoding finds (1)',
+    '--strategy=sampling --beam_size=3': '--beam_size applies to beam, not to sampling',
+    '--strategy=sampling --alpha=0.5': '--alpha applies to beam, not to sampling',
     '--nbest=3': '--nbest=3 is more than the beam size 2',
     '--num_tokens=5': '--num_tokens is for a language model',
     '--lowercase_bleu': '--lowercase_bleu needs --reference',
@@ -236,6 +239,8 @@ MT_REFUSALS = {
                                              '--max_new_tokens=8',
     '--score_reference=README.md --min_new_tokens=2': '--min_new_tokens does not apply to '
                                                       '--score_reference',
+    '--score_reference=README.md --strategy=greedy': '--strategy does not apply to '
+                                                     '--score_reference',
 }
 LM_REFUSALS = {
     '--temperature=1e308': '--temperature=1e+308 must be 0 (greedy) or a number in [0.001, 1000]',
@@ -247,33 +252,10 @@ LM_REFUSALS = {
     '--beam_size=2': '--beam_size is for translation',
     '--max_new_tokens=5': '--max_new_tokens is for translation, but',
     '--nbest=2': '--nbest is for translation',
-    '--sample': '--sample is for translation',
+    '--strategy=sampling': '--strategy is for translation',
     '--temperature=0 --top_k=3': '--top_k applies to sampling, but the temperature is 0',
     '--prompt=a --input_file=README.md': '--prompt and --input_file both give prompts',
 }
-
-
-# Runs decode.py's main (flag parsing included) once per command line in one interpreter:
-# [[exit status, stdout, stderr], ...] as JSON. A process per case spent ~1 min of CPU on
-# interpreter and JAX start-up.
-_MAIN_PER_CASE = """
-import contextlib, io, json, sys
-import decode
-from training import cli
-decode._define_flags()
-results = []
-for args in json.loads(sys.argv[1]):
-  decode.FLAGS.unparse_flags()
-  out, err = io.StringIO(), io.StringIO()
-  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-    try:
-      decode.main(cli.parse_absl_flags('decode.py', ['decode.py', *args]))
-      code = 0
-    except SystemExit as e:
-      code = e.code
-  results.append([code, out.getvalue(), err.getvalue()])
-print(json.dumps(results))
-"""
 
 
 def _refusal_cases(workdirs):
@@ -297,18 +279,14 @@ def _assert_refused(name, code, out, err, message):
 
 def test_flags_out_of_range_or_not_applying_are_one_line(workdirs):
   cases = _refusal_cases(workdirs)
-  proc = subprocess.run([sys.executable, '-c', _MAIN_PER_CASE,
-                         json.dumps([args for args, _ in cases.values()])],
-                        cwd=ROOT, env=_env(), stdin=subprocess.DEVNULL, capture_output=True,
-                        text=True, timeout=600, check=False)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  for (name, (_, message)), (code, out, err) in zip(cases.items(), json.loads(proc.stdout),
-                                                    strict=True):
+  results = decode_mains.run_mains([args for args, _ in cases.values()])
+  for (name, (_, message)), (code, out, err) in zip(cases.items(), results, strict=True):
     _assert_refused(name, code, out, err, message)
   # And as their own processes (exit status, nothing else on stderr): a bad literal (absl's
   # parser), a number out of range, a flag that does not apply to the model kind.
   procs = {name: _start(*cases[name][0], stdin=subprocess.DEVNULL)
-           for name in (('mt', '--beam_size=abc'), ('mt', '--batch_size=0'), ('lm', '--sample'))}
+           for name in (('mt', '--beam_size=abc'), ('mt', '--batch_size=0'),
+                                 ('lm', '--strategy=sampling'))}
   for name, proc in procs.items():
     out, err = proc.communicate(timeout=600)
     _assert_refused(name, proc.returncode, out.decode(), err.decode(), cases[name][1])

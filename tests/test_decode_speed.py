@@ -12,6 +12,7 @@ import pytest
 from autoregressive import beam_search, decoding
 from autoregressive.batches import in_order
 from autoregressive.decode_loop import compact_sizes, prepare
+from autoregressive.strategies import BeamSearch, Limits
 from autoregressive.translator import Translator
 from model import ModelConfig, build_model
 from model.kinds import adapter_of
@@ -222,8 +223,9 @@ def test_translator_drop_finished_option_gives_the_same_hypotheses():
   src = _sources(seed=1)
   eos = _greedy_eos(module, params, inputs=src)
   sources = [[int(t) for t in row if t] for row in src]
-  found = [Translator(module, params, beam_size=3, alpha=0.6, max_new_tokens=MAX_LEN,
-                      batch_size=BATCH, eos_id=eos, nbest=3, drop_finished=d).search(sources)
+  limits = Limits(max_new_tokens=MAX_LEN, batch_size=BATCH, nbest=3)
+  found = [Translator(module, params, BeamSearch(beam_size=3, alpha=0.6), limits, eos_id=eos,
+                      drop_finished=d).search(sources)
            for d in (ROWS, False)]
   for fast, plain in zip(found[0], found[1], strict=True):
     assert [h.tokens for h in fast] == [h.tokens for h in plain]
@@ -237,9 +239,10 @@ def test_translator_workers_give_the_same_hypotheses_in_order():
   rng = np.random.RandomState(2)
   sources = [list(rng.randint(3, 20, size=n)) + [1] for n in (3, 20, 5, 18, 2, 7, 21, 4, 6)]
   sources.insert(4, None)  # an empty line stays None
-  kw = {'beam_size': 2, 'alpha': 0.6, 'max_new_tokens': MAX_LEN, 'batch_size': 2, 'nbest': 2}
+  search = (BeamSearch(beam_size=2, alpha=0.6), Limits(max_new_tokens=MAX_LEN, batch_size=2,
+                                                      nbest=2))
   done = []
-  found = [Translator(module, params, workers=w, **kw).search(sources, progress=done.append)
+  found = [Translator(module, params, *search, workers=w).search(sources, progress=done.append)
            for w in (1, 2)]
   assert found[1][4] is None and sum(done) == 2 * 9
   for two, one in zip(found[1], found[0], strict=True):
@@ -261,8 +264,8 @@ def test_translator_decodes_the_longest_sources_first(monkeypatch):
 
   monkeypatch.setattr(Translator, '_batch', record)
   sources = [[5] * n + [1] for n in (3, 20, 5, 18, 2, 7, 4)]
-  Translator(module, params, beam_size=2, alpha=0.6, max_new_tokens=MAX_LEN, batch_size=3,
-             workers=1).search(sources)
+  Translator(module, params, BeamSearch(beam_size=2, alpha=0.6),
+             Limits(max_new_tokens=MAX_LEN, batch_size=3), workers=1).search(sources)
   assert [int(np.max(np.sum(b != 0, axis=1))) for b in batches] == [21, 6, 3]
   assert [b.shape[0] for b in batches] == [3, 3, 3]
   np.testing.assert_array_equal(batches[-1][1:], np.tile(batches[-1][:1], (2, 1)))

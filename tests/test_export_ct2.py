@@ -137,17 +137,17 @@ def _test_lines(n, tokenizer):
 def test_trained_export_decodes_as_decode_py(exported):
   import sentencepiece
 
-  import decode  # its restore, source encoding and translate: what decode.py runs
+  import inference  # the front door decode.py goes through
 
   workdir, out = exported
   with open(os.path.join(out, 'export_info.json'), encoding='utf-8') as f:
     info = json.load(f)
   assert info['format'] == 'ctranslate2' and info['written_by'] == 'export.py'
-  restored = decode.restore(workdir, None, 1)
+  restored = inference.load(workdir, warn=lambda message: None)
   max_len = restored.module.config.max_len
   lines = _test_lines(30, restored.tokenizer)
   assert len(restored.tokenizer.encode(lines[-1])) > max_len
-  sources = decode.encode_sources(restored.tokenizer, lines, max_len)
+  sources = restored.encode(lines)
   sp = sentencepiece.SentencePieceProcessor(model_file=os.path.join(out, 'spm.model'))
   pieces = [sp.encode(line, out_type=str) for line in lines]
   translator = ctranslate2.Translator(out, intra_threads=2)
@@ -156,9 +156,8 @@ def test_trained_export_decodes_as_decode_py(exported):
   assert options['min_decoding_length'] == 1
   ours, ties = {}, 0
   for beam in sorted({1, 2, 4, options['beam_size']}):
-    ours[beam] = decode.translate(restored, sources, beam_size=beam, alpha=0.0,
-                                  max_new_tokens=options['max_decoding_length'], batch_size=16,
-                                  progress=False)
+    ours[beam] = restored.translator(beam_size=beam, alpha=0.0, batch_size=16,
+                                     max_new_tokens=options['max_decoding_length'])(sources)
     results = translator.translate_batch(pieces, **{**options, 'beam_size': beam})
     theirs = [[sp.piece_to_id(p) for p in r.hypotheses[0]] for r in results]
     assert all(theirs) and all(o and o != [1] for o in ours[beam])  # no empty translation

@@ -200,14 +200,14 @@ def _sentences(n=None):
 
 
 def test_trained_export_translates_as_decode_py(trained, tmp_path):
-  import decode  # its restore and translate: what decode.py runs
+  import inference  # the front door decode.py goes through
 
   out = str(tmp_path / 'hf')
   proc = _export(f'--workdir={trained}', f'--output_dir={out}', '--average_last=2')
   assert proc.returncode == 0, proc.stderr
   assert 'MarianMTModel' in proc.stderr
   assert {'config.json', 'model.safetensors', 'source.spm', 'vocab.json'} <= set(os.listdir(out))
-  restored = decode.restore(trained, None, 2)
+  restored = inference.load(trained, average_last=2, warn=lambda message: None)
   tokenizer = transformers.AutoTokenizer.from_pretrained(out)
   lines = _sentences(8)
   assert [tokenizer(line)['input_ids'] for line in lines] == list(map(restored.tokenizer.encode,
@@ -216,7 +216,7 @@ def test_trained_export_translates_as_decode_py(trained, tmp_path):
   longest = max(_sentences(), key=lambda line: len(restored.tokenizer.encode(line)))
   assert len(restored.tokenizer.encode(longest)) > restored.module.config.max_len
   lines = [line for line in lines if len(restored.tokenizer.encode(line)) <= 48][:5] + [longest]
-  sources = decode.encode_sources(restored.tokenizer, lines, restored.module.config.max_len)
+  sources = restored.encode(lines)
   model = _load(out, transformers.AutoModelForSeq2SeqLM)
 
   # Logits on a padded batch of real sentences.
@@ -229,8 +229,8 @@ def test_trained_export_translates_as_decode_py(trained, tmp_path):
   np.testing.assert_allclose(theirs[targets > 0], ours[targets > 0], atol=1e-4, rtol=0)
 
   # Beam 4 with no length penalty: the same search (see the README), so the same output.
-  outputs = decode.translate(restored, sources, beam_size=4, alpha=0.0, max_new_tokens=32,
-                             batch_size=len(lines), progress=False)
+  outputs = restored.translator(beam_size=4, alpha=0.0, max_new_tokens=32,
+                                batch_size=len(lines))(sources)
   batch = tokenizer(lines, return_tensors='pt', padding=True, truncation=True)
   assert batch['input_ids'][-1].tolist() == sources[-1]  # max_len - 1 pieces, then EOS
   generated = model.generate(**batch, num_beams=4, length_penalty=0.0, max_new_tokens=32,

@@ -6,7 +6,6 @@ import importlib.util
 import json
 import os
 import threading
-import types
 
 import jax
 import ml_collections
@@ -14,7 +13,9 @@ import numpy as np
 import pytest
 
 import inference
-from autoregressive import decoding
+from autoregressive import strategies
+from autoregressive.scoring import forced_log_probs
+from autoregressive.session import Session
 from inference import streaming
 from model import ModelConfig, build_model
 from model.kinds import adapter_of
@@ -47,9 +48,7 @@ def _session(kind='encoder_decoder', **decode):
   params = jax.tree.map(lambda x: x * 2.0, params)  # peakier, more varied distributions
   settings = dict(beam_size=3, alpha=0.6, max_new_tokens=8, batch_size=4, temperature=1.0, top_k=0)
   config = ml_collections.ConfigDict({'decode': {**settings, **decode}})
-  restored = types.SimpleNamespace(config=config, module=module, params=params,
-                                   tokenizer=_Tokenizer(), step=0, kind=kind, seconds=0.0)
-  return inference.Session(restored, warn=lambda message: None)
+  return Session(module, params, _Tokenizer(), config, step=0, warn=lambda message: None)
 
 
 @pytest.fixture(scope='module')
@@ -62,18 +61,19 @@ LINES = ['a dog runs', '', 'two men', 'x']
 
 def _forced(session, line, tokens):
   source = np.array([session.tokenizer.encode(line)], np.int32)
-  return float(inference.forced_log_probs(session.module, session.params, source,
+  return float(forced_log_probs(session.module, session.params, source,
                                           np.array([tokens], np.int32))[0])
 
 
 def test_public_names():
-  """The decoding names are `inference`'s (re-exported from `autoregressive`); the modules
-  that only aliased them before 0.2.0 are gone."""
-  for name in ('greedy_decode', 'beam_search_decode', 'sample', 'sequence_log_probs'):
-    assert getattr(decoding, name) is getattr(inference, name)
-  assert callable(inference.load) and inference.Session and inference.Hypothesis
-  for name in ('model.decoding', 'model.inference', 'model.plotting', 'model.beam_search',
-               'model.decode_loop', 'training.restore', 'training.atomic_file',
+  """One front door (`inference.load` -> `Session`); the searches are imported from where they
+  live (`autoregressive.decoding`), not re-exported; the modules that only aliased them before
+  0.2.0 are gone."""
+  assert callable(inference.load) and inference.RestoreError
+  for name in ('greedy_decode', 'beam_search_decode', 'Translator', 'Session', 'Hypothesis'):
+    assert not hasattr(inference, name), name
+  for name in ('inference.session', 'model.decoding', 'model.inference', 'model.plotting',
+               'model.beam_search', 'model.decode_loop', 'training.restore', 'training.atomic_file',
                'inference.decoding', 'inference.decode_loop', 'inference.beam_search',
                'inference.translator', 'inference.scoring'):
     assert importlib.util.find_spec(name) is None, name
@@ -101,7 +101,7 @@ def test_greedy_scores_are_the_log_probs(mt):
 
 
 def test_sampling_is_reproducible_and_independent_of_the_batch(mt):
-  settings = dict(nbest=2, sample=True, temperature=1.5, seed=3)
+  settings = dict(nbest=2, strategy='sampling', temperature=1.5, seed=3)
   first = mt.hypotheses(LINES, **settings)
   assert mt.hypotheses(LINES, **settings) == first
   assert [len(h) for h in first] == [2, 0, 2, 2]
@@ -121,9 +121,22 @@ def test_settings_that_do_not_apply_are_refused(mt):
   lm = _session('decoder_only')
   cases = [
       (lambda: mt.hypotheses(['a'], nbest=4), 'nbest=4 is more than the beam size 3'),
-      (lambda: mt.translate(['a'], sample=True, beam_size=3), 'beam_size and alpha do not'),
-      (lambda: mt.translate(['a'], temperature=0.5), 'pass sample=True'),
+      (lambda: mt.translate(['a'], strategy='sampling', beam_size=3),
+       'beam_size applies to beam, not to sampling'),
+      (lambda: mt.translate(['a'], temperature=0.5), 'temperature applies to sampling, not to'),
+      (lambda: mt.translate(['a'], beam_size=1, alpha=0.5), 'alpha applies to beam, not to greedy'),
+      (lambda: mt.translate(['a'], strategy='greedy', nbest=2), 'more than greedy decoding'),
+      (lambda: mt.translate(['a'], strategy='diverse'), "strategy 'diverse' is not one of"),
+      (lambda: mt.translate(['a'], beam=2), r"unknown decoding setting\(s\) \['beam'\]"),
+      # Numbers are checked as the flags check them (in the dtype they are used in).
+      (lambda: mt.translate(['a'], alpha=float('nan')), r'alpha=nan must be a number in \[0'),
+      (lambda: mt.translate(['a'], strategy='sampling', temperature=1e308),
+       'temperature=1e[+]308 must be 0 [(]greedy[)] or a number in'),
+      (lambda: mt.translate(['a'], strategy='sampling', top_p=1e-40), 'top_p=1e-40 must be'),
+      (lambda: mt.translate(['a'], min_new_tokens=9), 'min_new_tokens=9 is more than'),
+      (lambda: mt.translate(['a'], batch_size=True), 'batch_size=True must be an integer'),
       (lambda: mt.generate('a'), 'needs a language model'),
+      (lambda: lm.generate('a', temperature=float('nan')), 'temperature=nan must be'),
       (lambda: lm.translate(['a']), 'needs a model with a source'),
       (lambda: lm.score(['a'], ['b']), 'needs a model with a source'),
       (lambda: mt.score(['a'], ['b', 'c']), '1 sources but 2 references'),
@@ -228,8 +241,8 @@ def test_line_reader_gives_each_line_without_waiting_for_more():
 
 
 def test_output_formats():
-  hyps = [inference.Hypothesis([5, 1], -0.5, -0.75, 'a\nb'),
-          inference.Hypothesis([6, 1], -1.0, -1.5, 'c')]
+  hyps = [strategies.Hypothesis([5, 1], -0.5, -0.75, 'a\nb'),
+          strategies.Hypothesis([6, 1], -1.0, -1.5, 'c')]
   assert streaming.format_hypotheses(3, 'src', hyps, 'text', 1) == 'a b\n'
   assert streaming.format_hypotheses(3, 'src', [], 'text', 1) == '\n'
   assert (streaming.format_hypotheses(3, 'src', hyps, 'text', 2)
@@ -246,7 +259,7 @@ def test_output_formats():
   assert streaming.format_generation('a\nb', 'c\n', [1], 'text') == 'a\nbc\n\n'
   # Every character a reader may take as a line break is a space in a translation's line.
   breaks = '\r\n \n \r \x0b \x0c \x1c \x1d \x1e \x85 \u2028 \u2029'
-  odd = [inference.Hypothesis([5, 1], -0.5, -0.5, f'a{c}b') for c in breaks.split(' ')]
+  odd = [strategies.Hypothesis([5, 1], -0.5, -0.5, f'a{c}b') for c in breaks.split(' ')]
   out = ''.join(streaming.format_hypotheses(i, 's', [h], 'text', 1) for i, h in enumerate(odd))
   assert out.splitlines() == ['a b'] * len(odd) and out.count('\n') == len(odd)
   nbest = streaming.format_hypotheses(0, 's', odd, 'text', len(odd))

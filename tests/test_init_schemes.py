@@ -5,11 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import decode
 from configs import shakespeare_char
 from model import build_model
 from model.config import ConfigError, ModelConfig
-from training import optim
+from training import evaluation, optim
 
 LAYERS = 3
 
@@ -104,7 +103,8 @@ def test_weight_decay_mask_default_and_bad_value():
 
 
 def test_lowercase_bleu_line():
-  lines = decode.score(['A man rides a bike .'], ['a man rides a bike.'], lowercase_bleu=True)
+  lines = evaluation.score_report(['A man rides a bike .'], ['a man rides a bike.'],
+                                  lowercase_bleu=True)
   assert lines[0].startswith('BLEU = ') and 'case:mixed' in lines[0]
   assert lines[1].startswith('BLEU (lowercased, tokenized) = 100.00') and 'case:lc' in lines[1]
-  assert len(decode.score(['a'], ['a'])) == 2  # BLEU and chrF only without the flag
+  assert len(evaluation.score_report(['a'], ['a'])) == 2  # BLEU and chrF only without the flag

@@ -19,7 +19,8 @@ SKIP_DIRS = {'tests', 'data', 'docs', 'runs', '__pycache__'}
 LAYERS = (
     ('common',),
     ('model', 'input_pipeline'),
-    ('configs', 'autoregressive'),  # the search over the KV cache: the trainer's BLEU uses it
+    ('autoregressive',),  # the search over the KV cache: the trainer's BLEU uses it
+    ('configs',),  # config.decode's fields are the search's settings
     ('training',),
     ('inference',),  # restores with training's checkpoint reader, config and mesh code
     ('hf_export',),

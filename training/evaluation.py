@@ -1,9 +1,8 @@
 """Evaluation during training: validation loss/accuracy/perplexity and BLEU.
 
-`evaluate` runs the jitted eval step over the (padded) validation batches of every process.
-`translate` decodes raw source sentences with the KV-cache search
-(`autoregressive.translator.Translator`: the path `decode.py` takes too) on this process's
-devices only, and `bleu` scores them with sacreBLEU on detokenized text.
+`evaluate` runs the jitted eval step over the (padded) validation batches of every process;
+`bleu` scores translations (the trainer's `autoregressive.session.Session`, decode.py's path)
+with sacreBLEU on detokenized text, and `score_report` prints BLEU and chrF for decode.py.
 """
 
 from __future__ import annotations
@@ -66,11 +65,6 @@ def evaluate(eval_step: Callable, params: Any, batches: Iterable[dict[str, np.nd
   loss = float(sums['loss']) / n
   return {'loss': loss, 'accuracy': float(sums['correct']) / n,
           'perplexity': float(np.exp(min(loss, 100.0))), 'num_tokens': float(sums['num_tokens'])}
-
-
-def translate(translator, tokenizer, sources: Sequence[str]) -> list[str]:
-  """Detokenized translations of `sources` by an `autoregressive.translator.Translator`."""
-  return [tokenizer.decode(ids) for ids in translator([tokenizer.encode(s) for s in sources])]
 
 
 def bleu(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, str]:

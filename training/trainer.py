@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from autoregressive.translator import Translator
+from autoregressive.session import Session
 from model import build_model
 from model.kinds import adapter_of
 from training import (
@@ -264,15 +264,16 @@ class _Run:
     examples = list(self.datasets.eval_examples())[:dec.num_eval_sentences]
     if not examples:
       return None, ''
-    translator = Translator(  # a scan_layers model is unrolled here, once
-        self.module, params, beam_size=dec.beam_size,
-        alpha=dec.alpha, max_new_tokens=min(dec.max_new_tokens, self.model_config.max_len),
-        min_new_tokens=min(dec.min_new_tokens, dec.max_new_tokens, self.model_config.max_len),
-        batch_size=min(dec.batch_size, len(examples)), eos_id=self.datasets.tokenizer.eos_id)
-    what = 'beam search for evaluation' if dec.beam_size > 1 else 'greedy search for evaluation'
+    # The decode.py path on the parameters in training (a scan_layers model is unrolled
+    # once); a validation source beyond max_len is truncated as decode.py truncates it.
+    session = Session(self.module, params, self.datasets.tokenizer, self.config,
+                      warn=lambda message: None)
+    most = min(dec.max_new_tokens, self.model_config.max_len)
+    settings = dict(batch_size=min(dec.batch_size, len(examples)), max_new_tokens=most,
+                    min_new_tokens=min(dec.min_new_tokens, most))
+    what = f'{session.settings(**settings)[0].NAME} search for evaluation'
     with self._compiling(what) as timer:
-      hypotheses = evaluation.translate(translator, self.datasets.tokenizer,
-                                        [e['source'] for e in examples])
+      hypotheses = session.translate([e['source'] for e in examples], **settings)
     self._compiled(what, timer)
     return evaluation.bleu(hypotheses, [e['target'] for e in examples])
 

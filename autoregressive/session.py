@@ -1,0 +1,168 @@
+"""`Session`: a model, its parameters and tokenizer, ready to translate, generate and score
+text. The one way to decode from Python: `inference.load(workdir)` returns one (decode.py runs
+on it), and the trainer's validation BLEU builds one around the parameters it trains.
+
+    import inference
+    session = inference.load('runs/default')               # newest checkpoint, one device
+    session.translate(['A man is riding a bike.'])          # -> ['Ein Mann fährt Fahrrad.']
+    session.hypotheses(['A dog.'], nbest=4, beam_size=4)    # -> [[Hypothesis(text, score, ...)]]
+    session.hypotheses(['A dog.'], nbest=3, strategy='sampling', temperature=0.7, seed=1)
+    session.score(['A dog.'], ['Ein Hund.'])                # -> [log P(reference | source)]
+    lm = inference.load('runs/shakespeare')
+    lm.generate('ROMEO:', num_tokens=50)                    # -> 'ROMEO:' + 50 characters
+
+Settings are those of `autoregressive.strategies` (`strategy`: a row of its TABLE; by default
+beam search, greedy at beam size 1), defaulting to the config's `decode` section. Bad
+arguments raise `ValueError` (one line).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Callable, Sequence
+
+from autoregressive import strategies
+from autoregressive.scoring import score_references
+from autoregressive.strategies import Hypothesis
+from autoregressive.translator import Translator, generate as generate_ids
+from common.tokens import truncate
+from model.kinds import adapter_of
+
+
+class Session:
+  """`module` (a model with a decoder) with its `params`, `tokenizer` and `config` (whose
+  `decode` section gives the default settings): `translate`, `hypotheses`, `score` (a model
+  with a source) or `generate` (a language model). `warn(message)` hears about truncated
+  inputs and capped lengths (default: `warnings.warn`); `step` is the checkpoint's."""
+
+  def __init__(self, module, params, tokenizer, config, *, step: int | None = None,
+               warn: Callable[[str], None] | None = None):
+    self.module, self.params, self.tokenizer, self.config = module, params, tokenizer, config
+    self.step, self.kind = step, module.config.kind
+    self.warn = warn or (lambda message: warnings.warn(message, stacklevel=3))
+    self.translates = adapter_of(module).has_source
+    if not adapter_of(module).has_decoder:
+      raise ValueError(f'a {self.kind} model has no decoder: there is nothing to decode')
+
+  # -- settings ------------------------------------------------------------------------------
+  def settings(self, strategy: str | None = None, **given
+               ) -> tuple[strategies.Strategy, strategies.Limits]:
+    """(strategy, limits) of these settings (names of `strategies.fields()`; None = the
+    config's), max_new_tokens capped at the model's positions (with a warning)."""
+    known = strategies.fields()
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+      raise ValueError(f'unknown decoding setting(s) {unknown}; known: {sorted(known)}')
+    decode = dict(self.config.get('decode', {}))
+    most = given.get('max_new_tokens') or decode.get('max_new_tokens',
+                                                     strategies.Limits.max_new_tokens)
+    model_max = self.module.config.max_len
+    if most > model_max:
+      self.warn(f'max_new_tokens {most} is more than the model\'s max_len {model_max}; '
+                f'using {model_max}')
+      given['max_new_tokens'] = model_max
+    return strategies.from_config(decode, given, strategy=strategy)
+
+  def translator(self, strategy: str | None = None, **settings) -> Translator:
+    """The `Translator` for these settings (see `settings`); a setting the strategy does not
+    take is refused."""
+    self._require(True, 'translation')
+    chosen, limits = self.settings(strategy, **settings)
+    return Translator(self.module, self.params, chosen, limits, eos_id=self.tokenizer.eos_id)
+
+  def _require(self, translation: bool, what: str) -> None:
+    if self.translates != translation:
+      needs = 'a model with a source' if translation else 'a language model'
+      raise ValueError(f'{what} needs {needs}; this is a {self.kind} model')
+
+  # -- translation ---------------------------------------------------------------------------
+  def encode(self, lines: Sequence[str], first_line: int = 1) -> list[list[int] | None]:
+    """Source ids per line (EOS-terminated); empty lines -> None; a line longer than the
+    model's positions is truncated (with a warning naming the line: `lines[0]` is line
+    `first_line` of the input)."""
+    limit, sources = self.module.config.max_len, []
+    for number, line in enumerate(lines, start=first_line):
+      if not line.strip():
+        sources.append(None)
+        continue
+      ids = list(self.tokenizer.encode(line))
+      if len(ids) > limit:
+        self.warn(f'input line {number} has {len(ids)} tokens, more than the model\'s max_len '
+                  f'{limit}; truncated')
+      sources.append(truncate(ids, limit, self.tokenizer.eos_id))
+    return sources
+
+  @staticmethod
+  def _lines(lines) -> Sequence[str]:
+    """`lines` checked: a sequence of strings (a string alone is refused: iterating it would
+    translate each character)."""
+    if isinstance(lines, (str, bytes)) or not all(isinstance(x, str) for x in lines):
+      raise ValueError(f'lines must be a list of strings (one sentence each), got '
+                       f'{type(lines).__name__}: pass [text] for one sentence')
+    return lines
+
+  def translate(self, lines: Sequence[str], **settings) -> list[str]:
+    """The best translation of each line ('' for an empty line). `settings`: as `settings`."""
+    return [h[0].text if h else '' for h in self.hypotheses(lines, **settings)]
+
+  def hypotheses(self, lines: Sequence[str], **settings) -> list[list[Hypothesis]]:
+    """`nbest` `Hypothesis` (text, score, log_prob, tokens) per line, best first ([] for an
+    empty line): the beam's best, or `nbest` samples with `strategy='sampling'`."""
+    translator = self.translator(**settings)
+    found = translator.search(self.encode(self._lines(lines)))
+    return [self.with_text(h) for h in found]
+
+  def with_text(self, hypotheses: list[Hypothesis] | None) -> list[Hypothesis]:
+    """The hypotheses with their detokenized `text` ([] for None: an empty line)."""
+    return [dataclasses.replace(h, text=self.tokenizer.decode(h.tokens))
+            for h in hypotheses or []]
+
+  def score(self, sources: Sequence[str], references: Sequence[str], *,
+            batch_size: int | None = None) -> list[float | None]:
+    """log P(reference | source) under the model (forced decoding; EOS included), None for
+    an empty source line. A reference longer than the model's positions is a ValueError."""
+    self._require(True, 'scoring references')
+    sources, references = self._lines(sources), self._lines(references)
+    if len(sources) != len(references):
+      raise ValueError(f'{len(sources)} sources but {len(references)} references')
+    limit, targets = self.module.config.max_len, []
+    for number, line in enumerate(references, start=1):
+      ids = list(self.tokenizer.encode(line))
+      if len(ids) > limit:
+        raise ValueError(f'reference line {number} has {len(ids)} tokens, more than the '
+                         f'model\'s max_len {limit}: it cannot be scored')
+      targets.append(ids)
+    _, limits = self.settings(batch_size=batch_size)
+    return score_references(self.module, self.params, self.encode(sources), targets,
+                            batch_size=limits.batch_size)
+
+  # -- language model ------------------------------------------------------------------------
+  def generate(self, prompt: str, *, include_prompt: bool = True, **settings) -> str:
+    """`prompt` and its continuation (only the continuation with `include_prompt=False`);
+    `settings` as `generate_ids`. The same seed gives the same text."""
+    _, new = self.generate_ids(prompt, **settings)
+    text = self.tokenizer.decode(new)
+    return prompt + text if include_prompt else text
+
+  def generate_ids(self, prompt: str, *, num_tokens: int | None = None, line: int = 0,
+                   **settings) -> tuple[list[int], list[int]]:
+    """(prompt ids, generated ids): `prompt` continued by up to `num_tokens` tokens (default
+    config.decode.max_new_tokens) drawn with `strategies.Sampling`'s settings (temperature 0 =
+    greedy; defaults from config.decode), at least `min_new_tokens` of them before an EOS;
+    past the model's context it continues in windows of its last half."""
+    self._require(False, 'generate')
+    tok = self.tokenizer
+    try:
+      ids = list(tok.encode(prompt))
+    except Exception as e:  # noqa: BLE001  # a character outside a character vocabulary
+      raise ValueError(str(e)) from None
+    if tok.eos_id is not None and ids and ids[-1] == tok.eos_id:
+      ids = ids[:-1]  # continue the text, do not start after its end
+    sampling, limits = strategies.from_config(
+        dict(self.config.get('decode', {})), dict(settings, max_new_tokens=num_tokens),
+        strategy=strategies.Sampling.NAME)
+    new = generate_ids(self.module, self.params, ids, num_tokens=limits.max_new_tokens,
+                       min_new_tokens=limits.min_new_tokens, sampling=sampling, line=line,
+                       eos_id=tok.eos_id, warn=self.warn)
+    return ids, new

@@ -1,0 +1,173 @@
+"""What every decoding strategy shares: its settings as a frozen dataclass whose fields carry
+a default, bounds and a one-line help (`setting`), the checks they get, the `Limits` every
+strategy takes (lengths, batch size, hypotheses per sentence), and the `Hypothesis` a search
+returns.
+
+The checks are the only ones: config.decode (configs/schema.py), decode.py's flags
+(inference/decode_cli.py) and `Session`'s arguments all call `check` with their own name for
+the value ('config.decode.alpha', '--alpha', 'alpha'), so a bound exists once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from autoregressive.scoring import forced_log_probs
+from common.dtype_limits import FLOAT32_MAX, FLOAT32_TINY, INT32_MAX
+from common.schema import documented, is_int, is_number
+from common.tokens import DEFAULT_MIN_NEW_TOKENS, PAD_ID
+
+LOW, HIGH, LOW_OPEN, RULE, IN_CONFIG = 'low', 'high', 'low_open', 'rule', 'in_config'
+NBEST_MAX = 1024  # an n-best list is at most a beam (beam.py's BEAM_SIZE_MAX); as many samples
+DECODE_BATCH_MAX = 65_536  # sentences per batch
+
+
+def setting(default: Any, help: str, *, low: float, high: float, low_open: bool = False,
+            rule: str | None = None, in_config: bool = True) -> Any:
+  """A settings field: its default, one-line `help`, bounds [low, high] ((low, high] with
+  `low_open`; `rule` words them when a subclass's `check_more` narrows them) and whether
+  config.decode has it (else it is per call: a seed, an n-best size)."""
+  return documented(default, help, **{LOW: low, HIGH: high, LOW_OPEN: low_open, RULE: rule,
+                                      IN_CONFIG: in_config})
+
+
+def _field_type(field: dataclasses.Field) -> str:
+  return field.type if isinstance(field.type, str) else field.type.__name__
+
+
+def check(field: dataclasses.Field, value: Any, where: str) -> None:
+  """`value` of `field` within its type and bounds, else ValueError('WHERE=VALUE must be ...')."""
+  low, high, low_open = field.metadata[LOW], field.metadata[HIGH], field.metadata[LOW_OPEN]
+  if _field_type(field) == 'int':
+    if not (is_int(value) and low <= value <= high):
+      raise ValueError(f'{where}={value!r} must be {rule_of(field)}')
+    return
+  ok = (is_number(value) and math.isfinite(value) and abs(value) <= FLOAT32_MAX
+        and (value == 0 or abs(value) >= FLOAT32_TINY)  # a subnormal flushes to 0 on devices
+        and (value > low if low_open else value >= low) and value <= high)
+  if not ok:
+    raise ValueError(f'{where}={value!r} must be {rule_of(field)}')
+
+
+def rule_of(field: dataclasses.Field) -> str:
+  """What a value of `field` must be, in words ('a number in (0, 1]')."""
+  low, high, low_open = field.metadata[LOW], field.metadata[HIGH], field.metadata[LOW_OPEN]
+  if field.metadata[RULE]:
+    return field.metadata[RULE]
+  if _field_type(field) == 'int':
+    return f'an integer in [{low}, {high}]'
+  return f'a number in {"(" if low_open else "["}{low:g}, {high:g}] (a normal float32)'
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """The base of a settings dataclass. `built(values, where)` makes one from a mapping
+  (missing fields take their defaults) and checks it, naming a bad value `where(field)`."""
+  NAME: ClassVar[str] = ''
+  HELP: ClassVar[str] = ''
+
+  @classmethod
+  def built(cls, values: dict[str, Any], where=lambda name: name):
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    chosen = {k: v for k, v in values.items() if k in known and v is not None}
+    for name, value in chosen.items():
+      check(known[name], value, where(name))
+    made = cls(**chosen)
+    made.check_more(where)
+    return made
+
+  def check_more(self, where) -> None:
+    """The rules between fields (a subclass adds them); `where(field)` names a value."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Strategy(Settings):
+  """A row of the strategy table: settings plus `search`, over a batch of sources."""
+
+  def check_nbest(self, nbest: int, where: str) -> None:
+    """Refuses more hypotheses per sentence than the strategy finds (default: any number)."""
+
+  def describe(self) -> str:
+    """A few words for decode.py's summary line ('beam 4, alpha 0.6')."""
+    return self.NAME
+
+  def program_key(self) -> tuple:
+    """The settings that shape the search's compiled programs (not runtime scalars)."""
+    return ()
+
+  def search(self, module, params, inputs, limits: Limits, *, eos_id: int | None,
+             line_ids: Sequence[int], scores: bool, drop_finished: bool | int
+             ) -> list[list[Hypothesis]]:
+    """Hypotheses of the first `len(line_ids)` rows of `inputs` `[rows, src_len]`, best first
+    (`line_ids` seed a sentence's random draws; `scores=False` may leave scores NaN)."""
+    raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits(Settings):
+  """What every strategy takes: how long an output is, how many sentences share a batch and
+  how many hypotheses each sentence gets."""
+  NAME = 'limits'
+  max_new_tokens: int = setting(128, 'generated tokens per sentence at most (capped at the '
+                                "model's max_len)", low=1, high=INT32_MAX)
+  min_new_tokens: int = setting(DEFAULT_MIN_NEW_TOKENS, 'generated tokens before EOS may end '
+                                'an output (1: no empty output; 0: EOS may come first)',
+                                low=0, high=INT32_MAX)
+  batch_size: int = setting(64, 'sentences per decoding batch', low=1, high=DECODE_BATCH_MAX)
+  nbest: int = setting(1, 'hypotheses per sentence, best first (beam search: at most the beam '
+                       'size; sampling: the number of samples)', low=1, high=NBEST_MAX,
+                       in_config=False)
+
+  def check_more(self, where) -> None:
+    if self.min_new_tokens > self.max_new_tokens:
+      raise ValueError(f'{where("min_new_tokens")}={self.min_new_tokens} is more than '
+                       f'{where("max_new_tokens")}={self.max_new_tokens}: no output could end '
+                       'before the limit')
+
+
+@dataclasses.dataclass(frozen=True)
+class Hypothesis:
+  """One output: `tokens` (ids, EOS included when generated), `score` (the search's score:
+  beam search's length-normalised `log_prob / ((5 + len) / 6) ** alpha`; greedy and sampling
+  do not normalise, so it is `log_prob`) and `log_prob` (the sum of the tokens'
+  log-probabilities under the model, untempered)."""
+  tokens: list[int]
+  score: float
+  log_prob: float
+  text: str | None = None  # the detokenized tokens (a `Session` fills it in)
+
+  def as_dict(self) -> dict:
+    """{'text', 'score', 'log_prob', 'tokens'}: one hypothesis of `decode.py`'s jsonl."""
+    return {'text': self.text, 'score': self.score, 'log_prob': self.log_prob,
+            'tokens': list(self.tokens)}
+
+
+
+def until_eos(ids: Sequence[int], eos_id: int | None) -> list[int]:
+  """Generated ids up to and including EOS, without the trailing padding."""
+  out = []
+  for i in ids:
+    if i == PAD_ID:
+      break
+    out.append(int(i))
+    if eos_id is not None and i == eos_id:
+      break
+  return out
+
+
+def one_by_one(module, params, rows, tokens, *, k: int, n: int, eos_id: int | None,
+               scores: bool) -> list[list[Hypothesis]]:
+  """The `k` outputs `tokens` `[n * k (+ padding rows), len]` of `rows` (sources repeated k
+  times) as hypotheses of n sentences, scored by forced decoding (`scores`; else NaN) and
+  best first: what a strategy that draws one token at a time returns."""
+  log_probs = (forced_log_probs(module, params, rows, tokens) if scores
+               else np.full(rows.shape[0], np.nan, np.float32))
+  tokens = np.asarray(tokens)
+  found = [[Hypothesis(until_eos(tokens[r * k + j], eos_id), float(log_probs[r * k + j]),
+                       float(log_probs[r * k + j])) for j in range(k)] for r in range(n)]
+  return [sorted(h, key=lambda x: -x.score) if scores else h for h in found]

@@ -1,0 +1,66 @@
+"""Ancestral sampling (`decoding.sample`): `logits / temperature`, restricted to the `top_k`
+most likely tokens and/or the nucleus of mass `top_p`. Sample j of the sentence on input line
+i draws from fold_in(fold_in(PRNGKey(seed), i), j), so a sentence gets the same samples in any
+batch, bucket or stream rhythm."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from autoregressive import decoding
+from autoregressive.strategies.base import Strategy, one_by_one, setting
+from common.dtype_limits import INT32_MAX, UINT32_MAX
+
+# A temperature is 0 (greedy) or within these: below 1e-3, logits / temperature overflow float32.
+TEMPERATURE_MIN, TEMPERATURE_MAX = 1e-3, 1e3
+_TEMPERATURES = f'0 (greedy) or a number in [{TEMPERATURE_MIN:g}, {TEMPERATURE_MAX:g}]'
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling(Strategy):
+  NAME = 'sampling'
+  HELP = 'draw each token from the model (nbest = samples per sentence)'
+  temperature: float = setting(1.0, 'logits / temperature (0 = greedy)', low=0.0,
+                               high=TEMPERATURE_MAX, rule=_TEMPERATURES)
+  top_k: int = setting(0, 'sample among the k most likely tokens (0 = all)', low=0,
+                       high=INT32_MAX)
+  top_p: float = setting(1.0, 'nucleus: the fewest tokens of this mass (1 = off)',
+                         low=0.0, high=1.0, low_open=True, in_config=False)
+  seed: int = setting(0, "random seed (a sentence's samples depend only on it and the "
+                      "sentence's line)", low=0, high=UINT32_MAX, in_config=False)
+
+  def check_more(self, where) -> None:
+    t = self.temperature
+    if t != 0 and not TEMPERATURE_MIN <= t:  # below it, logits / t overflow float32
+      raise ValueError(f'{where("temperature")}={t} must be {_TEMPERATURES}')
+
+  def program_key(self) -> tuple:
+    return (self.top_k, self.top_p < 1.0, self.temperature == 0)
+
+  def search(self, module, params, inputs, limits, *, eos_id, line_ids, scores, drop_finished):
+    k = limits.nbest
+    rows = np.repeat(np.asarray(inputs), k, axis=0)
+    tokens = decoding.sample(
+        module, params, rows, max_new_tokens=limits.max_new_tokens,
+        min_new_tokens=limits.min_new_tokens, eos_id=eos_id,
+        rng=sample_keys(self.seed, line_ids, k, inputs.shape[0]),
+        temperature=self.temperature, top_k=self.top_k or None,
+        top_p=self.top_p if self.top_p < 1.0 else None, drop_finished=drop_finished)
+    return one_by_one(module, params, rows, tokens, k=k, n=len(line_ids), eos_id=eos_id,
+                      scores=scores)
+
+
+def sample_keys(seed: int, line_ids: Sequence[int], n: int, rows: int):
+  """One key per decoder row `[rows * n, 2]`: sample j of source `line_ids[r]` uses
+  fold_in(fold_in(PRNGKey(seed), line_id), j); padding rows get a fixed key."""
+  ids = np.zeros((rows, n), np.uint32)
+  ids[:len(line_ids)] = np.asarray(line_ids, np.uint32)[:, None]
+  sample = np.broadcast_to(np.arange(n, dtype=np.uint32), (rows, n))
+  base = jax.random.PRNGKey(seed)
+  fold = jax.vmap(lambda i, j: jax.random.fold_in(jax.random.fold_in(base, i), j))
+  return fold(jnp.asarray(ids.reshape(-1)), jnp.asarray(sample.reshape(-1)))

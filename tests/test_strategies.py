@@ -1,0 +1,138 @@
+"""The strategy table (`autoregressive.strategies`): every decoding default and bound is defined
+once, in a row's settings, and config.decode, decode.py's flags and `Session` read them; every
+row is reachable from decode.py and from a session; a new row needs nothing but itself."""
+
+import dataclasses
+import os
+import re
+
+import decode_mains
+import jax
+import ml_collections
+import pytest
+
+from autoregressive import strategies
+from autoregressive.session import Session
+from autoregressive.strategies import Greedy
+from autoregressive.strategies.base import setting
+from configs.schema import DecodeConfig
+from inference import decode_cli
+from model import ModelConfig, build_model
+from model.kinds import adapter_of
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SETTINGS = tuple(strategies.fields())
+
+
+def test_each_setting_has_one_owner_and_config_decode_reads_it():
+  owners = [f.name for owner in (strategies.Limits, *strategies.TABLE.values())
+            for f in dataclasses.fields(owner)]
+  assert len(owners) == len(set(owners)), owners  # no setting defined by two rows
+  for row in strategies.TABLE.values():
+    assert row.NAME and row.HELP and issubclass(row, strategies.Strategy)
+  decode = {f.name: f for f in dataclasses.fields(DecodeConfig)}
+  assert set(decode) - {'num_eval_sentences'} == set(strategies.config_fields())
+  for name, (_, field) in strategies.config_fields().items():
+    assert decode[name].default == field.default and decode[name].metadata['doc'] == \
+        field.metadata['doc'], name
+
+
+def test_decode_py_flags_are_the_settings():
+  flags = {args[0]: (define, args) for define, args in decode_cli.setting_flags()}
+  assert set(flags) == {'strategy', *SETTINGS}
+  assert flags['strategy'][1][2] == list(strategies.TABLE)
+  for name, (_, field) in strategies.fields().items():
+    define, (_, default, help_text) = flags[name]
+    assert define == ('DEFINE_integer' if field.type == 'int' else 'DEFINE_float'), name
+    assert strategies.base.rule_of(field) in help_text, name  # the bound, in the help
+    in_config = field.metadata[strategies.base.IN_CONFIG]
+    assert default == (None if in_config else field.default), name
+
+
+# Product code that would define a decoding default or bound again: a literal fallback for a
+# setting (`.get('beam_size', 4)`), or a bound constant outside the strategy files.
+_SECOND_DEFINITION = re.compile(
+    r"""(get\(\s*['"](""" + '|'.join(SETTINGS) + r""")['"]\s*,\s*[-\d.]+)|"""
+    r"""(\b(ALPHA_MAX|TEMPERATURE_M(IN|AX)|BEAM_SIZE_MAX|NBEST_MAX|DECODE_BATCH_MAX)\s*=)""")
+
+
+def test_no_decoding_default_or_bound_outside_the_table():
+  found = []
+  for directory, dirs, files in os.walk(ROOT):
+    dirs[:] = [d for d in dirs if d not in ('tests', '.git', 'strategies', 'data', 'docs')
+               and not d.startswith('.')]
+    for name in files:
+      if name.endswith('.py'):
+        path = os.path.join(directory, name)
+        with open(path, encoding='utf-8') as f:
+          found += [f'{os.path.relpath(path, ROOT)}: {m.group(0)}'
+                    for m in _SECOND_DEFINITION.finditer(f.read())]
+  assert not found, found
+
+
+ALPHABET = 'abcdefghijklmnopqrstuvwxyz '
+
+
+class _Tokenizer:
+  eos_id = 1
+
+  def encode(self, text):
+    return [3 + ALPHABET.index(c) for c in text] + [self.eos_id]
+
+  def decode(self, ids):
+    return ''.join(ALPHABET[i - 3] for i in ids if 3 <= i < 3 + len(ALPHABET))
+
+
+@pytest.fixture(scope='module')
+def session():
+  cfg = ModelConfig(vocab_size=3 + len(ALPHABET), num_encoder_layers=1, num_decoder_layers=1,
+                    d_model=16, num_heads=2, d_ff=32, dropout_rate=0.0, max_len=12)
+  module = build_model(cfg)
+  params = module.init(jax.random.PRNGKey(0), *adapter_of(module).example_inputs(2))['params']
+  config = ml_collections.ConfigDict({'decode': DecodeConfig.defaults()})
+  return Session(module, params, _Tokenizer(), config, warn=lambda message: None)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Repeated(Greedy):
+  """A new row, as a contributor would add one: greedy decoding, each output `times` times."""
+  NAME = 'repeated'
+  HELP = 'greedy, repeated'
+  times: int = setting(2, 'copies of the greedy output', low=1, high=3, in_config=False)
+
+  def search(self, module, params, inputs, limits, **kw):
+    found = super().search(module, params, inputs, limits, **kw)
+    return [hyps * self.times for hyps in found]
+
+
+def test_every_row_is_reachable_from_a_session_and_a_new_row_needs_only_itself(session,
+                                                                                monkeypatch):
+  lines = ['a dog', 'two']
+  for name in strategies.TABLE:
+    translator = session.translator(strategy=name)
+    assert translator.strategy.NAME == name
+    assert len(session.translate(lines, strategy=name)) == 2
+  monkeypatch.setitem(strategies.TABLE, _Repeated.NAME, _Repeated)
+  found = session.hypotheses(lines, strategy='repeated', times=3)
+  assert [len(h) for h in found] == [3, 3]
+  assert [h[0].text for h in found] == session.translate(lines, strategy='greedy')
+  with pytest.raises(ValueError, match=r'times=4 must be an integer in \[1, 3\]'):
+    session.translate(lines, strategy='repeated', times=4)
+  with pytest.raises(ValueError, match='times applies to repeated, not to beam'):
+    session.translate(lines, times=2)
+  # decode.py's flags come from the table: the new row and its setting are flags too.
+  assert {'repeated'} <= set(dict((a[0], a) for _, a in decode_cli.setting_flags())['strategy'][2])
+  assert 'times' in {args[0] for _, args in decode_cli.setting_flags()}
+
+
+def test_every_row_is_reachable_from_decode_py(workdirs, tmp_path):
+  source = tmp_path / 'src.txt'
+  source.write_text('A man rides a bike.\n\nTwo dogs.\n', encoding='utf-8')
+  rows = list(strategies.TABLE)
+  runs = [[f'--workdir={workdirs["mt"]}', f'--input_file={source}', f'--strategy={name}',
+           '--max_new_tokens=6', '--compilation_cache='] for name in rows]
+  for name, (code, out, err) in zip(rows, decode_mains.run_mains(runs), strict=True):
+    assert code == 0, (name, err[-2000:])
+    assert len(out.splitlines()) == 3 and out.splitlines()[1] == '', (name, out)
+    described = {'beam': 'beam 2, alpha', 'greedy': 'greedy', 'sampling': 'sampling'}[name]
+    assert f'translated 2 sentence(s) ({described}' in err, (name, err)
