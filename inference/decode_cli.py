@@ -289,7 +289,7 @@ def run(F) -> None:
 def _matmul_precision(config):
   """The run's `config.train.matmul_precision` (GPU/TPU float32 matmuls) for decoding too."""
   from training import accelerator  # pylint: disable=import-outside-toplevel
-  name = config.get('train', {}).get('matmul_precision', 'default')
+  name = config.train.matmul_precision
   try:
     return accelerator.matmul_precision(name)
   except ValueError as e:  # ConfigError: a hand-edited config.json

@@ -140,7 +140,7 @@ def get_datasets(config, *, workdir: str | None, layout: str | None = None,
     train = pipeline.translation_train(
         train_source, tokenizer, keys, max_length=data.max_length, batch_size=batch_size,
         seed=seed, packing_enabled=bool(data.packing),
-        packing_window=data.get('packing_window') or pipeline.DEFAULT_PACKING_WINDOW,
+        packing_window=data.packing_window,
         process_index=process_index, process_count=process_count,
         num_workers=data.get('num_workers') or 0)
   return Datasets(tokenizer=tokenizer, train_iter=pipeline.TrainIterator(train, info),

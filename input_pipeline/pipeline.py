@@ -42,7 +42,6 @@ LAYOUTS = (SENTENCE_PAIRS, TEXT_BLOCKS)  # see the module docstring
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PACKING_WINDOW = 1024  # examples packed together (per process)
 _LM_STEPS = 2 ** 62  # "infinite" number of LM training batches
 
 

@@ -157,6 +157,23 @@ def test_load_config_missing(tmp_path):
     f.write('{not json')
   with pytest.raises(ConfigError, match='not a readable config'):
     config_io.load_config(str(tmp_path))
+  for not_a_config in ('[1, 2, 3]', 'null', '{"model": []}'):  # JSON, not sections: one line
+    with open(os.path.join(tmp_path, 'config.json'), 'w') as f:
+      f.write(not_a_config)
+    with pytest.raises(ConfigError, match='config.json is not a config: a JSON object of '):
+      config_io.load_config(str(tmp_path))
+
+
+def test_load_config_gives_a_field_config_json_lacks_its_default(tmp_path):
+  config_io.save_config(tiny_config(), str(tmp_path))
+  with open(config_io.config_path(str(tmp_path))) as f:
+    old = json.load(f)
+  del old['train']['matmul_precision'], old['decode']['min_new_tokens'], old['mesh']
+  with open(config_io.config_path(str(tmp_path)), 'w') as f:
+    json.dump(old, f)
+  loaded = config_io.load_config(str(tmp_path))
+  assert loaded.train.matmul_precision == 'default' and loaded.decode.min_new_tokens == 1
+  assert loaded.mesh.data == -1 and loaded.decode.beam_size == old['decode']['beam_size']
 
 
 @pytest.mark.parametrize('label_smoothing', [0.0, 0.1])

@@ -66,7 +66,9 @@ def save_config(config, workdir: str) -> str:
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
-  """`DIR/config.json` -> ConfigDict. Raises `ConfigError` (one line) when missing or unreadable."""
+  """`DIR/config.json` -> ConfigDict, a field it lacks (written before the field existed) set to
+  its schema's default. Raises `ConfigError` (one line) when missing, unreadable or not a
+  config (a JSON object of sections, each an object)."""
   path = config_path(workdir)
   if not os.path.exists(path):
     raise ConfigError(f'{path} not found: is {workdir!r} a training workdir?')
@@ -74,6 +76,11 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
     values = json.loads(read_regular(path))
   except (OSError, ValueError) as e:
     raise ConfigError(f'{path} is not a readable config: {e}') from None
+  if not isinstance(values, dict) or not all(isinstance(v, dict) for v in values.values()):
+    raise ConfigError(f'{path} is not a config: a JSON object of sections '
+                      f'({", ".join(schema.SECTIONS)}), each an object, was expected')
+  for name, section in schema.SECTIONS.items():
+    values[name] = section.defaults() | values.get(name, {})
   return ml_collections.ConfigDict(values)
 
 

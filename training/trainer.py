@@ -170,7 +170,7 @@ class _Run:
     abstract = state_lib.abstract_train_state(self.module, self.tx, t.seed, self.mesh,
                                               self.rules)
     restored = self.checkpointer.restore(
-        abstract, allow_fresh_data=bool(t.get('allow_fresh_data_iterator', False)))
+        abstract, allow_fresh_data=t.allow_fresh_data_iterator)
     if restored is None:
       if self.had_config:  # checkpoints deleted, or a run stopped before its first one
         metrics_lib.warn(f'{self.workdir} has a config.json but no checkpoint in '
@@ -287,14 +287,14 @@ class _Run:
     self.writer.text(start_step, 'config', self.config_summary[1])
     log(f'model: {self.model_config.kind}, {state_lib.count_params(state.params):,} parameters, '
         f'compute dtype {self.model_config.dtype}, matmul precision '
-        f'{t.get("matmul_precision", "default")}')
+        f'{t.matmul_precision}')
     log(mesh_lib.describe(self.mesh))
     train_step = steps.jit_train_step(self.module, self.tx, self.schedule, self.mesh,
                                       label_smoothing=t.label_smoothing,
                                       grad_accum_steps=t.grad_accum_steps, rules=self.rules)
     eval_step = steps.jit_eval_step(self.module, self.mesh, self.rules)
     progress = self.progress = progress_lib.Progress(self, start_step)
-    profiler = telemetry.StepProfiler(t.get('profile_steps', ''), self.workdir)
+    profiler = telemetry.StepProfiler(t.profile_steps, self.workdir)
     last_saved = start_step if start_step > 0 else None
     last_eval = interrupted = None
     if start_step >= t.num_steps:
@@ -381,8 +381,8 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, preset=None,
   `CheckpointError`, `NonFiniteLossError`.
   """
   t = config.train
-  accelerator.check_deterministic(t.get('deterministic', False))
-  with accelerator.matmul_precision(t.get('matmul_precision', 'default')):
+  accelerator.check_deterministic(t.deterministic)
+  with accelerator.matmul_precision(t.matmul_precision):
     run = _Run(config, workdir, datasets, preset, on_second_interrupt)
     try:
       return run.run()
