@@ -156,7 +156,8 @@ def test_trained_export_decodes_as_decode_py(exported):
   assert options['min_decoding_length'] == 1
   ours, ties = {}, 0
   for beam in sorted({1, 2, 4, options['beam_size']}):
-    ours[beam] = restored.translator(beam_size=beam, alpha=0.0, batch_size=16,
+    penalty = {} if beam == 1 else {'alpha': 0.0}  # greedy has no length penalty
+    ours[beam] = restored.translator(beam_size=beam, batch_size=16, **penalty,
                                      max_new_tokens=options['max_decoding_length'])(sources)
     results = translator.translate_batch(pieces, **{**options, 'beam_size': beam})
     theirs = [[sp.piece_to_id(p) for p in r.hypotheses[0]] for r in results]
