@@ -271,3 +271,34 @@ def test_the_data_dir_lock_never_follows_a_symlink(tmp_path):
   assert not (tmp_path / 'created_elsewhere').exists()
   with textfiles.file_lock(str(tmp_path / 'sub' / '.other.lock')):  # the usual case
     assert (tmp_path / 'sub' / '.other.lock').is_file()
+
+
+# ------------------------------------------------------------------------- decode.py, end to end
+
+def _decode(workdir, *flags, stdout=subprocess.PIPE):
+  import test_train_synthetic as syn  # pylint: disable=import-outside-toplevel
+  return subprocess.run([sys.executable, os.path.join(syn.REPO, 'decode.py'),
+                         f'--workdir={workdir}', '--compilation_cache=', *flags],
+                        env=syn.subprocess_env(1), cwd=syn.REPO, stdout=stdout,
+                        stderr=subprocess.PIPE, text=True, timeout=300, check=False)
+
+
+def test_decode_py_refuses_a_workdir_file_and_a_full_stdout_in_one_line(workdirs, tmp_path):
+  """Item 1: `--output_file=W/config.json` wrote a translation there (exit 0); item 14:
+  `> /dev/full` ended in a 19-line traceback."""
+  source = tmp_path / 'src.txt'
+  source.write_text('A dog.\n')
+  config = os.path.join(workdirs['mt'], 'config.json')
+  before = open(config, 'rb').read()
+  proc = _decode(workdirs['mt'], f'--input_file={source}', f'--output_file={config}')
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 2 and lines[-1].startswith('decode.py: error: --output_file '), \
+      proc.stderr[-2000:]
+  assert "a workdir's own file" in lines[-1] and not lines[-1].startswith('Traceback')
+  assert open(config, 'rb').read() == before
+  with open('/dev/full', 'w') as full:
+    proc = _decode(workdirs['mt'], f'--input_file={source}', stdout=full)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines()[-1] == (
+      'decode.py: error: cannot write the output to stdout: No space left on device')
+  assert 'Traceback' not in proc.stderr and 'Exception ignored' not in proc.stderr

@@ -4,6 +4,7 @@ written here with tensorboardX as a run writes them, at chosen wall times (no tr
 
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 
@@ -118,8 +119,16 @@ def test_outputs_never_follow_a_planted_link_nor_replace_a_workdirs_file(resumed
 
 def test_a_fifo_among_the_event_files_is_refused_not_waited_on(resumed):
   os.mkfifo(os.path.join(resumed, 'events.out.tfevents.0.fifo'))
-  with pytest.raises(OSError, match='is a FIFO, not a regular file'):
-    report.load_run(resumed)  # an open() would wait for a writer forever
+  def hung(*_):
+    raise TimeoutError('report.load_run waited on the FIFO')
+  previous = signal.signal(signal.SIGALRM, hung)
+  signal.alarm(10)  # an open() would wait for a writer forever: a failure, not a hang
+  try:
+    with pytest.raises(OSError, match='is a FIFO, not a regular file'):
+      report.load_run(resumed)
+  finally:
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
 
 
 def test_tensorboard_reads_the_same_event_files(resumed):
