@@ -48,7 +48,11 @@ def _define_flags() -> None:
                        '(up to --step) before decoding.')
   flags.DEFINE_string('input_file', None, 'Sentences (or LM prompts), one a line; default (or '
                       '-): stdin, translated line by line as it arrives when it is a pipe.')
-  flags.DEFINE_string('output_file', None, 'Where to write the outputs; default: stdout.')
+  flags.DEFINE_string('output_file', None, 'Where to write the outputs; default: stdout, each '
+                      'line as it is ready. A file is written into a temporary file beside it '
+                      'and renamed when the run ends: it appears whole, and a failed or '
+                      'interrupted run leaves it as it was. Never a symlink, FIFO, device or a '
+                      "workdir's own file.")
   flags.DEFINE_enum('output_format', 'text', ['text', 'jsonl'], 'text: one line per input (with '
                     '--nbest>1, a line index<TAB>score<TAB>text per hypothesis, index = the input '
                     'line from 0, none for an empty line); jsonl: one object per input, {"source", '

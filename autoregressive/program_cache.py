@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 from common.atomic_file import atomic_write
+from common.files import read_regular
 
 _PACKAGES = ('autoregressive', 'model')  # whose code the programs are traced from
 _state: dict[str, Any] = {'directory': None}
@@ -81,8 +82,7 @@ def _load(path: str) -> Callable | None:
   fails its digest (a flipped bit may still parse, and compute something else)."""
   from jax import export  # pylint: disable=import-outside-toplevel
   try:
-    with open(path, 'rb') as f:
-      data = f.read()
+    data = read_regular(path)  # a FIFO planted in the cache must not block
     digest, payload = data[:_DIGEST], data[_DIGEST:]
     if hashlib.sha256(payload).digest() != digest:
       return None

@@ -15,7 +15,9 @@ import sys
 from typing import NamedTuple
 
 from autoregressive import strategies
+from common import atomic_file
 from common.dtype_limits import INT32_MAX
+from common.files import inside
 from training import cli
 
 PROG = 'decode.py'
@@ -84,8 +86,22 @@ def _same_file(a: str | None, b: str | None) -> bool:
 
 
 def check_paths(F) -> None:
+  """Inputs exist and are not the output; outputs are nowhere the writer would refuse them
+  (`common.atomic_file`: no symlink, FIFO, device, nor a workdir's own file), checked before
+  anything is restored."""
   if F.output_file is not None and os.path.isdir(F.output_file):
     raise cli.UsageError(f'--output_file {F.output_file} is a directory')
+  try:
+    if F.output_file is not None:
+      atomic_file.check_destination(F.output_file, what='--output_file', workdirs=[F.workdir])
+    if F.attention_plot is not None:
+      real = os.path.realpath(os.path.expanduser(F.attention_plot))
+      owner = atomic_file.workdir_entry(os.path.join(real, 'x'), [F.workdir])
+      if owner is not None:
+        raise atomic_file.OutputError(f'--attention_plot {F.attention_plot} is (or is inside) '
+                                      f"{owner}, a workdir's own folder: refusing to write there")
+  except atomic_file.OutputError as e:
+    raise cli.UsageError(str(e)) from None
   for name in ('input_file', 'reference', 'score_reference'):
     path = getattr(F, name)
     if path is None or (name == 'input_file' and path == '-'):
@@ -101,27 +117,6 @@ def check_paths(F) -> None:
     raise cli.UsageError(f'--compilation_cache {F.compilation_cache} is inside --workdir '
                          f'{F.workdir}: decode.py never writes there (give another directory, '
                          "or '' for none)")
-
-
-def inside(path: str, directory: str) -> bool:
-  """Whether `path` (existing or not) is `directory` or under it, by device and inode (so
-  through symlinks and bind mounts too) for every existing ancestor of `path`."""
-  try:
-    target = os.stat(directory)
-  except OSError:
-    return False
-  current = os.path.abspath(path)
-  while True:
-    try:
-      st = os.stat(current)
-      if (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino):
-        return True
-    except OSError:
-      pass  # not created yet: its parent decides
-    parent = os.path.dirname(current)
-    if parent == current:
-      return False
-    current = parent
 
 
 def _given(F, name: str) -> bool:

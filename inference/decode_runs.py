@@ -36,7 +36,7 @@ def translate(F, session, plan, lines, references) -> None:
   translator = session.translator(**settings)
   batch_size, nbest = translator.limits.batch_size, translator.limits.nbest
   scores = F.output_format == 'jsonl' or nbest > 1
-  out, texts, plotted = streaming.Output(F.output_file), [], []
+  out, texts, plotted = streaming.Output(F.output_file, workdirs=[F.workdir]), [], []
   seconds, count, tokens, empty, cut = 0.0, 0, 0, 0, 0
   total = None if lines is None else sum(bool(line.strip()) for line in lines)
   with tqdm(total=total, file=sys.stderr, unit='sent', desc='decoding', dynamic_ncols=True,
@@ -90,7 +90,7 @@ def score(F, session, lines, references) -> None:
   except ValueError as e:  # a reference longer than the model's positions
     raise cli.UsageError(str(e)) from None
   seconds = time.perf_counter() - started
-  out = streaming.Output(F.output_file)
+  out = streaming.Output(F.output_file, workdirs=[F.workdir])
   for line, reference, log_prob in zip(lines, references, log_probs, strict=True):
     tokens = session.tokenizer.encode(reference) if log_prob is not None else []
     out.write(streaming.format_reference_score(line, reference, tokens, log_prob,
@@ -106,7 +106,7 @@ def generate(F, session, plan, lines) -> None:
   as it arrives); `\\n` in a prompt is a newline. An empty line gives an empty line."""
   settings = {k: v for k, v in plan.settings.items() if k != 'strategy'}
   settings['num_tokens'] = settings.pop('max_new_tokens', None)
-  out, plotted = streaming.Output(F.output_file), []
+  out, plotted = streaming.Output(F.output_file, workdirs=[F.workdir]), []
   seconds, total, prompts = 0.0, 0, 0
   for first, chunk in _chunks(lines, 1):
     for i, line in enumerate(chunk):

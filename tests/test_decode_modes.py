@@ -234,6 +234,10 @@ MT_REFUSALS = {
     '--score_reference=README.md --beam_size=2': '--beam_size does not apply to '
                                                  '--score_reference',
     '--compilation_cache=WORKDIR/xla': '--compilation_cache WORKDIR/xla is inside --workdir',
+    # Outputs are checked before anything is restored (common.atomic_file's rules).
+    '--output_file=WORKDIR/config.json': '--output_file WORKDIR/config.json is',
+    '--attention_plot=WORKDIR/checkpoints/plots': '--attention_plot WORKDIR/checkpoints/plots is '
+                                                  '(or is inside) WORKDIR',
     '--min_new_tokens=-1': '--min_new_tokens=-1 must be an integer in [0, ',
     '--min_new_tokens=9 --max_new_tokens=8': '--min_new_tokens=9 is more than '
                                              '--max_new_tokens=8',
