@@ -14,8 +14,11 @@ process, its xdist workers and every subprocess (through the environment). Its k
 program, the compile options, the devices and XLA_FLAGS, so a cached program is exactly what
 compiling again would give; starting empty each run means no test depends on an earlier run.
 The suite's programs are tiny, so XLA:CPU spends far longer optimising them than running them:
-the suite compiles without LLVM's optimisation passes and with the classic fusion emitters
-(`SUITE_XLA_FLAGS`; about 3x less CPU time on tests/test_decode_speed.py). Every comparison
+the suite compiles without LLVM's optimisation passes, with the classic fusion emitters and
+with each program's machine code generated in one piece (XLA splits it to compile the parts on
+several threads, which costs more than it saves for programs this small when both cores are
+busy anyway) (`SUITE_XLA_FLAGS`; about 3x less CPU time on tests/test_decode_speed.py for the
+first two, 14% less again for the third). Every comparison
 in a test is between computations compiled with the same flags; the benchmarks in bench/ and
 users' runs keep XLA's defaults.
 """
@@ -37,7 +40,8 @@ sys.path.insert(0, REPO)
 SUITE_MATMUL_PRECISION = 'highest'
 DETERMINISTIC_XLA_FLAG = '--xla_gpu_deterministic_ops=true'
 SUITE_XLA_FLAGS = (DETERMINISTIC_XLA_FLAG, '--xla_backend_optimization_level=0',
-                   '--xla_cpu_use_fusion_emitters=false')
+                   '--xla_cpu_use_fusion_emitters=false',
+                   '--xla_cpu_parallel_codegen_split_count=1')
 # Set by the run that made the cache directory; its xdist workers inherit it and reuse it.
 _RUN_CACHE_ENV = 'TRANSFORMER_JAX_TEST_RUN_XLA_CACHE'
 # Programs that compile faster than this are not worth a disk write and read.
