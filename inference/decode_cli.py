@@ -91,17 +91,6 @@ def check_paths(F) -> None:
   anything is restored."""
   if F.output_file is not None and os.path.isdir(F.output_file):
     raise cli.UsageError(f'--output_file {F.output_file} is a directory')
-  try:
-    if F.output_file is not None:
-      atomic_file.check_destination(F.output_file, what='--output_file', workdirs=[F.workdir])
-    if F.attention_plot is not None:
-      real = os.path.realpath(os.path.expanduser(F.attention_plot))
-      owner = atomic_file.workdir_entry(os.path.join(real, 'x'), [F.workdir])
-      if owner is not None:
-        raise atomic_file.OutputError(f'--attention_plot {F.attention_plot} is (or is inside) '
-                                      f"{owner}, a workdir's own folder: refusing to write there")
-  except atomic_file.OutputError as e:
-    raise cli.UsageError(str(e)) from None
   for name in ('input_file', 'reference', 'score_reference'):
     path = getattr(F, name)
     if path is None or (name == 'input_file' and path == '-'):
@@ -113,6 +102,17 @@ def check_paths(F) -> None:
     if _same_file(F.output_file, path):
       raise cli.UsageError(f'--output_file {F.output_file} is the same file as --{name} '
                            f'{path}: refusing to overwrite it')
+  try:
+    if F.output_file is not None:
+      atomic_file.check_destination(F.output_file, what='--output_file', workdirs=[F.workdir])
+    if F.attention_plot is not None:
+      real = os.path.realpath(os.path.expanduser(F.attention_plot))
+      owner = atomic_file.workdir_entry(os.path.join(real, 'x'), [F.workdir])
+      if owner is not None:
+        raise atomic_file.OutputError(f'--attention_plot {F.attention_plot} is (or is inside) '
+                                      f"{owner}, a workdir's own folder: refusing to write there")
+  except atomic_file.OutputError as e:
+    raise cli.UsageError(str(e)) from None
   if F.compilation_cache and inside(os.path.expanduser(F.compilation_cache), F.workdir):
     raise cli.UsageError(f'--compilation_cache {F.compilation_cache} is inside --workdir '
                          f'{F.workdir}: decode.py never writes there (give another directory, '

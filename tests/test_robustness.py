@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import decode_mains
 import jax
 import numpy as np
 import pytest
@@ -258,13 +259,16 @@ def test_tokenizer_is_not_retrained_next_to_checkpoints(tmp_path):
 
 # -- 5/6. decode.py flags -----------------------------------------------------------------------
 
-@pytest.mark.parametrize('flag', ['--alpha=nan', '--temperature=nan', '--temperature=inf',
-                                  '--top_p=nan', '--alpha=1e308', '--temperature=1e308'])
-def test_decode_rejects_non_finite_floats(trained, flag):
-  """One line naming the flag (its wording is decode.py's: tests/test_decode_modes.py)."""
-  proc = _run_cli('decode.py', f'--workdir={trained[0]}', flag, '--compilation_cache=')
-  line = _one_error_line(proc, f'decode.py: error: {flag.split("=")[0]}=')
-  assert 'must be' in line, line
+def test_decode_rejects_non_finite_floats(trained):
+  """One line naming the flag (its wording is decode.py's: tests/test_decode_modes.py); the
+  command lines run in one interpreter (`decode_mains`)."""
+  flags = ['--alpha=nan', '--temperature=nan', '--temperature=inf', '--top_p=nan',
+           '--alpha=1e308', '--temperature=1e308']
+  results = decode_mains.run_mains([[f'--workdir={trained[0]}', flag, '--compilation_cache=']
+                                    for flag in flags])
+  for flag, (code, _, err) in zip(flags, results, strict=True):
+    assert code == 2 and len(err.strip().splitlines()) == 1, (flag, err)
+    assert err.startswith(f'decode.py: error: {flag.split("=")[0]}=') and 'must be' in err, err
 
 
 def test_a_damaged_tokenizer_stops_decode_in_one_line(trained, tmp_path):
@@ -289,12 +293,14 @@ def test_output_file_may_not_be_an_input(trained, tmp_path):
   other.write_text('abc\n')
   link = tmp_path / 'link.txt'
   link.symlink_to(source)
-  for inputs, output, flag in ((source, source, '--input_file'), (source, link, '--input_file'),
-                               (other, link, '--reference')):
-    proc = _run_cli('decode.py', f'--workdir={trained[0]}', f'--input_file={inputs}',
-                    f'--reference={source}', f'--output_file={output}', '--compilation_cache=')
-    line = _one_error_line(proc, 'decode.py: error: --output_file ')
-    assert f'is the same file as {flag}' in line
+  cases = ((source, source, '--input_file'), (source, link, '--input_file'),
+           (other, link, '--reference'))
+  results = decode_mains.run_mains([[f'--workdir={trained[0]}', f'--input_file={inputs}',
+                                     f'--reference={source}', f'--output_file={output}',
+                                     '--compilation_cache='] for inputs, output, _ in cases])
+  for (_, _, flag), (code, _, err) in zip(cases, results, strict=True):
+    assert code == 2 and err.startswith('decode.py: error: --output_file '), err
+    assert f'is the same file as {flag}' in err, err
   assert source.read_text() == 'abc\n'
 
 

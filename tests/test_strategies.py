@@ -7,18 +7,14 @@ import os
 import re
 
 import decode_mains
-import jax
-import ml_collections
 import pytest
+import test_inference
 
 from autoregressive import strategies
-from autoregressive.session import Session
 from autoregressive.strategies import Greedy
 from autoregressive.strategies.base import setting
 from configs.schema import DecodeConfig
 from inference import decode_cli
-from model import ModelConfig, build_model
-from model.kinds import adapter_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SETTINGS = tuple(strategies.fields())
@@ -70,27 +66,10 @@ def test_no_decoding_default_or_bound_outside_the_table():
   assert not found, found
 
 
-ALPHABET = 'abcdefghijklmnopqrstuvwxyz '
-
-
-class _Tokenizer:
-  eos_id = 1
-
-  def encode(self, text):
-    return [3 + ALPHABET.index(c) for c in text] + [self.eos_id]
-
-  def decode(self, ids):
-    return ''.join(ALPHABET[i - 3] for i in ids if 3 <= i < 3 + len(ALPHABET))
-
-
 @pytest.fixture(scope='module')
 def session():
-  cfg = ModelConfig(vocab_size=3 + len(ALPHABET), num_encoder_layers=1, num_decoder_layers=1,
-                    d_model=16, num_heads=2, d_ff=32, dropout_rate=0.0, max_len=12)
-  module = build_model(cfg)
-  params = module.init(jax.random.PRNGKey(0), *adapter_of(module).example_inputs(2))['params']
-  config = ml_collections.ConfigDict({'decode': DecodeConfig.defaults()})
-  return Session(module, params, _Tokenizer(), config, warn=lambda message: None)
+  """test_inference's tiny session: the same programs, so the compilation cache serves both."""
+  return test_inference._session()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,15 +86,15 @@ class _Repeated(Greedy):
 
 def test_every_row_is_reachable_from_a_session_and_a_new_row_needs_only_itself(session,
                                                                                 monkeypatch):
-  lines = ['a dog', 'two']
+  lines = test_inference.LINES  # its shapes: test_inference runs them too
   for name in strategies.TABLE:
     translator = session.translator(strategy=name)
     assert translator.strategy.NAME == name
-    assert len(session.translate(lines, strategy=name)) == 2
+    assert len(session.translate(lines, strategy=name)) == len(lines)
   monkeypatch.setitem(strategies.TABLE, _Repeated.NAME, _Repeated)
   found = session.hypotheses(lines, strategy='repeated', times=3)
-  assert [len(h) for h in found] == [3, 3]
-  assert [h[0].text for h in found] == session.translate(lines, strategy='greedy')
+  assert [len(h) for h in found] == [3, 0, 3, 3]
+  assert [h[0].text if h else '' for h in found] == session.translate(lines, strategy='greedy')
   with pytest.raises(ValueError, match=r'times=4 must be an integer in \[1, 3\]'):
     session.translate(lines, strategy='repeated', times=4)
   with pytest.raises(ValueError, match='times applies to repeated, not to beam'):
