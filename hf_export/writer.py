@@ -53,9 +53,11 @@ def check_workdir(workdir: str, check=None):
     raise  # a missing extra: export.py names it
   except Exception as e:  # noqa: BLE001  # DataError/DataFileError/config errors: one line
     raise ExportError(f'{type(e).__name__}: {e}') from None
-  if tokenizer.vocab_size > model_config.vocab_size:
-    raise ExportError(f'the tokenizer in {workdir} has {tokenizer.vocab_size} tokens, more '
-                      f'than config.model.vocab_size={model_config.vocab_size}')
+  try:  # before the format prepares anything from it: as `inference.restore` checks it
+    tokenizers.check_vocabulary(tokenizer, config.data, model_config.vocab_size, workdir,
+                                tokenizers.NOT_THE_MODELS)
+  except tokenizers.DataError as e:
+    raise ExportError(str(e)) from None
   return model_config, tokenizer, config
 
 

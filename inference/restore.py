@@ -2,9 +2,10 @@
 state, no training code path, no dataset): what `decode.py`, `export.py` and
 `inference.load` (below) start from.
 
-Every problem (missing workdir, unreadable config.json or tokenizer, no checkpoint, a
-checkpoint that does not fit the model of config.json, a mesh that does not fit the devices or
-the model) raises `RestoreError` with one line.
+Every problem (missing workdir, unreadable config.json or tokenizer, a tokenizer that is not
+the model's (`tokenizers.check_vocabulary`), no checkpoint, a checkpoint that does not fit the
+model of config.json, a mesh that does not fit the devices or the model) raises `RestoreError`
+with one line.
 
 Placement: without a mesh the parameters go to the first local device (a checkpoint written on
 any mesh restores there). With a mesh `(data, fsdp, tensor)` each parameter is read straight
@@ -141,6 +142,9 @@ class Restored:
       check_mesh(self.module.config, mesh, workdir)
     try:
       self.tokenizer = tokenizers.load_tokenizer(workdir)
+      tokenizers.check_vocabulary(  # another workdir's tokenizer would decode garbage, exit 0
+          self.tokenizer, self.config.data, self.module.config.vocab_size, workdir,
+          tokenizers.NOT_THE_MODELS)
     except Exception as e:  # noqa: BLE001  # DataError/DataFileError: one line already
       error = RestoreError(str(e))
       error.exit_code = getattr(e, 'exit_code', 2)  # 1: a tokenizer file fails its checksum

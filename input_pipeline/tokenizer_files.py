@@ -6,9 +6,10 @@ the lock that lets processes sharing a workdir train it once.
   lock(path)                                context manager: an exclusive flock on `path`
 
 `checksums.json` holds the sha256 of `tokenizer.json` and of the model file. tokenizer.json
-names it (`"checksums": "checksums.json"`), so a tokenizer saved by this version whose
-checksum file was deleted is damaged, while one saved before checksums existed (no such key)
-loads with one "unverified" warning.
+names it (`"checksums": "checksums.json"`). A tokenizer that cannot be verified is refused like
+a damaged one (`TokenizerChecksumError`): checksums.json deleted or unreadable, or
+tokenizer.json without that key (a bit flipped in the key's name must not turn verification
+off; 0.2.0 reads no tokenizer saved before checksums existed).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import fcntl
 import hashlib
 import json
 import os
-import sys
 
 from common import lock_file
 from common.atomic_file import atomic_write
@@ -62,14 +62,18 @@ def save(directory: str, meta_name: str, meta: dict, files: dict[str, bytes] | N
   _atomic_write(os.path.join(directory, meta_name), files[meta_name])
 
 
-_warned_unverified: set[str] = set()
-
-
-def _warn_unverified(directory: str) -> None:
-  if directory not in _warned_unverified:  # once per process, however often it is loaded
-    _warned_unverified.add(directory)
-    print(f'WARNING: the tokenizer in {directory} was saved without checksums (by an older '
-          'version): its files are unverified', file=sys.stderr, flush=True)
+def _unverifiable(directory: str, meta_name: str) -> TokenizerChecksumError:
+  """tokenizer.json names no checksum file. With checksums.json beside it, the key itself was
+  damaged (the file is not what was saved); without, an older version saved it."""
+  meta_path = os.path.join(directory, meta_name)
+  if os.path.lexists(os.path.join(directory, CHECKSUMS)):
+    return TokenizerChecksumError(
+        f'tokenizer file {meta_path} names no checksum file although {CHECKSUMS} is beside '
+        'it: it was changed or damaged (restore it from a backup, or use a new workdir)')
+  return TokenizerChecksumError(
+      f'tokenizer file {meta_path} has no checksums (saved by a version before 0.2.0, which '
+      'cannot be verified): re-create the workdir with this version\'s train.py (a new '
+      '--workdir)')
 
 
 def _digests(directory: str) -> dict:
@@ -87,13 +91,11 @@ def _digests(directory: str) -> dict:
                                  'files cannot be verified') from None
 
 
-def check(directory: str, meta: dict, files: dict[str, bytes]) -> None:
+def check(directory: str, meta: dict, files: dict[str, bytes], meta_name: str) -> None:
   """Raises `TokenizerChecksumError` unless every file of `files` ({name: the bytes that were
-  read and will be used}) matches `checksums.json`; `meta` without a `checksums` key (a
-  tokenizer saved before they existed) gets one warning instead."""
+  read and will be used}) matches `checksums.json`, named by `meta` (read from `meta_name`)."""
   if 'checksums' not in meta:
-    _warn_unverified(directory)
-    return
+    raise _unverifiable(directory, meta_name)
   path = os.path.join(directory, CHECKSUMS)
   if meta['checksums'] != CHECKSUMS:
     raise TokenizerChecksumError(f'{directory}: its tokenizer names checksums='

@@ -3,9 +3,9 @@
 Both are saved in `workdir/tokenizer/` (`tokenizer.json` + `spm.model`) so a
 resumed run and `decode.py` reuse them with nothing but the workdir. `checksums.json` beside
 them holds their sha256, checked on every load: a changed byte (which would silently change
-how text is tokenised) raises `TokenizerChecksumError` naming the file. A tokenizer saved
-before checksums existed (its tokenizer.json names no checksum file) loads with one
-"unverified" warning.
+how text is tokenised) raises `TokenizerChecksumError` naming the file, and so does a
+tokenizer whose checksums are gone (saved before checksums existed, or a damaged key).
+`check_vocabulary` checks a workdir's tokenizer against the config its model was built from.
 
 Common interface:
   encode(text) -> list[int]     sentencepiece appends EOS (1); char does not
@@ -43,6 +43,8 @@ _SPM_MODEL = 'spm.model'
 # tokenizer.json names the tokenizer under the key 'kind' (the file format every workdir has;
 # kept, so that an older checkout still reads a new workdir). In Python it is `tokenizer.name`.
 _META_NAME_KEY = 'kind'
+# `check_vocabulary`'s advice where a workdir is restored (decode.py, export.py, inference.load).
+NOT_THE_MODELS = "it is not the tokenizer this model was trained with (restore the workdir's own)"
 
 
 class SentencePieceTokenizer:
@@ -199,7 +201,7 @@ def load_tokenizer(workdir: str) -> Tokenizer:
       files[os.path.basename(model_path)] = read_regular(model_path)
     except OSError as e:
       raise DataFileError(f'cannot read tokenizer {meta_path}: {type(e).__name__}: {e}') from None
-  tokenizer_files.check(directory, meta, files)
+  tokenizer_files.check(directory, meta, files, _META)
   try:
     if name == 'char':
       return CharTokenizer(meta['chars'])
@@ -242,8 +244,39 @@ def _training_texts(data_config, max_sentences: int, whole_documents: bool = Fal
           yield text
 
 
-def get_tokenizer(data_config, workdir: str | None) -> Tokenizer:
-  """The tokenizer saved in `workdir`, else one trained on the train split (and saved).
+def vocabulary_mismatch(tokenizer, data_config, model_vocab_size: int | None = None
+                        ) -> str | None:
+  """Why `tokenizer` cannot be the one a model of `data_config` (`model_vocab_size` ids; None:
+  unchecked) was trained with, or None. A model trained with another tokenizer (another
+  workdir's, say) decodes garbage without any error, so: its kind is config.data.tokenizer,
+  sentencepiece has config.data.vocab_size pieces (what it was trained with) and no id lies
+  past the model's embedding."""
+  size, name = tokenizer.vocab_size, data_config.get('tokenizer', 'sentencepiece')
+  if tokenizer.name != name:
+    return (f'is a {tokenizer.name} tokenizer of {size} ids but config.data.tokenizer={name!r} '
+            f'(config.data.vocab_size={data_config.vocab_size})')
+  if name == 'sentencepiece' and size != data_config.vocab_size:
+    return f'has {size} pieces but config.data.vocab_size={data_config.vocab_size}'
+  if model_vocab_size is not None and size > model_vocab_size:
+    return (f'has {size} ids but config.model.vocab_size={model_vocab_size} (ids past '
+            f'{model_vocab_size - 1} have no embedding)')
+  return None
+
+
+def check_vocabulary(tokenizer, data_config, model_vocab_size: int | None, workdir: str,
+                     hint: str) -> None:
+  """Raises `DataError`, one line naming `workdir`'s tokenizer file, both sizes and `hint`
+  (what to do), when `vocabulary_mismatch` finds a problem."""
+  problem = vocabulary_mismatch(tokenizer, data_config, model_vocab_size)
+  if problem:
+    path = os.path.join(os.fspath(workdir), TOKENIZER_DIR, _META)
+    raise DataError(f'the tokenizer {path} {problem}: {hint}')
+
+
+def get_tokenizer(data_config, workdir: str | None, model_vocab_size: int | None = None
+                  ) -> Tokenizer:
+  """The tokenizer saved in `workdir` (checked by `check_vocabulary` against `data_config` and
+  `model_vocab_size`), else one trained on the train split (and saved).
 
   sentencepiece: `data_config.vocab_size` pieces (pad=0, eos=1, unk=2, no
   BOS), shared by source and target. char: sorted characters of the train
@@ -257,12 +290,8 @@ def get_tokenizer(data_config, workdir: str | None) -> Tokenizer:
   with workdir_lock(workdir):
     if has_tokenizer(workdir):
       tokenizer = load_tokenizer(workdir)
-      if tokenizer.name != name:
-        raise DataError(f'workdir {workdir} holds a {tokenizer.name} tokenizer but '
-                        f'config.data.tokenizer={name!r}; use a new workdir')
-      if name == 'sentencepiece' and tokenizer.vocab_size != data_config.vocab_size:
-        raise DataError(f'workdir {workdir} holds a tokenizer with {tokenizer.vocab_size} pieces '
-                        f'but config.data.vocab_size={data_config.vocab_size}; use a new workdir')
+      check_vocabulary(tokenizer, data_config, model_vocab_size, workdir,
+                       'the workdir was trained with another config; use a new workdir')
       return tokenizer
     _refuse_retraining(workdir)
     tokenizer = _train(data_config, name)

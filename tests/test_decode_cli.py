@@ -150,9 +150,14 @@ def test_bad_input_one_clear_error_and_workdir_untouched(workdirs, tmp_path):
   no_ckpt.mkdir()
   shutil.copy(os.path.join(mt, 'config.json'), no_ckpt / 'config.json')
   shutil.copytree(os.path.join(mt, 'tokenizer'), no_ckpt / 'tokenizer')
-  mixed = tmp_path / 'mixed'  # an LM's config.json next to a translation checkpoint
+  mixed = tmp_path / 'mixed'  # an LM's config.json (and tokenizer) next to a translation checkpoint
   shutil.copytree(mt, mixed)
   shutil.copy(os.path.join(lm, 'config.json'), mixed / 'config.json')
+  shutil.rmtree(mixed / 'tokenizer')
+  shutil.copytree(os.path.join(lm, 'tokenizer'), mixed / 'tokenizer')
+  other_tokenizer = tmp_path / 'other_tokenizer'  # issue 45 item 7: the LM's characters
+  shutil.copytree(mt, other_tokenizer, ignore=shutil.ignore_patterns('tokenizer'))
+  shutil.copytree(os.path.join(lm, 'tokenizer'), other_tokenizer / 'tokenizer')
   (tmp_path / 'bad.txt').write_bytes(b'A good line.\nA bad \xff line.\n')
   (tmp_path / 'one.txt').write_text('One line.\n')
   (tmp_path / 'two.txt').write_text('One.\nTwo.\n')
@@ -169,6 +174,9 @@ def test_bad_input_one_clear_error_and_workdir_untouched(workdirs, tmp_path):
       'unknown step': ([f'--workdir={mt}', '--step=999', f'--input_file={tmp_path / "one.txt"}'],
                        'no checkpoint for step 999'),
       'checkpoint of another model': ([f'--workdir={mixed}', '--prompt=Hi'], 'does not fit'),
+      "another workdir's tokenizer": (
+          [f'--workdir={other_tokenizer}', f'--input_file={tmp_path / "one.txt"}'],
+          f'the tokenizer {other_tokenizer}/tokenizer/tokenizer.json is a char tokenizer of '),
   }
   before = {d: _snapshot(d) for d in (mt, lm, str(no_ckpt))}
   procs = {}

@@ -22,7 +22,10 @@ from training import checkpoint, checkpoint_files, workdir_lock
 
 compilation_cache = pytest.fixture(scope='module', autouse=True)(syn.compilation_cache_fixture)
 
-RUN = {'train.num_steps': 6, 'train.checkpoint_every_steps': 2, 'train.log_every_steps': 2}
+# data.tokenizer='char': the character tokenizer `trained` saves for decode.py must be the kind
+# config.json names (inference.restore checks a workdir's tokenizer against its config).
+RUN = {'train.num_steps': 6, 'train.checkpoint_every_steps': 2, 'train.log_every_steps': 2,
+       'data.tokenizer': 'char'}
 
 
 @pytest.fixture(scope='module')

@@ -24,9 +24,10 @@ MESHES = ((1, 2, 4),)  # (data, fsdp, tensor): heads, d_ff and vocab over 4 devi
 KINDS = ('encoder_decoder', 'decoder_only')
 SEED = 3
 # The decode.py checkpoint: trained on 8 devices as (data=2, fsdp=4); 4 heads, for tensor=4.
+# data.tokenizer='char': the kind of the character tokenizer saved for decode.py (checked).
 TRAIN = {'mesh.data': 2, 'mesh.fsdp': 4, 'model.num_heads': 4, 'train.num_steps': 2,
          'train.checkpoint_every_steps': 2, 'train.log_every_steps': 2,
-         'train.num_eval_batches': 1}
+         'train.num_eval_batches': 1, 'data.tokenizer': 'char'}
 SENTENCES = b'abcdef\nhello\n\nzyx\n'
 
 

@@ -22,7 +22,8 @@ def test_tokenizer_model_file_stays_in_its_directory(tmp_path, model_file):
   (tmp_path / 'outside.model').write_bytes(b'x')
   (directory / 'link.model').symlink_to(tmp_path / 'outside.model')
   (directory / 'tokenizer.json').write_text(json.dumps(
-      {'kind': 'sentencepiece', 'vocab_size': 8, 'model_file': model_file}))
+      {'kind': 'sentencepiece', 'vocab_size': 8, 'model_file': model_file,
+       'checksums': 'checksums.json'}))
   with pytest.raises(tokenizers.DataError, match='model_file='):
     tokenizers.load_tokenizer(str(tmp_path))
 
@@ -217,15 +218,58 @@ def test_deleted_tokenizer_checksums_are_damage(spm_workdir):
     tokenizers.load_tokenizer(str(workdir))
 
 
-def test_a_tokenizer_from_before_checksums_loads_with_one_warning(spm_workdir, capfd):
-  workdir, tokenizer = spm_workdir
+def test_a_tokenizer_without_checksums_is_refused(spm_workdir):
+  """Issue 45 item 6: 0.2.0 has no compatibility layer; a tokenizer saved before checksums
+  (no checksums.json, no key naming it) is refused in one line saying what to do (exit 1)."""
+  workdir, _ = spm_workdir
   directory = workdir / 'tokenizer'
   os.remove(directory / 'checksums.json')  # as the previous version saved it
   meta = json.loads((directory / 'tokenizer.json').read_text())
   del meta['checksums']
   (directory / 'tokenizer.json').write_text(json.dumps(meta))
-  for _ in range(2):
-    assert tokenizers.load_tokenizer(str(workdir)).encode('a') == tokenizer.encode('a')
-  err = capfd.readouterr().err.strip().splitlines()
-  assert len(err) == 1 and err[0] == (f'WARNING: the tokenizer in {directory} was saved without '
-                                      'checksums (by an older version): its files are unverified')
+  with pytest.raises(tokenizers.TokenizerChecksumError) as error:
+    tokenizers.load_tokenizer(str(workdir))
+  assert str(error.value) == (
+      f'tokenizer file {directory}/tokenizer.json has no checksums (saved by a version before '
+      "0.2.0, which cannot be verified): re-create the workdir with this version's train.py (a "
+      'new --workdir)')
+  assert error.value.exit_code == 1
+
+
+def test_a_flipped_bit_in_the_checksums_key_is_damage(spm_workdir):
+  """Issue 45 item 6: one bit of the key's name ('checksums' -> 'checksuls') must not turn
+  verification off; here spm.model is damaged too, which would then decode other pieces."""
+  workdir, _ = spm_workdir
+  directory = workdir / 'tokenizer'
+  meta = directory / 'tokenizer.json'
+  meta.write_bytes(meta.read_bytes().replace(b'"checksums"', b'"checksuls"'))
+  _flip(directory / 'spm.model')
+  with pytest.raises(tokenizers.TokenizerChecksumError) as error:
+    tokenizers.load_tokenizer(str(workdir))
+  assert str(error.value) == (
+      f'tokenizer file {meta} names no checksum file although checksums.json is beside it: it '
+      'was changed or damaged (restore it from a backup, or use a new workdir)')
+
+
+def test_a_tokenizer_of_another_config_is_refused_on_resume(tmp_path, spm_workdir):
+  """Issue 45 item 7 (the trainer's side): a workdir's tokenizer that is not what config.data
+  names, or has more ids than the model, is one line naming the file and both sizes."""
+  from ml_collections import ConfigDict  # pylint: disable=import-outside-toplevel
+  workdir = tmp_path / 'char'  # (tmp_path/tokenizer is spm_workdir's)
+  tokenizers.CharTokenizer(list('abc')).save(str(workdir / 'tokenizer'))
+  meta = workdir / 'tokenizer' / 'tokenizer.json'
+  cases = [({'tokenizer': 'sentencepiece', 'vocab_size': 512}, None,
+            "is a char tokenizer of 4 ids but config.data.tokenizer='sentencepiece' "
+            '(config.data.vocab_size=512)'),
+           ({'tokenizer': 'char', 'vocab_size': 4}, 3,
+            'has 4 ids but config.model.vocab_size=3 (ids past 2 have no embedding)')]
+  for data, model_vocab, problem in cases:
+    with pytest.raises(tokenizers.DataError) as error:
+      tokenizers.get_tokenizer(ConfigDict(data), str(workdir), model_vocab)
+    assert str(error.value) == (f'the tokenizer {meta} {problem}: the workdir was trained with '
+                                'another config; use a new workdir')
+  assert tokenizers.get_tokenizer(ConfigDict(cases[1][0]), str(workdir), 4).chars == list('abc')
+  _, tokenizer = spm_workdir  # 300 pieces
+  assert tokenizers.vocabulary_mismatch(tokenizer, ConfigDict(
+      {'tokenizer': 'sentencepiece', 'vocab_size': 512})) == (
+      'has 300 pieces but config.data.vocab_size=512')
