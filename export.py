@@ -78,7 +78,9 @@ def main(argv) -> None:
   if len(argv) > 1:
     cli.fail('export.py', f'unexpected arguments {argv[1:]} (flags are --name=value)')
   logging.set_verbosity(logging.ERROR)  # Orbax/JAX info lines would drown the summary
+  from common import interrupts  # pylint: disable=import-outside-toplevel
   from hf_export import ExportError, export_workdir  # pylint: disable=import-outside-toplevel
+  interrupts.stop_on_signals()  # SIGTERM too: the staging directory is removed, nothing published
   try:
     _check_flags()
     summary = export_workdir(FLAGS.workdir, FLAGS.output_dir, step=FLAGS.step,
@@ -89,7 +91,7 @@ def main(argv) -> None:
   except ImportError as e:  # an optional package of the format: name its extra
     cli.fail('export.py', _missing_package(e))
   except KeyboardInterrupt:
-    cli.fail('export.py', 'interrupted')
+    cli.fail('export.py', f'interrupted; {FLAGS.output_dir} is as it was', code=130)
   print(summary, file=sys.stderr, flush=True)
 
 

@@ -11,6 +11,8 @@
   errors        ConfigError, the one error for a bad configuration value
   schema        a config section's base: documented fields, from_config, 'did you mean'
   lock_file     open_lock_file(path): a lock file opened without following a symlink
+  interrupts    stop_on_signals() / check(): Ctrl-C and SIGTERM as one request to stop, kept
+                when Python drops the KeyboardInterrupt (a gc callback)
   files         open_regular / read_regular(path): a regular file only, never waiting on a FIFO;
                 inside(path, directory): by device and inode (symlinks, bind mounts)
 """

@@ -18,6 +18,7 @@ import importlib.util
 import os
 import shutil
 
+from common import interrupts
 from common.atomic_file import OutputError, OutputLock
 from hf_export import output_dir as out_lib, targets
 from hf_export.output_dir import ExportError
@@ -163,6 +164,7 @@ def _write(fmt, path: str, restored, configs, metadata: dict) -> tuple[str, dict
   try:
     what, info = fmt.write(staging, restored, *configs, metadata)
     out_lib.write_marker(staging, {'format': fmt.name, **metadata, **info})
+    interrupts.check()  # a Ctrl-C that Python dropped (in a gc callback) still stops here
     out_lib.publish(staging, path)
   finally:
     shutil.rmtree(staging, ignore_errors=True)  # gone already when it was moved into place

@@ -7,10 +7,13 @@ import hashlib
 import os
 import subprocess
 import sys
+import threading
+import types
 
 import export_workdirs
 import pytest
 
+from common import interrupts
 from hf_export import ExportError, output_dir, writer
 
 ROOT = export_workdirs.ROOT
@@ -134,4 +137,38 @@ def test_missing_package_names_its_extra(workdir, tmp_path, package, fmt, extra)
   proc = _export(f'--workdir={workdir}', f'--output_dir={tmp_path / "out"}', f'--format={fmt}',
                  prelude=f'sys.modules[{package!r}] = None  # import {package} fails')
   _one_error_line(proc, package, f"pip install -e '.[{extra}]'")
+  assert os.listdir(tmp_path) == []
+
+
+def test_sigterm_stops_an_export_in_one_line_and_leaves_nothing(workdir, tmp_path):
+  """Issue 45 item 17: SIGTERM during the write left a `.NAME.tmp-*` staging directory (the
+  default action kills before any cleanup). It now ends like Ctrl-C: one line, exit 130, the
+  staging directory removed, nothing published."""
+  out = tmp_path / 'hf'
+  prelude = ('import os, signal\nfrom hf_export import output_dir\n'
+             'write = output_dir.write_marker\n'
+             'def killed(*a, **k):\n'
+             '  os.kill(os.getpid(), signal.SIGTERM)  # while the export is being written\n'
+             '  return write(*a, **k)\n'
+             'output_dir.write_marker = killed\n')
+  proc = _export(f'--workdir={workdir}', f'--output_dir={out}', prelude=prelude)
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 130 and lines == [f'export.py: error: interrupted; {out} is as it '
+                                              'was'], proc.stderr
+  assert os.listdir(tmp_path) == []  # no staging directory, no lock, no export
+
+
+def test_an_interrupt_python_dropped_still_stops_before_publishing(tmp_path, monkeypatch):
+  """A KeyboardInterrupt raised inside a gc callback (JAX's `_xla_gc_callback`) is printed as
+  'Exception ignored' and lost: the export went on to exit 0. The request is remembered and
+  checked before the export is published."""
+  def write(staging, restored, *configs_and_metadata):
+    with open(os.path.join(staging, 'weights'), 'w') as f:
+      f.write('w')
+    return 'an export', {}
+  monkeypatch.setattr(interrupts, '_requested', threading.Event())
+  interrupts._requested.set()  # the handler ran; its exception went nowhere
+  with pytest.raises(KeyboardInterrupt):
+    writer._write(types.SimpleNamespace(name='test', write=write), str(tmp_path / 'out'), None,
+                  (), {})
   assert os.listdir(tmp_path) == []
