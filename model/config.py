@@ -44,6 +44,10 @@ class InitStds(NamedTuple):
   embedding: float  # token embeddings
 
 
+# A parameter table (embedding, positions, feed-forward) larger than int32 indexing reaches:
+# refused up front instead of a multi-TiB allocation failing deep in XLA.
+MAX_TABLE_ELEMENTS = 2**31 - 1
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig(Schema):
   """`config.model`: every field and its default (configs/base.py takes them from here).
@@ -128,6 +132,13 @@ class ModelConfig(Schema):
       if not isinstance(value, int) or value <= 0:
         raise ConfigError(f'config.model.{field}={value!r} must be a positive integer '
                           f'for kind={self.kind!r}')
+    for rows in ('vocab_size', 'max_len', 'd_ff'):  # the model's largest tables
+      elements = getattr(self, rows) * self.d_model
+      if elements > MAX_TABLE_ELEMENTS:
+        raise ConfigError(f'config.model.{rows}={getattr(self, rows)} x d_model={self.d_model} '
+                          f'is a table of {elements:,} numbers: more than {MAX_TABLE_ELEMENTS:,} '
+                          '(2^31 - 1, the most an int32 index reaches) cannot be allocated '
+                          'and indexed on every backend')
     if self.d_model % self.num_heads:
       raise ConfigError(f'config.model.d_model={self.d_model} is not divisible by '
                         f'config.model.num_heads={self.num_heads}')

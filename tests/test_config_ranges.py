@@ -34,6 +34,9 @@ from training import config_io
     ('train.batch_size', 2**31, 'config.train.batch_size=2147483648 is out of range'),
     ('data.max_length', 2**40, 'config.data.max_length=1099511627776 is out of range'),
     ('decode.beam_size', 5000, 'config.decode.beam_size=5000 must be an integer in [1, 1024]'),
+    # int32-valid sizes whose tables could not be allocated (issue 45 item 16)
+    ('model.max_len', 2**30, 'config.model.max_len=1073741824 x d_model='),
+    ('model.vocab_size', 2**30, 'config.model.vocab_size=1073741824 x d_model='),
     ('train.seed', 2**32, 'config.train.seed=4294967296 must be an integer in [0, 4294967295]'),
     ('train.seed', -1, 'config.train.seed=-1 must be an integer in [0, 4294967295]'),
 ])
