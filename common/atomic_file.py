@@ -157,14 +157,21 @@ def check_destination(path: str, *, what: str = 'output', workdirs=()) -> str:
   return real
 
 
-def make_output_dir(path: str, *, what: str = 'output', workdirs=()) -> str:
-  """The resolved directory `path`, created if missing, or `OutputError` (one line): inside a
-  workdir's own folders, or not a directory, or not creatable (a full disk)."""
+def check_output_dir(path: str, *, what: str = 'output', workdirs=()) -> str:
+  """The resolved directory `path` (not created), or `OutputError` (one line) when it is or
+  lies inside a workdir's own folders."""
   real = os.path.realpath(os.path.expanduser(path))
   owner = workdir_entry(real, workdirs)
   if owner is not None:
     raise OutputError(f'{what} {path} is (or is inside) {owner}, a workdir\'s own folder: '
                       'refusing to write there (give a directory outside it)')
+  return real
+
+
+def make_output_dir(path: str, *, what: str = 'output', workdirs=()) -> str:
+  """The resolved directory `path`, created if missing, or `OutputError` (one line): inside a
+  workdir's own folders, or not a directory, or not creatable (a full disk)."""
+  real = check_output_dir(path, what=what, workdirs=workdirs)
   try:
     os.makedirs(real, exist_ok=True)
   except OSError as e:

@@ -106,11 +106,8 @@ def check_paths(F) -> None:
     if F.output_file is not None:
       atomic_file.check_destination(F.output_file, what='--output_file', workdirs=[F.workdir])
     if F.attention_plot is not None:
-      real = os.path.realpath(os.path.expanduser(F.attention_plot))
-      owner = atomic_file.workdir_entry(os.path.join(real, 'x'), [F.workdir])
-      if owner is not None:
-        raise atomic_file.OutputError(f'--attention_plot {F.attention_plot} is (or is inside) '
-                                      f"{owner}, a workdir's own folder: refusing to write there")
+      atomic_file.check_output_dir(F.attention_plot, what='--attention_plot',
+                                   workdirs=[F.workdir])
   except atomic_file.OutputError as e:
     raise cli.UsageError(str(e)) from None
   if F.compilation_cache and inside(os.path.expanduser(F.compilation_cache), F.workdir):
@@ -139,7 +136,7 @@ def _settings(F, config, names, strategy: str | None, rename=None) -> dict:
   rename = rename or {}
   flag_of = {name: rename.get(name, name) for name in names}
   given = {name: getattr(F, flag) for name, flag in flag_of.items() if _given(F, flag)}
-  most = given.get('max_new_tokens', config.decode.get('max_new_tokens'))
+  most = given.get('max_new_tokens', config.decode.max_new_tokens)
   capped = 'max_new_tokens' not in rename and most > config.model.max_len
   checked = dict(given, max_new_tokens=config.model.max_len) if capped else given
 
@@ -180,7 +177,7 @@ def plan_generation(F, config, where: str, kind: str) -> Plan:
                        rename={'max_new_tokens': 'num_tokens'})
   temperature = F.temperature
   if temperature is None:
-    temperature = config.decode.get('temperature', strategies.Sampling.temperature)
+    temperature = config.decode.temperature  # load_config filled a missing one in
   if temperature == 0:
     _refuse(F, ('top_k', 'top_p', 'seed'), '{flag} applies to sampling, but the temperature '
             'is 0 (greedy)')
