@@ -39,13 +39,6 @@ def _start(*args, stdin=subprocess.PIPE, interruptible=False):
                           stderr=subprocess.PIPE)
 
 
-def _run(*args, stdin=None):
-  """(returncode, stdout, stderr) of `decode.py ARGS` (args may start several at once)."""
-  proc = _start(*args)
-  out, err = proc.communicate(stdin, timeout=600)
-  return proc.returncode, out.decode(), err.decode()
-
-
 class _Conversation:
   """decode.py on a pipe: `ask(line)` writes one line and returns the first output line,
   before anything else is written (failing, not hanging, if none comes)."""
@@ -130,17 +123,41 @@ def test_language_model_stream_is_answered_prompt_by_prompt(workdirs):
   assert 'generated 15 tokens for 3 prompt(s)' in talk.close()
 
 
-def test_nbest_text_and_jsonl(workdirs, tmp_path):
-  source = tmp_path / 'src.txt'
+def _file_runs(workdirs, folder) -> dict:
+  """name -> decode.py's command line, for the runs below that read files (and need no process
+  of their own): all run in one interpreter (`decode_mains`, module fixture `runs`)."""
+  source, reference = folder / 'src.txt', folder / 'ref.txt'
   source.write_text('\n'.join(SENTENCES) + '\n', encoding='utf-8')
-  common = (f'--workdir={workdirs["mt"]}', f'--input_file={source}', '--beam_size=3',
-            '--nbest=3', '--alpha=0.6', '--max_new_tokens=8', '--compilation_cache=')
-  procs = [_start(*common, '--output_format=jsonl', stdin=subprocess.DEVNULL),
-           _start(*common, stdin=subprocess.DEVNULL)]
-  (jsonl, err), (text, _) = [tuple(x.decode() for x in p.communicate(timeout=600))
-                             for p in procs]
-  code = procs[0].returncode
-  assert code == 0 and procs[1].returncode == 0
+  score_source = folder / 'score_src.txt'
+  score_source.write_text('A man rides a bike.\n\nTwo dogs.\n', encoding='utf-8')
+  reference.write_text('Ein Mann fährt Rad.\nX\nZwei Hunde.\n', encoding='utf-8')
+  mt = f'--workdir={workdirs["mt"]}'
+  nbest = (mt, f'--input_file={source}', '--beam_size=3', '--nbest=3', '--alpha=0.6',
+           '--max_new_tokens=8', '--compilation_cache=')
+  score = (mt, f'--input_file={score_source}', f'--score_reference={reference}',
+           '--compilation_cache=')
+  sampled = (mt, '--strategy=sampling', '--nbest=2', '--max_new_tokens=6', '--temperature=0.9',
+             '--compilation_cache=', f'--input_file={source}')
+  runs = {'nbest_jsonl': [*nbest, '--output_format=jsonl'], 'nbest_text': [*nbest],
+          'score_text': [*score], 'score_jsonl': [*score, '--output_format=jsonl'],
+          'sampled_5': [*sampled, '--seed=5'], 'sampled_5_again': [*sampled, '--seed=5'],
+          'sampled_6': [*sampled, '--seed=6']}
+  runs.update({('refused', *name): args for name, (args, _) in _refusal_cases(workdirs).items()})
+  return runs
+
+
+@pytest.fixture(scope='module')
+def runs(workdirs, tmp_path_factory) -> dict:
+  """name -> (exit status, stdout, stderr) of `_file_runs`' command lines, in one interpreter
+  (a process each spent ~1.5 s of CPU on start-up, and traced the same programs again)."""
+  command_lines = _file_runs(workdirs, tmp_path_factory.mktemp('decode_modes'))
+  results = decode_mains.run_mains(list(command_lines.values()))
+  return dict(zip(command_lines, results, strict=True))
+
+
+def test_nbest_text_and_jsonl(runs):
+  (code, jsonl, err), (text_code, text, _) = runs['nbest_jsonl'], runs['nbest_text']
+  assert code == 0 and text_code == 0, err[-3000:]
   objects = [json.loads(line) for line in jsonl.splitlines()]
   assert [o['source'] for o in objects] == SENTENCES  # one object per input line, in order
   assert [len(o['hypotheses']) for o in objects] == [3, 0, 3, 3]
@@ -160,13 +177,8 @@ def test_nbest_text_and_jsonl(workdirs, tmp_path):
   assert text.splitlines() == rows  # index<TAB>score<TAB>text, N lines per input
 
 
-def test_score_reference_is_the_models_log_probability(workdirs, tmp_path):
-  source, reference = tmp_path / 'src.txt', tmp_path / 'ref.txt'
-  source.write_text('A man rides a bike.\n\nTwo dogs.\n', encoding='utf-8')
-  reference.write_text('Ein Mann fährt Rad.\nX\nZwei Hunde.\n', encoding='utf-8')
-  common = (f'--workdir={workdirs["mt"]}', f'--input_file={source}',
-            f'--score_reference={reference}', '--compilation_cache=')
-  code, text, err = _run(*common)
+def test_score_reference_is_the_models_log_probability(workdirs, runs):
+  code, text, err = runs['score_text']
   assert code == 0, err
   assert 'scored 2 reference(s)' in err
   lines = text.split('\n')
@@ -176,28 +188,29 @@ def test_score_reference_is_the_models_log_probability(workdirs, tmp_path):
                                                    ['Ein Mann fährt Rad.', 'X', 'Zwei Hunde.'])
   assert lines[0] == f'{expected[0]:.4f}\tEin Mann fährt Rad.'
   assert lines[2] == f'{expected[2]:.4f}\tZwei Hunde.' and expected[1] is None
-  code, jsonl, err = _run(*common, '--output_format=jsonl')
+  code, jsonl, err = runs['score_jsonl']
   assert code == 0, err
   first = json.loads(jsonl.splitlines()[0])
   assert first['reference'] == 'Ein Mann fährt Rad.' and first['tokens'][-1] == 1  # EOS
   assert first['log_prob'] == pytest.approx(expected[0], abs=1e-4)
 
 
-def test_sampled_translations_are_reproducible(workdirs, tmp_path):
-  source = tmp_path / 'src.txt'
-  source.write_text('\n'.join(SENTENCES) + '\n', encoding='utf-8')
+def test_sampled_translations_are_reproducible(workdirs, runs):
+  """The same seed gives the same samples: twice in one interpreter (`runs`), and in a process
+  of its own reading a pipe line by line (other batches)."""
   args = (f'--workdir={workdirs["mt"]}', '--strategy=sampling', '--nbest=2', '--max_new_tokens=6',
-          '--temperature=0.9', '--compilation_cache=')
-  procs = [_start(*args, f'--input_file={source}', '--seed=5', stdin=subprocess.DEVNULL),
-           _start(*args, f'--input_file={source}', '--seed=5', stdin=subprocess.DEVNULL),
-           _start(*args, f'--input_file={source}', '--seed=6', stdin=subprocess.DEVNULL),
-           _start(*args, '--seed=5')]  # a pipe: line by line, in other batches
+          '--temperature=0.9', '--compilation_cache=', '--seed=5')
+  piped = _start(*args)
+  out, err = piped.communicate(('\n'.join(SENTENCES) + '\n').encode(), timeout=600)
+  assert piped.returncode == 0, err.decode()[-3000:]
   outs = []
-  for p in procs:
-    out, err = p.communicate(source.read_bytes() if p is procs[-1] else None, timeout=600)
-    assert p.returncode == 0, err.decode()[-3000:]
-    outs.append(out.decode())
+  for name in ('sampled_5', 'sampled_5_again', 'sampled_6'):
+    code, text, run_err = runs[name]
+    assert code == 0, run_err[-3000:]
+    outs.append(text)
+  outs.append(out.decode())
   assert 'translated 3 sentence(s) (sampling, 2 per sentence)' in err.decode()
+  assert 'translated 3 sentence(s) (sampling, 2 per sentence)' in runs['sampled_5'][2]
   assert outs[0] == outs[1] == outs[3]  # same seed, same samples, however they are batched
   assert outs[0] != outs[2]
   assert [line.split('\t')[0] for line in outs[0].splitlines()] == ['0', '0', '2', '2', '3', '3']
@@ -281,11 +294,10 @@ def _assert_refused(name, code, out, err, message):
   assert err.startswith(f'decode.py: error: {message}'), (name, err)
 
 
-def test_flags_out_of_range_or_not_applying_are_one_line(workdirs):
+def test_flags_out_of_range_or_not_applying_are_one_line(workdirs, runs):
   cases = _refusal_cases(workdirs)
-  results = decode_mains.run_mains([args for args, _ in cases.values()])
-  for (name, (_, message)), (code, out, err) in zip(cases.items(), results, strict=True):
-    _assert_refused(name, code, out, err, message)
+  for name, (_, message) in cases.items():
+    _assert_refused(name, *runs[('refused', *name)], message)
   # And as their own processes (exit status, nothing else on stderr): a bad literal (absl's
   # parser), a number out of range, a flag that does not apply to the model kind.
   procs = {name: _start(*cases[name][0], stdin=subprocess.DEVNULL)
