@@ -1,11 +1,11 @@
-"""One adapter per model kind: everything outside the Linen modules that depends on the kind.
+"""One adapter per model kind: everything outside the NNX modules that depends on the kind.
 
 A model's kind is its name (`config.model.kind`, a string: 'encoder_decoder', ...); its adapter
 is the object here that knows how to handle it (`adapter_of(module_or_config)`,
 `ADAPTERS[kind]`).
 
-As t5x's model classes do, an adapter says how a model of its kind is called (example inputs
-for `init`, a training batch, a teacher-forced pass for scoring and attention plots), how it
+As t5x's model classes do, an adapter says how a model of its kind is called (example inputs,
+a training batch, a teacher-forced pass for scoring and attention plots), how it
 decodes (encoding the source, the KV cache, one decoder step) and what it costs (analytic
 FLOPs). Training, decoding, plotting and `decode.py` ask `adapter_of(...)` instead of branching
 on `config.kind`; a new kind is a module class in `model/transformer.py` plus an adapter here
@@ -41,14 +41,9 @@ class ModelAdapter:
   batch_layout: str
 
   def example_inputs(self, length: int = 8, batch: int = 1) -> tuple[Array, ...]:
-    """Positional arguments of a forward pass (for `init` and shape checks)."""
+    """Positional arguments of a forward pass (for shape checks)."""
     tokens = jnp.ones((batch, length), jnp.int32)
     return (tokens, tokens) if self.has_source else (tokens,)
-
-  def param_shapes(self, module) -> Any:
-    """The parameter tree's ShapeDtypeStructs (no compute)."""
-    return jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0),
-                                              *self.example_inputs(4)))['params']
 
   def target_length(self, max_length: int) -> int:
     """Positions the decoder needs for examples of `config.data.max_length` tokens."""
@@ -63,47 +58,36 @@ class ModelAdapter:
       out.update(targets_segmentation=(shape, jnp.int32), targets_position=(shape, jnp.int32))
     return out
 
-  def apply_batch(self, module, variables, batch: Mapping[str, Array], *, deterministic: bool,
-                  rngs=None, **kwargs):
+  def apply_batch(self, model, batch: Mapping[str, Array], *, deterministic: bool,
+                  dropout_rng: Array | None = None):
     """A training/eval batch -> the model's output (logits `[batch, len, vocab]`)."""
-    return module.apply(variables, batch['targets'],
-                        segment_ids=batch.get('targets_segmentation'),
-                        positions=batch.get('targets_position'),
-                        deterministic=deterministic, rngs=rngs or {}, **kwargs)
+    return model(batch['targets'], segment_ids=batch.get('targets_segmentation'),
+                 positions=batch.get('targets_position'), deterministic=deterministic,
+                 dropout_rng=dropout_rng)
 
-  def teacher_forced(self, module, variables, source, tokens, **kwargs):
+  def teacher_forced(self, model, source, tokens):
     """Unpacked forward pass over `tokens` `[batch, len]` (and the `source`, if any)."""
-    args = (source, tokens) if self.has_source else (tokens,)
-    return module.apply(variables, *args, **kwargs)
+    return model(source, tokens) if self.has_source else model(tokens)
 
   # -- decoding -----------------------------------------------------------------------------
-  def encode(self, module, params, inputs):
+  def encode(self, model, inputs):
     """The decoder's fixed context: encoded source `[batch, src_len, d_model]`, or None."""
-    del module, params, inputs
+    del model, inputs
     return None
 
-  def init_cache(self, module, encoded, inputs, batch: int, cache_len: int):
-    """A zero KV cache for `batch` rows and `cache_len` positions (shapes only, no compute)."""
-    dummy = jnp.zeros((batch, cache_len), jnp.int32)
-    shapes = jax.eval_shape(lambda: self._call_decoder(
-        module.init, jax.random.PRNGKey(0), module, encoded, inputs, dummy))['cache']
-    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+  def init_cache(self, model, encoded, inputs, batch: int, cache_len: int):
+    """An empty KV cache for `batch` rows and `cache_len` positions (with the encoder's keys
+    and values, projected once, for a model with a source)."""
+    return model.init_cache(batch, cache_len, encoded, inputs)
 
-  def decoder_step(self, module, params, cache, encoded, inputs, tokens, positions=None,
-                   mask=None):
+  def decoder_step(self, model, cache, inputs, tokens, positions=None, mask=None):
     """Decoder inputs `[batch, n]` -> (logits `[batch, n, vocab]` float32, new cache).
 
+    `inputs` `[batch, src_len]` (the source, for its padding mask; None without one),
     `positions` `[batch, n]` and `mask` `[batch, 1, n, cache_len]` (`cache_mask`: see
-    `Decoder`)."""
-    logits, state = self._call_decoder(module.apply, {'params': params, 'cache': cache},
-                                       module, encoded, inputs, tokens, positions=positions,
-                                       cache_mask=mask, mutable=['cache'])
-    return logits.astype(jnp.float32), state['cache']
-
-  def _call_decoder(self, fn, first, module, encoded, inputs, tokens, positions=None,
-                    **kwargs):
-    del module, encoded, inputs
-    return fn(first, tokens, positions=positions, use_cache=True, **kwargs)
+    `Decoder.step`)."""
+    logits, cache = model.step(cache, inputs, tokens, positions=positions, cache_mask=mask)
+    return logits.astype(jnp.float32), cache
 
   # -- cost ---------------------------------------------------------------------------------
   def forward_flops(self, config, shapes: Mapping[str, Sequence[int]]) -> int:
@@ -128,27 +112,21 @@ class EncoderDecoderAdapter(ModelAdapter):
   layer_fields = ('num_encoder_layers', 'num_decoder_layers')
   batch_layout = 'sentence_pairs'
 
-  def apply_batch(self, module, variables, batch, *, deterministic, rngs=None, **kwargs):
-    return module.apply(
-        variables, batch['inputs'], batch['targets'],
-        inputs_segmentation=batch.get('inputs_segmentation'),
-        targets_segmentation=batch.get('targets_segmentation'),
-        inputs_position=batch.get('inputs_position'),
-        targets_position=batch.get('targets_position'),
-        deterministic=deterministic, rngs=rngs or {}, **kwargs)
+  def apply_batch(self, model, batch, *, deterministic, dropout_rng=None):
+    return model(batch['inputs'], batch['targets'],
+                 inputs_segmentation=batch.get('inputs_segmentation'),
+                 targets_segmentation=batch.get('targets_segmentation'),
+                 inputs_position=batch.get('inputs_position'),
+                 targets_position=batch.get('targets_position'),
+                 deterministic=deterministic, dropout_rng=dropout_rng)
 
   def train_batch_shapes(self, batch_size, max_length, packed):
     out = super().train_batch_shapes(batch_size, max_length, packed)
     out.update({k.replace('targets', 'inputs'): v for k, v in out.items()})
     return out
 
-  def encode(self, module, params, inputs):
-    return module.apply({'params': params}, inputs, method=module.encode)
-
-  def _call_decoder(self, fn, first, module, encoded, inputs, tokens, positions=None,
-                    **kwargs):
-    return fn(first, encoded, inputs, tokens, targets_position=positions, use_cache=True,
-              method=module.decode, **kwargs)
+  def encode(self, model, inputs):
+    return model.encode(inputs)
 
   def forward_flops(self, config, shapes):
     c = config

@@ -1,7 +1,16 @@
-"""Linen building blocks. Modules hold parameters and call the pure functions in `attention`.
+"""Flax NNX building blocks. Modules hold parameters and call the pure functions in `attention`.
 
 Sizes follow the paper: `d_model`, `num_heads` (h), `d_ff`, head size
-`d_k = d_v = d_model / h`. Parameters are float32; `dtype` is the compute dtype.
+`d_k = d_v = d_model / h`. Parameters are float32 `nnx.Param`s whose `axes` metadata names
+their logical axes (model.partitioning); `dtype` is the compute dtype.
+
+Dropout is drawn from an explicit key (`dropout_rng`, None = deterministic): each site folds
+its own number into the key it is given, so the same key gives the same masks whether the
+layers are unrolled or scanned.
+
+The KV cache is an explicit pytree, not module state: a decoding step is a pure function
+(model, cache, tokens) -> (logits, cache), so the search loops carry, reorder and grow the
+cache as arrays, and the module never changes inside a jitted loop.
 """
 
 from __future__ import annotations
@@ -9,227 +18,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from common.errors import ConfigError
 from model import attention as attn, partitioning
-from model.partitioning import constrain, with_axes
+from model.partitioning import constrain
 
 Array = jax.Array
 Dtype = Any
+Cache = dict[str, Array]
 
-# T2T / the Flax WMT example initialise projections with Glorot uniform.
-dense_init = nn.initializers.xavier_uniform()
-
-
-def _dense(features, name, dtype, axes, axis=-1, init_std=None, matmul='auto'):
-  features = (features,) if isinstance(features, int) else tuple(features)
-  num_inputs = 1 if isinstance(axis, int) else len(axis)
-  return Dense(features, num_inputs, dtype, init_std, matmul, axes, name=name)
-
-
-def flat_matmul(matmul: str) -> bool:
-  """Resolves ModelConfig.projection_matmul: 'auto' is 'flat' on CPU when the heads are not
-  split over devices (flattening a split heads axis makes XLA gather it first)."""
-  if matmul == 'auto':
-    return jax.default_backend() == 'cpu' and not partitioning.splits('heads')
-  return matmul == 'flat'
-
-
-class Dense(nn.Module):
-  """y = x W + b contracting the last `num_inputs` axes of x with W `[*inputs, *features]`.
-
-  The parameters (names, shapes, Glorot init over the flattened fan-in/out) are those of
-  `nn.DenseGeneral`; `axes` are the kernel's logical axis names (model.partitioning), the
-  bias takes the features' names. `matmul` (ModelConfig.projection_matmul): 'flat' makes
-  the product one 2-D matmul. With several output axes (the fused `[d_model, 3, heads,
-  head_dim]` QKV kernel), XLA:CPU lays the kernel's gradient out transposed, and every
-  optimizer pass then reads it with a stride: the Adam update of those kernels cost more
-  than their matmuls in the base model's step. 'general' contracts the axes as they are,
-  so a kernel whose heads axis is split over devices is never gathered to be flattened.
-  """
-  features: tuple[int, ...]
-  num_inputs: int = 1
-  dtype: Dtype = jnp.float32
-  init_std: float | None = None  # kernel ~ normal(init_std); None: Glorot uniform
-  matmul: str = 'auto'  # config.PROJECTION_MATMULS
-  axes: tuple[str | None, ...] = ()  # the kernel's logical axis names; () = none
-
-  @nn.compact
-  def __call__(self, x: Array) -> Array:
-    """x `[batch..., *inputs]` -> `[batch..., *features]` in `dtype`."""
-    inputs = x.shape[x.ndim - self.num_inputs:]
-    fan_in, fan_out = int(np.prod(inputs)), int(np.prod(self.features))
-    init = dense_init if self.init_std is None else nn.initializers.normal(self.init_std)
-
-    def kernel_init(rng, shape):
-      return init(rng, (fan_in, fan_out)).reshape(shape)
-
-    bias_init = nn.initializers.zeros_init()
-    if self.axes:
-      kernel_init = with_axes(kernel_init, self.axes)
-      bias_init = with_axes(bias_init, self.axes[self.num_inputs:])
-    kernel = self.param('kernel', kernel_init, (*inputs, *self.features))
-    bias = self.param('bias', bias_init, self.features)
-    batch = x.shape[:x.ndim - self.num_inputs]
-    x, kernel, bias = x.astype(self.dtype), kernel.astype(self.dtype), bias.astype(self.dtype)
-    if flat_matmul(self.matmul):
-      y = jnp.dot(x.reshape(*batch, fan_in), kernel.reshape(fan_in, fan_out))
-      return (y + bias.reshape(fan_out)).reshape(*batch, *self.features)
-    contract = tuple(range(len(batch), x.ndim)), tuple(range(self.num_inputs))
-    return jax.lax.dot_general(x, kernel, (contract, ((), ()))) + bias
-
-
-class MultiHeadAttention(nn.Module):
-  """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O,
-  head_i = Attention(Q W^Q_i, K W^K_i, V W^V_i).
-
-  Self-attention (`kv=None`) projects Q, K, V with one fused matmul; cross-attention
-  projects Q from `x` and K, V from `kv`.
-
-  With `use_cache=True` the module keeps a KV cache in the `cache` collection:
-    self-attention: `cached_key` `[batch, heads, head_dim, cache_len]`, `cached_value`
-      `[batch, heads, cache_len, head_dim]` and `cache_index`; each call appends its `x` (one
-      or more tokens) at `cache_index`.
-    cross-attention: `cross_key` `[batch, heads, head_dim, src_len]` and `cross_value`
-      `[batch, heads, src_len, head_dim]`, the projected encoder keys/values. `init` does not
-      create them; the first decode call (whose cache lacks them) projects and stores them,
-      later calls only read them, so a decoding loop after the first step does no projection
-      and no conditional.
-  The caches are heads-major (`CACHE_LAYOUTS`), keys with positions last and values with
-  positions before head_dim: the operands of the batched matmuls Q K^T and weights V as
-  XLA:CPU reads them for queries of 1 or a few tokens, so no step transposes a whole cache
-  (the attention functions get `[batch, len, heads, head_dim]` views).
-  The cache length is the length of `x` when the cache is created (init or the first
-  mutable apply), as in the Flax WMT example.
-  """
-  num_heads: int
-  dtype: Dtype = jnp.float32
-  attention_dropout_rate: float = 0.0
-  impl: str = 'reference'  # a row of attention.IMPLEMENTATIONS
-  use_rope: bool = False
-  dropout_rng_impl: str = 'hash'  # attention.DROPOUT_RNGS
-  init_std: float | None = None  # Q/K/V kernels (ModelConfig.init_stds; None: Glorot)
-  out_init_std: float | None = None  # the output projection W^O
-  matmul: str = 'auto'  # ModelConfig.projection_matmul
-
-  @nn.compact
-  def __call__(self, x: Array, kv: Array | None = None, *, mask: Array | None = None,
-               positions: Array | None = None, deterministic: bool = True,
-               use_cache: bool = False) -> Array:
-    """x `[batch, q_len, d_model]`, kv `[batch, kv_len, d_model]` -> `[batch, q_len, d_model]`.
-
-    `mask` is boolean `[batch|1, 1|heads, q_len, kv_len]` or an `attention.FactoredMask`
-    (what the model passes: the fast paths read its factors); in self-attention with
-    `use_cache` it is the mask over the whole cache `[batch|1, 1, q_len, cache_len]` minus
-    causality, which is added here from `cache_index`. `positions` `[batch, len]` feed rotary
-    embeddings.
-    """
-    d_model = x.shape[-1]
-    head_dim = d_model // self.num_heads
-    heads = (self.num_heads, head_dim)
-
-    if kv is None:
-      # [batch, len, 3, heads, head_dim]
-      qkv = self._dense((3, *heads), 'qkv', (None, 'heads', 'kv'))(x)
-      qkv = constrain(qkv, ('batch', None, None, 'heads', 'kv'))
-      query, key, value = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-      if self.use_rope:
-        query, key = self._rotate(query, key, positions)
-      if use_cache:
-        key, value, mask = self._update_self_cache(key, value, mask)
-    else:
-      query = constrain(self._dense(heads, 'query', ('heads', 'kv'))(x),
-                        ('batch', None, 'heads', 'kv'))
-      if use_cache:
-        key, value = self._cross_cache(kv, heads)
-      else:
-        key, value = self._project_kv(kv, heads)
-
-    out = self._attend(query, key, value, mask, deterministic, use_cache)
-    out = constrain(out, ('batch', None, 'heads', 'kv'))
-    return _dense(d_model, 'out', self.dtype, ('heads', 'kv', 'embed'), axis=(-2, -1),
-                  init_std=self.out_init_std, matmul=self.matmul)(out)
-
-  def _dense(self, features, name, feature_axes):
-    """A projection of the model's width `d_model` ('embed') into head axes."""
-    return _dense(features, name, self.dtype, ('embed', *feature_axes), init_std=self.init_std,
-                  matmul=self.matmul)
-
-  def _attend(self, query, key, value, mask, deterministic, use_cache):
-    """Attention(Q, K, V) `[batch, q_len, heads, head_dim]` by the row of
-    `attention.IMPLEMENTATIONS` named `impl` (or the one it hands this call to: calls on the
-    KV cache, or dropout it cannot draw); a call the row cannot compute exactly is refused."""
-    use_dropout = not deterministic and self.attention_dropout_rate > 0.0
-    rng_impl = self.dropout_rng_impl if use_dropout else None
-    row = attn.select_implementation(self.impl, use_cache=use_cache, dropout_rng_impl=rng_impl)
-    problem = row.refusal(f'config.model.attention_impl={self.impl!r}', dtype=query.dtype,
-                          dropout_rng_impl=rng_impl, mask=mask, head_dim=query.shape[-1])
-    if problem:  # ModelConfig refuses what it can see; the masks are seen only here
-      raise ConfigError(problem)
-    out, weights = (row.cache_fn if use_cache else row.fn)(
-        query, key, value, mask=mask, dropout_rate=self.attention_dropout_rate,
-        dropout_rng=self.make_rng('dropout') if use_dropout else None,
-        dropout_rng_impl=self.dropout_rng_impl, deterministic=deterministic)
-    if weights is not None:
-      # Stored only when the caller makes 'intermediates' mutable (attention plots).
-      self.sow('intermediates', 'attention_weights', weights)
-    return out
-
-  def _project_kv(self, kv, heads):
-    kv = self._dense((2, *heads), 'kv', (None, 'heads', 'kv'))(kv)
-    kv = constrain(kv, ('batch', None, None, 'heads', 'kv'))
-    return kv[:, :, 0], kv[:, :, 1]
-
-  def _rotate(self, query, key, positions):
-    if positions is None:
-      positions = jnp.arange(query.shape[1])[None, :]
-    return attn.rotary_embedding(query, positions), attn.rotary_embedding(key, positions)
-
-  def _update_self_cache(self, key, value, mask):
-    """Writes this call's keys/values at `cache_index` and returns the whole cache."""
-    initializing = not self.has_variable('cache', 'cached_key')
-    new = {'cached_key': key, 'cached_value': value}
-    cached = {name: self.variable('cache', name, jnp.zeros, _to_cache(x, name).shape, x.dtype)
-              for name, x in new.items()}
-    cache_index = self.variable('cache', 'cache_index', lambda: jnp.array(0, jnp.int32))
-    if initializing:
-      return key, value, mask
-    cache_len = cached['cached_key'].value.shape[CACHE_POSITION_AXIS['cached_key']]
-    num_new = key.shape[1]
-    index = cache_index.value
-    for name, x in new.items():
-      start = [0] * 4
-      start[CACHE_POSITION_AXIS[name]] = index
-      cached[name].value = jax.lax.dynamic_update_slice(cached[name].value, _to_cache(x, name),
-                                                        start)
-    cache_index.value = index + num_new
-    # Query i (at absolute position index + i) sees cache slots 0 .. index + i.
-    query_pos = index + jnp.arange(num_new)
-    causal = (jnp.arange(cache_len)[None, :] <= query_pos[:, None])[None, None]
-    return (_from_cache(cached['cached_key'].value, 'cached_key'),
-            _from_cache(cached['cached_value'].value, 'cached_value'),
-            attn.combine_masks(mask, causal))
-
-  def _cross_cache(self, kv, heads):
-    """Projects the encoder output on the first decode call and reuses it at every later one.
-
-    Whether to project is static (does the cache hold `cross_key` yet?), so the decoding
-    loop body holds no projection and no `lax.cond` copying the keys/values each step.
-    """
-    if self.has_variable('cache', 'cross_key'):
-      return (_from_cache(self.get_variable('cache', 'cross_key'), 'cross_key'),
-              _from_cache(self.get_variable('cache', 'cross_value'), 'cross_value'))
-    key, value = self._project_kv(kv, heads)
-    key, value = key.astype(self.dtype), value.astype(self.dtype)
-    if not self.is_initializing():
-      self.put_variable('cache', 'cross_key', _to_cache(key, 'cross_key'))
-      self.put_variable('cache', 'cross_value', _to_cache(value, 'cross_value'))
-    return key, value
-
+# The Flax WMT example's (and T2T's); the exports write it into their configs (hf_export).
+LAYER_NORM_EPS = 1e-6
 
 # Each cache's axes, as a permutation of `[batch, len, heads, head_dim]`: keys
 # `[batch, heads, head_dim, len]` and values `[batch, heads, len, head_dim]`. With values also
@@ -253,78 +56,258 @@ def _from_cache(x, name: str):
   return jnp.transpose(x, inverse)
 
 
-class Dropout(nn.Module):
-  """`attention.dropout` with the module's 'dropout' RNG stream; identity when deterministic."""
-  rate: float
-  dropout_rng_impl: str = 'hash'  # attention.DROPOUT_RNGS
-
-  @nn.compact
-  def __call__(self, x: Array, deterministic: bool) -> Array:
-    if deterministic or self.rate == 0.0:
-      return x
-    return attn.dropout(x, self.rate, self.make_rng('dropout'), rng_impl=self.dropout_rng_impl)
+def flat_matmul(matmul: str) -> bool:
+  """Resolves ModelConfig.projection_matmul: 'auto' is 'flat' on CPU when the heads are not
+  split over devices (flattening a split heads axis makes XLA gather it first)."""
+  if matmul == 'auto':
+    return jax.default_backend() == 'cpu' and not partitioning.splits('heads')
+  return matmul == 'flat'
 
 
-class FeedForward(nn.Module):
+def param(init: Callable, key: Array, shape: tuple[int, ...], axes: tuple[str | None, ...]
+          ) -> nnx.Param:
+  """A float32 parameter `init(key, shape)` whose dimensions have the logical names `axes`."""
+  return nnx.Param(init(key, shape, jnp.float32), axes=axes)
+
+
+def glorot_or_normal(std: float | None) -> Callable:
+  """T2T / the Flax WMT example's Glorot uniform (None), else normal(std)."""
+  return jax.nn.initializers.xavier_uniform() if std is None else \
+      jax.nn.initializers.normal(std)
+
+
+def fold(key: Array | None, site: int) -> Array | None:
+  """The dropout key of sub-site `site` (None stays None: no dropout)."""
+  return None if key is None else jax.random.fold_in(key, site)
+
+
+class Dense(nnx.Module):
+  """y = x W + b contracting x's last axes `inputs` with W `[*inputs, *features]`.
+
+  Glorot init over the flattened fan-in/out (as `nn.DenseGeneral`); `axes` name the kernel's
+  dimensions, the bias takes the features' names. `matmul` (ModelConfig.projection_matmul):
+  'flat' makes the product one 2-D matmul. With several output axes (the fused `[d_model, 3,
+  heads, head_dim]` QKV kernel), XLA:CPU lays the kernel's gradient out transposed and every
+  optimizer pass reads it with a stride; 'general' contracts the axes as they are, so a kernel
+  whose heads axis is split over devices is never gathered to be flattened.
+  """
+
+  def __init__(self, inputs: int | tuple[int, ...], features: int | tuple[int, ...],
+               axes: tuple[str | None, ...], *, dtype: Dtype = jnp.float32,
+               init_std: float | None = None, matmul: str = 'auto', rngs: nnx.Rngs):
+    self.inputs = (inputs,) if isinstance(inputs, int) else tuple(inputs)
+    self.features = (features,) if isinstance(features, int) else tuple(features)
+    self.dtype, self.matmul = dtype, matmul
+    fan_in, fan_out = int(np.prod(self.inputs)), int(np.prod(self.features))
+    init = glorot_or_normal(init_std)
+    kernel = init(rngs.params(), (fan_in, fan_out), jnp.float32)
+    self.kernel = nnx.Param(kernel.reshape(*self.inputs, *self.features), axes=axes)
+    self.bias = nnx.Param(jnp.zeros(self.features, jnp.float32),
+                          axes=axes[len(self.inputs):])
+
+  def __call__(self, x: Array) -> Array:
+    """x `[batch..., *inputs]` -> `[batch..., *features]` in `dtype`."""
+    n = len(self.inputs)
+    batch = x.shape[:x.ndim - n]
+    kernel, bias = self.kernel[...].astype(self.dtype), self.bias[...].astype(self.dtype)
+    x = x.astype(self.dtype)
+    if flat_matmul(self.matmul):
+      fan_in, fan_out = int(np.prod(self.inputs)), int(np.prod(self.features))
+      y = jnp.dot(x.reshape(*batch, fan_in), kernel.reshape(fan_in, fan_out))
+      return (y + bias.reshape(fan_out)).reshape(*batch, *self.features)
+    contract = tuple(range(len(batch), x.ndim)), tuple(range(n))
+    return jax.lax.dot_general(x, kernel, (contract, ((), ()))) + bias
+
+
+class MultiHeadAttention(nnx.Module):
+  """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O,
+  head_i = Attention(Q W^Q_i, K W^K_i, V W^V_i).
+
+  Self-attention projects Q, K, V with one fused matmul (`qkv`); cross-attention (`cross`)
+  projects Q from `x` (`query`) and K, V from the encoder output (`kv`).
+
+  The cache of one layer's attention (heads-major, `layers.CACHE_LAYOUTS`): self-attention
+  `cached_key` `[batch, heads, head_dim, cache_len]` and `cached_value` `[batch, heads,
+  cache_len, head_dim]`, written at the decoder's `index`; cross-attention `cross_key` /
+  `cross_value`, the projected encoder output (`cross_cache`), only read while decoding.
+  """
+
+  def __init__(self, d_model: int, num_heads: int, *, cross: bool = False,
+               dtype: Dtype = jnp.float32, attention_dropout_rate: float = 0.0,
+               impl: str = 'reference', use_rope: bool = False, dropout_rng_impl: str = 'hash',
+               init_std: float | None = None, out_init_std: float | None = None,
+               matmul: str = 'auto', rngs: nnx.Rngs):
+    heads = (num_heads, d_model // num_heads)
+    def dense(features, axes):
+      return Dense(d_model, features, ('embed', *axes), dtype=dtype, init_std=init_std,
+                   matmul=matmul, rngs=rngs)
+    if cross:
+      self.query = dense(heads, ('heads', 'kv'))
+      self.kv = dense((2, *heads), (None, 'heads', 'kv'))
+    else:
+      self.qkv = dense((3, *heads), (None, 'heads', 'kv'))
+    self.out = Dense(heads, d_model, ('heads', 'kv', 'embed'), dtype=dtype,
+                     init_std=out_init_std, matmul=matmul, rngs=rngs)
+    self.cross, self.dtype, self.impl, self.use_rope = cross, dtype, impl, use_rope
+    self.attention_dropout_rate, self.dropout_rng_impl = attention_dropout_rate, dropout_rng_impl
+    self.keep_weights = False  # True: the last call's weights stay in `attention_weights`
+
+  def __call__(self, x: Array, kv: Array | None = None, *, mask=None,
+               positions: Array | None = None, dropout_rng: Array | None = None,
+               cache: Cache | None = None, index: Array | None = None
+               ) -> tuple[Array, Cache | None]:
+    """x `[batch, q_len, d_model]`, kv `[batch, kv_len, d_model]` (cross-attention) ->
+    (`[batch, q_len, d_model]`, this layer's cache after the call, or None without one).
+
+    `mask`: boolean `[batch|1, 1|heads, q_len, kv_len]` or an `attention.FactoredMask`; on the
+    cache (self-attention) the mask over the whole cache minus causality, which is added here
+    from `index` (the cache position of this call's first token). `positions` `[batch, len]`
+    feed rotary embeddings.
+    """
+    if self.cross:
+      query = constrain(self.query(x), ('batch', None, 'heads', 'kv'))
+      key, value = (_from_cache(cache['cross_key'], 'cross_key'),
+                    _from_cache(cache['cross_value'], 'cross_value')) if cache is not None \
+          else self.project_kv(kv)
+    else:
+      qkv = constrain(self.qkv(x), ('batch', None, None, 'heads', 'kv'))
+      query, key, value = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+      if self.use_rope:
+        query, key = _rotate(query, key, positions)
+      if cache is not None:
+        cache, key, value, mask = _write_self_cache(cache, key, value, mask, index)
+    out = self._attend(query, key, value, mask, dropout_rng, cache is not None)
+    out = constrain(out, ('batch', None, 'heads', 'kv'))
+    return self.out(out), cache
+
+  def project_kv(self, kv: Array) -> tuple[Array, Array]:
+    """The encoder output `[batch, src_len, d_model]` -> keys, values `[batch, src_len, heads,
+    head_dim]`."""
+    kv = constrain(self.kv(kv), ('batch', None, None, 'heads', 'kv'))
+    return kv[:, :, 0], kv[:, :, 1]
+
+  def cross_cache(self, encoded: Array) -> Cache:
+    """The cross-attention cache: the encoder keys/values, projected once per sentence."""
+    key, value = self.project_kv(encoded)
+    return {'cross_key': _to_cache(key.astype(self.dtype), 'cross_key'),
+            'cross_value': _to_cache(value.astype(self.dtype), 'cross_value')}
+
+  def _attend(self, query, key, value, mask, dropout_rng, use_cache):
+    """Attention(Q, K, V) `[batch, q_len, heads, head_dim]` by the row of
+    `attention.IMPLEMENTATIONS` named `impl` (or the one it hands this call to); a call the
+    row cannot compute exactly is refused."""
+    use_dropout = dropout_rng is not None and self.attention_dropout_rate > 0.0
+    rng_impl = self.dropout_rng_impl if use_dropout else None
+    row = attn.select_implementation(self.impl, use_cache=use_cache, dropout_rng_impl=rng_impl)
+    problem = row.refusal(f'config.model.attention_impl={self.impl!r}', dtype=query.dtype,
+                          dropout_rng_impl=rng_impl, mask=mask, head_dim=query.shape[-1])
+    if problem:  # ModelConfig refuses what it can see; the masks are seen only here
+      raise ConfigError(problem)
+    out, weights = (row.cache_fn if use_cache else row.fn)(
+        query, key, value, mask=mask, dropout_rate=self.attention_dropout_rate,
+        dropout_rng=dropout_rng if use_dropout else None,
+        dropout_rng_impl=self.dropout_rng_impl, deterministic=not use_dropout)
+    if self.keep_weights and weights is not None:
+      self.attention_weights = nnx.Intermediate(weights)
+    return out
+
+
+def _rotate(query, key, positions):
+  if positions is None:
+    positions = jnp.arange(query.shape[1])[None, :]
+  return attn.rotary_embedding(query, positions), attn.rotary_embedding(key, positions)
+
+
+def self_cache(batch: int, cache_len: int, num_heads: int, head_dim: int, dtype) -> Cache:
+  """An empty self-attention cache for `cache_len` positions."""
+  shape = (batch, cache_len, num_heads, head_dim)
+  return {name: _to_cache(jnp.zeros(shape, dtype), name) for name in
+          ('cached_key', 'cached_value')}
+
+
+def _write_self_cache(cache: Cache, key, value, mask, index):
+  """Writes this call's keys/values at `index` -> (the new cache, the whole cache's keys and
+  values as `[batch, cache_len, heads, head_dim]`, the mask with causality over the cache)."""
+  cache = dict(cache)
+  for name, x in (('cached_key', key), ('cached_value', value)):
+    start = [0] * 4
+    start[CACHE_POSITION_AXIS[name]] = index
+    cache[name] = jax.lax.dynamic_update_slice(cache[name], _to_cache(x, name), start)
+  cache_len = cache['cached_key'].shape[CACHE_POSITION_AXIS['cached_key']]
+  # Query i (at absolute position index + i) sees cache slots 0 .. index + i.
+  query_pos = index + jnp.arange(key.shape[1])
+  causal = (jnp.arange(cache_len)[None, :] <= query_pos[:, None])[None, None]
+  return (cache, _from_cache(cache['cached_key'], 'cached_key'),
+          _from_cache(cache['cached_value'], 'cached_value'), attn.combine_masks(mask, causal))
+
+
+class FeedForward(nnx.Module):
   """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (GELU optionally)."""
-  d_ff: int
-  activation: str = 'relu'
-  dtype: Dtype = jnp.float32
-  init_std: float | None = None  # W_1 (ModelConfig.init_stds; None: Glorot)
-  out_init_std: float | None = None  # W_2, which writes into the residual stream
-  matmul: str = 'auto'  # ModelConfig.projection_matmul
 
-  @nn.compact
+  def __init__(self, d_model: int, d_ff: int, *, activation: str = 'relu',
+               dtype: Dtype = jnp.float32, init_std: float | None = None,
+               out_init_std: float | None = None, matmul: str = 'auto', rngs: nnx.Rngs):
+    self.activation = activation
+    self.wi = Dense(d_model, d_ff, ('embed', 'mlp'), dtype=dtype, init_std=init_std,
+                    matmul=matmul, rngs=rngs)
+    self.wo = Dense(d_ff, d_model, ('mlp', 'embed'), dtype=dtype, init_std=out_init_std,
+                    matmul=matmul, rngs=rngs)
+
   def __call__(self, x: Array) -> Array:
-    act: Callable = {'relu': nn.relu, 'gelu': nn.gelu}[self.activation]
-    h = _dense(self.d_ff, 'wi', self.dtype, ('embed', 'mlp'), init_std=self.init_std,
-               matmul=self.matmul)(x)
-    h = constrain(act(h), ('batch', None, 'mlp'))
-    return _dense(x.shape[-1], 'wo', self.dtype, ('mlp', 'embed'), init_std=self.out_init_std,
-                  matmul=self.matmul)(h)
+    act = {'relu': jax.nn.relu, 'gelu': jax.nn.gelu}[self.activation]
+    return self.wo(constrain(act(self.wi(x)), ('batch', None, 'mlp')))
 
 
-# The Flax WMT example's (and T2T's); the exports write it into their configs (hf_export).
-LAYER_NORM_EPS = 1e-6
+def layer_norm(d_model: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
+  """LayerNorm with float32 statistics and parameters (scale, bias; replicated)."""
+  return nnx.LayerNorm(d_model, epsilon=LAYER_NORM_EPS, dtype=jnp.float32,
+                       param_dtype=jnp.float32, rngs=rngs)
 
 
-class LayerNorm(nn.Module):
-  """LayerNorm computed in float32 whatever the compute dtype, cast back."""
-  dtype: Dtype = jnp.float32
-
-  @nn.compact
-  def __call__(self, x: Array) -> Array:
-    norm = nn.LayerNorm(epsilon=LAYER_NORM_EPS, dtype=jnp.float32, param_dtype=jnp.float32)
-    return norm(x).astype(self.dtype)
-
-
-class Embed(nn.Module):
+class Embed(nnx.Module):
   """Token embedding, scaled by sqrt(d_model) (the paper, §3.4) when `scale`; `attend` gives
   logits through its transpose."""
-  vocab_size: int
-  d_model: int
-  dtype: Dtype = jnp.float32
-  init_std: float | None = None  # None: d_model^-0.5 (ModelConfig.init_stds 'paper')
-  scale: bool = True
 
-  def setup(self):
-    std = self.d_model ** -0.5 if self.init_std is None else self.init_std
-    self.embedding = self.param('embedding', with_axes(nn.initializers.normal(stddev=std),
-                                                       ('vocab', 'embed')),
-                                (self.vocab_size, self.d_model), jnp.float32)
+  def __init__(self, vocab_size: int, d_model: int, *, dtype: Dtype = jnp.float32,
+               init_std: float | None = None, scale: bool = True, rngs: nnx.Rngs):
+    std = d_model ** -0.5 if init_std is None else init_std
+    self.embedding = param(jax.nn.initializers.normal(std), rngs.params(),
+                           (vocab_size, d_model), ('vocab', 'embed'))
+    self.d_model, self.dtype, self.scale = d_model, dtype, scale
 
   def __call__(self, tokens: Array) -> Array:
     """`[batch, len]` int -> `[batch, len, d_model]`."""
     # FSDP: gather the table's 'embed' axis first; a lookup from a table split along the axis
     # that also splits the batch is one XLA:SPMD can only do by replicating its output.
-    x = jnp.take(constrain(self.embedding, ('vocab', None)), tokens, axis=0)
+    x = jnp.take(constrain(self.embedding[...], ('vocab', None)), tokens, axis=0)
     if self.scale:
       x = x * jnp.sqrt(float(self.d_model))
     return x.astype(self.dtype)
 
   def attend(self, x: Array) -> Array:
     """`[batch, len, d_model]` -> logits `[batch, len, vocab]` (float32)."""
-    return logits_via_embedding(x, self.embedding.astype(x.dtype))
+    return logits_via_embedding(x, self.embedding[...].astype(x.dtype))
+
+
+class AddPositions(nnx.Module):
+  """Adds sinusoidal or learned absolute position encodings (nothing for 'rope')."""
+
+  def __init__(self, encoding: str, max_len: int, d_model: int, *, rngs: nnx.Rngs):
+    self.encoding, self.max_len = encoding, max_len
+    if encoding == 'learned':
+      self.pos_embedding = param(jax.nn.initializers.normal(0.02), rngs.params(),
+                                 (max_len, d_model), (None, 'embed'))
+
+  def __call__(self, x: Array, positions: Array | None = None) -> Array:
+    """x `[batch, len, d_model]`; positions `[batch, len]` (packed rows, decoding) or 0..len-1."""
+    if self.encoding == 'rope':
+      return x
+    if self.encoding == 'sinusoidal':
+      table = attn.sinusoidal_positions(self.max_len, x.shape[-1])
+    else:
+      table = self.pos_embedding[...]
+    pe = table[None, : x.shape[1]] if positions is None else jnp.take(table, positions, axis=0)
+    return x + pe.astype(x.dtype)
 
 
 @jax.custom_vjp
@@ -355,27 +338,3 @@ def _logits_bwd(residuals, grad):
 
 
 logits_via_embedding.defvjp(_logits_fwd, _logits_bwd)
-
-
-class AddPositions(nn.Module):
-  """Adds sinusoidal or learned absolute position encodings (nothing for 'rope')."""
-  encoding: str  # config.model.positional_encoding: 'sinusoidal' | 'learned' | 'rope'
-  max_len: int  # positions of the table (config.model.max_len)
-
-  @nn.compact
-  def __call__(self, x: Array, positions: Array | None = None) -> Array:
-    """x `[batch, len, d_model]`; positions `[batch, len]` (packed rows, decoding) or 0..len-1."""
-    if self.encoding == 'rope':
-      return x
-    d_model = x.shape[-1]
-    if self.encoding == 'sinusoidal':
-      table = attn.sinusoidal_positions(self.max_len, d_model)
-    else:
-      table = self.param('pos_embedding', with_axes(nn.initializers.normal(stddev=0.02),
-                                                    (None, 'embed')),
-                         (self.max_len, d_model), jnp.float32)
-    if positions is None:
-      pe = table[None, : x.shape[1]]
-    else:
-      pe = jnp.take(table, positions, axis=0)
-    return x + pe.astype(x.dtype)

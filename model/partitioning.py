@@ -1,7 +1,7 @@
 """Logical axis names: how every parameter and layer-boundary activation may be split.
 
-A parameter is created with one name per dimension (`with_axes`), e.g. the fused QKV kernel
-`[d_model, 3, heads, head_dim]` is `('embed', None, 'heads', 'kv')`. A rules table
+A parameter names its dimensions in its `nnx.Param` metadata (`axes`), e.g. the fused QKV
+kernel `[d_model, 3, heads, head_dim]` is `('embed', None, 'heads', 'kv')`. A rules table
 `((logical name, mesh axes), ...)` maps names to mesh axes (`training/mesh.py` builds it from
 `config.mesh.rules`), as in MaxText and the Flax lm1b example:
 
@@ -13,8 +13,7 @@ A parameter is created with one name per dimension (`with_axes`), e.g. the fused
   layers  the stacked layer dimension of `scan_layers` parameters
   batch   the batch dimension of activations
 
-Plain `module.init` returns plain arrays (the names cost nothing and change no API);
-`logical_axes(module)` traces the initialisation with the names attached and returns them.
+`model.build.logical_axes(config)` reads them (no arrays) into a `PartitionSpec` per parameter.
 Activations get constraints (`constrain`) only inside `activation_sharding(mesh, rules)`,
 which the jitted train and eval steps enter while tracing; anywhere else it is a no-op.
 """
@@ -23,10 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import flax.linen as nn
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -38,28 +36,8 @@ Rules = Sequence[tuple[str, Any]]  # (logical name, mesh axis | tuple of mesh ax
 DEFAULT_RULES = {'batch': 'data,fsdp', 'vocab': 'tensor', 'embed': 'fsdp', 'heads': 'tensor',
                  'kv': '', 'mlp': 'tensor', 'layers': ''}
 
-_annotating = contextvars.ContextVar('annotating', default=False)
 _activation_rules: contextvars.ContextVar[tuple[Mesh, Rules] | None] = contextvars.ContextVar(
     'activation_rules', default=None)
-
-
-def with_axes(init: Callable, names: tuple[str | None, ...]) -> Callable:
-  """`init` for a parameter whose dimensions have these logical `names`."""
-  if _annotating.get():
-    return nn.with_logical_partitioning(init, names)
-  return init
-
-
-def logical_axes(module, example_inputs: tuple) -> Any:
-  """The params tree of `module` with a `PartitionSpec` of logical names per leaf (`P()` for
-  a parameter made without names: LayerNorm scales and biases, replicated). No arrays."""
-  token = _annotating.set(True)
-  try:
-    boxed = jax.eval_shape(lambda: module.init(jax.random.key(0), *example_inputs,
-                                               deterministic=True))['params']
-  finally:
-    _annotating.reset(token)
-  return nn.get_partition_spec(boxed)
 
 
 def _mesh_axes(table: dict, name: str | None) -> tuple[str, ...]:

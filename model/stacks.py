@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from model.nnx_layers import fold
+from model.layers import fold
 
 if TYPE_CHECKING:
   from model.config import ModelConfig

@@ -1,0 +1,76 @@
+"""Building a model, and the two forms it travels in: an `nnx.Module` holding its parameters,
+or (config, params) with `params` the pure dict of its `nnx.Param` values.
+
+Jitted functions take the second form (the config static, the params traced): `bind` rebuilds
+the module inside the trace for free, while passing the module itself would flatten its object
+graph at every call (~1 ms for a tiny model, more for a large one). Checkpoints, the optimizer
+and the exports see the pure dict (`params_of`); list indices (`layers/0`) are ints there.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+from flax import nnx, traverse_util
+from jax.sharding import PartitionSpec as P
+
+from model.config import ModelConfig
+from model.kinds import ADAPTERS
+
+Params = dict[str, Any]
+
+
+def build_model(model_config, *, rngs: nnx.Rngs | None = None) -> nnx.Module:
+  """The `nnx.Module` for `model_config.kind` (a ConfigDict, dict or `ModelConfig`), validated
+  (`ConfigError` names a bad field), with parameters initialised from `rngs` (seed 0)."""
+  config = as_config(model_config)
+  return ADAPTERS[config.kind].module_class(config, rngs=rngs or nnx.Rngs(0))
+
+
+def as_config(model_config) -> ModelConfig:
+  """A validated `ModelConfig` from a ConfigDict, dict or `ModelConfig`."""
+  if not isinstance(model_config, ModelConfig):
+    return ModelConfig.from_config(model_config)
+  model_config.validate()
+  return model_config
+
+
+def abstract_model(config: ModelConfig) -> nnx.Module:
+  """The model with `jax.ShapeDtypeStruct`s for parameters (nothing is computed)."""
+  return nnx.eval_shape(lambda: build_model(config))
+
+
+@functools.cache
+def graphdef_of(config: ModelConfig) -> nnx.GraphDef:
+  """The structure of `config`'s model (what `bind` fills with parameters)."""
+  return nnx.graphdef(abstract_model(config))
+
+
+def bind(config: ModelConfig, params: Params) -> nnx.Module:
+  """The model of `config` holding `params` (a pure dict; no copy, no compute)."""
+  return nnx.merge(graphdef_of(config), params)
+
+
+def params_of(model: nnx.Module) -> Params:
+  """The pure dict of the model's parameter arrays."""
+  return nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+
+def param_shapes(config: ModelConfig) -> Params:
+  """`params_of`'s tree as ShapeDtypeStructs (no compute)."""
+  return params_of(abstract_model(config))
+
+
+def logical_axes(config: ModelConfig) -> Params:
+  """`params_of`'s tree with a `PartitionSpec` of logical names per leaf (`P()` for a
+  parameter without names: LayerNorm scales and biases, replicated). No arrays."""
+  state = nnx.state(abstract_model(config), nnx.Param)
+  return traverse_util.unflatten_dict({
+      path: P(*variable.get_metadata().get('axes', ()))
+      for path, variable in nnx.to_flat_state(state)})
+
+
+def count_params(params: Params) -> int:
+  return sum(int(x.size) for x in jax.tree.leaves(params))
