@@ -237,12 +237,12 @@ def restore_full_state(workdir: str, kind: str = 'encoder_decoder', overrides=No
                        mesh_config=None):
   """The whole TrainState of `workdir`'s newest checkpoint on a mesh of all devices here
   (`mesh_config`: {'data': .., 'fsdp': .., 'tensor': ..}; default: all on 'data')."""
-  from model import build_model  # pylint: disable=import-outside-toplevel
+  from model import ModelConfig  # pylint: disable=import-outside-toplevel
   from training import checkpoint, mesh as mesh_lib, optim, state as state_lib  # pylint: disable=import-outside-toplevel
   config = tiny_config(kind, **(overrides or {}))
-  module = build_model(config.model)
   tx = optim.make_optimizer(config)
-  abstract = state_lib.abstract_train_state(module, tx, config.train.seed,
+  abstract = state_lib.abstract_train_state(ModelConfig.from_config(config.model), tx,
+                                            config.train.seed,
                                             mesh_lib.make_mesh(mesh_config=mesh_config))
   checkpointer = checkpoint.Checkpointer(workdir, max_to_keep=config.train.max_checkpoints)
   state, _, _ = checkpointer.restore(abstract)

@@ -337,7 +337,7 @@ def _restore_params_at(manager: ocp.CheckpointManager, workdir: str, step: int, 
   restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
       item={'params': target}, restore_args=ocp.checkpoint_utils.construct_restore_args(
           {'params': target}), partial_restore=True)))
-  return restored['state']['params']
+  return files.int_keys(restored['state']['params'])
 
 
 def _load_params(workdir: str, candidates: list[int], count: int, sharding,

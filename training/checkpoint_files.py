@@ -178,6 +178,7 @@ def shape_mismatches(expected: Any, stored: Any, prefix: str = '') -> list[str]:
   if isinstance(expected, dict) or isinstance(stored, dict):
     if not (isinstance(expected, dict) and isinstance(stored, dict)):
       return [f'{prefix or "<root>"}: structure differs']
+    expected, stored = int_keys(expected), int_keys(stored)
     out = []
     for key in sorted(set(expected) | set(stored), key=str):
       if key not in expected or key not in stored:
@@ -189,6 +190,15 @@ def shape_mismatches(expected: Any, stored: Any, prefix: str = '') -> list[str]:
   if shape is not None and tuple(shape) != tuple(expected.shape):
     return [f'{prefix.rstrip("/")}: checkpoint {tuple(shape)} vs model {tuple(expected.shape)}']
   return []
+
+
+def int_keys(tree: Any) -> Any:
+  """`tree` with its digit-string dict keys as ints: Orbax stores a layer list's indices
+  (`layers/0`) as names, the model's pure dict has them as ints."""
+  if not isinstance(tree, dict):
+    return tree
+  return {int(k) if isinstance(k, str) and k.isdigit() else k: int_keys(v)
+          for k, v in tree.items()}
 
 
 def params_tree(state_tree: Any) -> Any:

@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from model import build_model
+from model.build import count_params
 from model.kinds import adapter_of
 from training import config_io, mesh as mesh_lib, optim, state as state_lib, steps
 
@@ -60,14 +60,13 @@ def dry_run(config) -> dict[str, Any]:
                                            process_count=jax.process_count())
   mesh = mesh_lib.make_mesh(mesh_config=config.get('mesh'))
   rules = mesh_lib.rules(config.get('mesh'))
-  module = build_model(model_config)
   schedule = optim.make_schedule(config)
   tx = optim.make_optimizer(config, schedule)
-  state = state_lib.abstract_train_state(module, tx, config.train.seed, mesh, rules)
-  step = steps.jit_train_step(module, tx, schedule, mesh,
+  state = state_lib.abstract_train_state(model_config, tx, config.train.seed, mesh, rules)
+  step = steps.jit_train_step(model_config, tx, schedule, mesh,
                               label_smoothing=config.train.label_smoothing,
                               grad_accum_steps=config.train.grad_accum_steps, rules=rules)
   started = time.time()
   compiled = step.lower(state, abstract_batch(config, model_config, mesh)).compile()
-  return {'parameters': state_lib.count_params(state.params), 'mesh': mesh,
+  return {'parameters': count_params(state.params), 'mesh': mesh,
           'memory': step_memory(compiled, state), 'compile_s': time.time() - started}

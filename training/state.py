@@ -8,53 +8,54 @@ import flax
 import jax
 import jax.numpy as jnp
 import optax
+from flax import nnx
 from jax.sharding import Mesh
 
-from model import partitioning
-from model.kinds import adapter_of
+from model import build, partitioning
+from model.config import ModelConfig
 from model.partitioning import Rules
 from training import mesh as mesh_lib
 
 
 @flax.struct.dataclass
 class TrainState:
-  """`step` int32 scalar (updates done), `params`, `opt_state`, `rng` uint32[2] (base dropout key;
-  step s uses `fold_in(rng, s)`)."""
+  """`step` int32 scalar (updates done), `params` (the pure dict of the model's parameters,
+  `model.params_of`), `opt_state`, `rng` uint32[2] (base dropout key; step s uses
+  `fold_in(rng, s)`)."""
   step: jax.Array
   params: Any
   opt_state: Any
   rng: jax.Array
 
 
-def init_params(module, seed_key: jax.Array) -> Any:
-  """Float32 parameters from `init` on a dummy batch."""
-  args = adapter_of(module).example_inputs()
-  return module.init({'params': seed_key}, *args, deterministic=True)['params']
+def init_params(config: ModelConfig, seed_key: jax.Array) -> Any:
+  """Float32 parameters (a pure dict) initialised from `seed_key`."""
+  return build.params_of(build.build_model(config, rngs=nnx.Rngs(params=seed_key)))
 
 
-def make_init_fn(module, tx: optax.GradientTransformation, seed: int):
+def make_init_fn(config: ModelConfig, tx: optax.GradientTransformation, seed: int):
   """() -> TrainState, deterministic in `seed` (params key and dropout key split from it)."""
   def init():
     params_key, dropout_key = jax.random.split(jax.random.PRNGKey(seed))
-    params = init_params(module, params_key)
+    params = init_params(config, params_key)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                       rng=dropout_key)
   return init
 
 
-def state_shardings(module, tx: optax.GradientTransformation, mesh: Mesh,
+def state_shardings(config: ModelConfig, tx: optax.GradientTransformation, mesh: Mesh,
                     rules: Rules | None = None) -> TrainState:
   """Where every leaf of the train state lives: parameters by their logical axes and `rules`
   (default: `config.mesh` defaults), each optimizer moment like its parameter, the step, the
   dropout key and the optimizer's counters replicated."""
-  return _layout(module, tx, mesh, rules)[1]
+  return _layout(config, tx, mesh, rules)[1]
 
 
-def _layout(module, tx, mesh, rules) -> tuple[TrainState, TrainState]:
+def _layout(config, tx, mesh, rules) -> tuple[TrainState, TrainState]:
   """(ShapeDtypeStructs, shardings) of the train state (shapes do not depend on the seed)."""
   rules = mesh_lib.rules() if rules is None else rules
-  shapes = jax.eval_shape(make_init_fn(module, tx, 0))
-  logical = partitioning.logical_axes(module, adapter_of(module).example_inputs())
+  shapes = jax.eval_shape(make_init_fn(config, tx, 0))
+  logical = build.logical_axes(config)
   params = partitioning.shardings(logical, shapes.params, mesh, rules)
   replicated = mesh_lib.replicated(mesh)
   opt_state = optax.tree_utils.tree_map_params(
@@ -63,28 +64,24 @@ def _layout(module, tx, mesh, rules) -> tuple[TrainState, TrainState]:
   return shapes, TrainState(step=replicated, params=params, opt_state=opt_state, rng=replicated)
 
 
-def param_shardings(module, mesh: Mesh, rules: Rules | None = None) -> Any:
-  """Where each parameter of `module` lives on `mesh` (as in training; for inference)."""
-  return state_shardings(module, optax.identity(), mesh, rules).params
+def param_shardings(config: ModelConfig, mesh: Mesh, rules: Rules | None = None) -> Any:
+  """Where each parameter of `config`'s model lives on `mesh` (as in training; for inference)."""
+  return state_shardings(config, optax.identity(), mesh, rules).params
 
 
-def create_train_state(module, tx: optax.GradientTransformation, seed: int, mesh: Mesh,
+def create_train_state(config: ModelConfig, tx: optax.GradientTransformation, seed: int, mesh: Mesh,
                        rules: Rules | None = None) -> TrainState:
   """A fresh state laid out by `state_shardings` (every process computes the same values;
   each device materialises only its shards)."""
-  shardings = state_shardings(module, tx, mesh, rules)
-  return jax.jit(make_init_fn(module, tx, seed), out_shardings=shardings)()
+  shardings = state_shardings(config, tx, mesh, rules)
+  return jax.jit(make_init_fn(config, tx, seed), out_shardings=shardings)()
 
 
-def abstract_train_state(module, tx: optax.GradientTransformation, seed: int, mesh: Mesh,
-                         rules: Rules | None = None) -> TrainState:
+def abstract_train_state(config: ModelConfig, tx: optax.GradientTransformation, seed: int,
+                         mesh: Mesh, rules: Rules | None = None) -> TrainState:
   """ShapeDtypeStructs with the `state_shardings`: the restore target for checkpoints (a
   checkpoint written on any mesh restores onto this one)."""
   del seed  # the shapes do not depend on it
-  shapes, shardings = _layout(module, tx, mesh, rules)
+  shapes, shardings = _layout(config, tx, mesh, rules)
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                       shapes, shardings)
-
-
-def count_params(params: Any) -> int:
-  return sum(int(x.size) for x in jax.tree.leaves(params))

@@ -19,7 +19,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from model import partitioning
+from model import bind, partitioning
+from model.config import ModelConfig
 from model.kinds import adapter_of
 from model.partitioning import Rules
 from training import mesh as mesh_lib, state as state_lib
@@ -35,16 +36,15 @@ def target_weights(batch: Batch) -> jax.Array:
   return (batch['targets'] > 0).astype(jnp.float32)
 
 
-def apply_model(module, params, batch: Batch, *, deterministic: bool,
+def apply_model(config: ModelConfig, params, batch: Batch, *, deterministic: bool,
                 dropout_rng: jax.Array | None = None) -> jax.Array:
   """Logits `[batch, len, vocab]` (float32); `logits[:, t]` predicts `targets[:, t]`."""
-  rngs = {} if dropout_rng is None else {'dropout': dropout_rng}
-  return adapter_of(module).apply_batch(module, {'params': params}, batch,
-                                     deterministic=deterministic, rngs=rngs)
+  return adapter_of(config).apply_batch(bind(config, params), batch,
+                                        deterministic=deterministic, dropout_rng=dropout_rng)
 
 
-def _loss_sums(params, module, batch: Batch, dropout_rng, label_smoothing: float):
-  logits = apply_model(module, params, batch, deterministic=False, dropout_rng=dropout_rng)
+def _loss_sums(params, config, batch: Batch, dropout_rng, label_smoothing: float):
+  logits = apply_model(config, params, batch, deterministic=False, dropout_rng=dropout_rng)
   weights = target_weights(batch)
   loss, correct = cross_entropy_and_accuracy(logits, batch['targets'], label_smoothing)
   return (loss * weights).sum(), (weights.sum(), (correct * weights).sum())
@@ -58,8 +58,8 @@ def _split_micro_batches(batch: Batch, num: int) -> Batch:
   return jax.tree.map(split, batch)
 
 
-def make_train_step(module, tx: optax.GradientTransformation, schedule: optax.Schedule, *,
-                    label_smoothing: float, grad_accum_steps: int = 1
+def make_train_step(config: ModelConfig, tx: optax.GradientTransformation,
+                    schedule: optax.Schedule, *, label_smoothing: float, grad_accum_steps: int = 1
                     ) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, Any]]]:
   """(state, global batch) -> (new state, scalar metrics). A non-finite loss or gradient
   leaves the state unchanged (`metrics['finite']` is False) so a NaN can never reach a
@@ -70,13 +70,13 @@ def make_train_step(module, tx: optax.GradientTransformation, schedule: optax.Sc
   def gradients(params, batch, rng):
     """Summed (not averaged) loss gradients and sums over the batch (micro-batches summed)."""
     if grad_accum_steps == 1:
-      (loss, (weight, correct)), grads = grad_fn(params, module, batch, rng, label_smoothing)
+      (loss, (weight, correct)), grads = grad_fn(params, config, batch, rng, label_smoothing)
       return grads, loss, weight, correct
 
     def micro_step(carry, xs):
       k, micro_batch = xs
       (loss, (weight, correct)), grads = grad_fn(
-          params, module, micro_batch, jax.random.fold_in(rng, k), label_smoothing)
+          params, config, micro_batch, jax.random.fold_in(rng, k), label_smoothing)
       return jax.tree.map(jnp.add, carry, (grads, loss, weight, correct)), None
 
     zeros = (jax.tree.map(jnp.zeros_like, params),) + (jnp.zeros((), jnp.float32),) * 3
@@ -111,11 +111,11 @@ def parameter_norm(params) -> jax.Array:
   return optax.tree.norm(params)
 
 
-def make_eval_step(module) -> Callable[[Any, Batch], dict[str, jax.Array]]:
+def make_eval_step(config: ModelConfig) -> Callable[[Any, Batch], dict[str, jax.Array]]:
   """(params, batch) -> sums {'loss', 'correct', 'num_tokens'} (plain cross-entropy; pad rows
   and tokens have weight 0)."""
   def eval_step(params, batch: Batch):
-    logits = apply_model(module, params, batch, deterministic=True)
+    logits = apply_model(config, params, batch, deterministic=True)
     weights = target_weights(batch)
     loss, correct = cross_entropy_and_accuracy(logits, batch['targets'], 0.0)
     return {'loss': (loss * weights).sum(), 'correct': (correct * weights).sum(),
@@ -131,26 +131,26 @@ def _with_activation_sharding(fn, mesh, rules):
   return traced
 
 
-def jit_train_step(module, tx: optax.GradientTransformation, schedule: optax.Schedule, mesh, *,
-                   label_smoothing: float, grad_accum_steps: int = 1,
-                   rules: Rules | None = None):
+def jit_train_step(config: ModelConfig, tx: optax.GradientTransformation,
+                   schedule: optax.Schedule, mesh, *, label_smoothing: float,
+                   grad_accum_steps: int = 1, rules: Rules | None = None):
   """`make_train_step` compiled for `mesh`: the state laid out by `state.state_shardings`
   and donated (updated in place), the batch split over data x fsdp, the metrics replicated."""
   rules = mesh_lib.rules() if rules is None else rules
-  shardings = state_lib.state_shardings(module, tx, mesh, rules)
+  shardings = state_lib.state_shardings(config, tx, mesh, rules)
   replicated, batch_sharding = mesh_lib.replicated(mesh), mesh_lib.batch_sharding(mesh)
-  step = make_train_step(module, tx, schedule, label_smoothing=label_smoothing,
+  step = make_train_step(config, tx, schedule, label_smoothing=label_smoothing,
                          grad_accum_steps=grad_accum_steps)
   return jax.jit(_with_activation_sharding(step, mesh, rules),
                  in_shardings=(shardings, batch_sharding),
                  out_shardings=(shardings, replicated), donate_argnums=0)
 
 
-def jit_eval_step(module, mesh, rules: Rules | None = None):
+def jit_eval_step(config: ModelConfig, mesh, rules: Rules | None = None):
   """`make_eval_step` compiled for `mesh` (params laid out as in training, batch split over
   data x fsdp)."""
   rules = mesh_lib.rules() if rules is None else rules
-  shardings = state_lib.state_shardings(module, optax.identity(), mesh, rules)
-  return jax.jit(_with_activation_sharding(make_eval_step(module), mesh, rules),
+  shardings = state_lib.state_shardings(config, optax.identity(), mesh, rules)
+  return jax.jit(_with_activation_sharding(make_eval_step(config), mesh, rules),
                  in_shardings=(shardings.params, mesh_lib.batch_sharding(mesh)),
                  out_shardings=mesh_lib.replicated(mesh))

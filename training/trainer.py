@@ -21,7 +21,8 @@ import jax
 import numpy as np
 
 from autoregressive.session import Session
-from model import build_model
+from model import bind
+from model.build import count_params
 from model.kinds import adapter_of
 from training import (
   accelerator,
@@ -134,7 +135,6 @@ class _Run:
       config_io.save_config(config, workdir)
     if changes:
       log(f'config differs from the previous run in this workdir: {"; ".join(changes)}')
-    self.module = build_model(self.model_config)
     self.schedule = optim.make_schedule(config)
     self.tx = optim.make_optimizer(config, self.schedule)
     self.writer = metrics_lib.MetricsWriter(workdir)
@@ -167,7 +167,7 @@ class _Run:
   # -- state --------------------------------------------------------------------------------
   def restore_or_init(self):
     t = self.config.train
-    abstract = state_lib.abstract_train_state(self.module, self.tx, t.seed, self.mesh,
+    abstract = state_lib.abstract_train_state(self.model_config, self.tx, t.seed, self.mesh,
                                               self.rules)
     restored = self.checkpointer.restore(
         abstract, allow_fresh_data=t.allow_fresh_data_iterator)
@@ -175,7 +175,7 @@ class _Run:
       if self.had_config:  # checkpoints deleted, or a run stopped before its first one
         metrics_lib.warn(f'{self.workdir} has a config.json but no checkpoint in '
                          f'{ckpt_lib.checkpoint_dir(self.workdir)}: training starts from step 0')
-      return state_lib.create_train_state(self.module, self.tx, t.seed, self.mesh, self.rules)
+      return state_lib.create_train_state(self.model_config, self.tx, t.seed, self.mesh, self.rules)
     state, data_state, step = restored
     if data_state is not None:
       self.datasets.train_iter.set_state(data_state)
@@ -266,7 +266,7 @@ class _Run:
       return None, ''
     # The decode.py path on the parameters in training (a scan_layers model is unrolled
     # once); a validation source beyond max_len is truncated as decode.py truncates it.
-    session = Session(self.module, params, self.datasets.tokenizer, self.config,
+    session = Session(bind(self.model_config, params), self.datasets.tokenizer, self.config,
                       warn=lambda message: None)
     most = min(dec.max_new_tokens, self.model_config.max_len)
     settings = dict(batch_size=min(dec.batch_size, len(examples)), max_new_tokens=most,
@@ -285,14 +285,14 @@ class _Run:
     start_step = int(jax.device_get(state.step))
     self.best.load(start_step)
     self.writer.text(start_step, 'config', self.config_summary[1])
-    log(f'model: {self.model_config.kind}, {state_lib.count_params(state.params):,} parameters, '
+    log(f'model: {self.model_config.kind}, {count_params(state.params):,} parameters, '
         f'compute dtype {self.model_config.dtype}, matmul precision '
         f'{t.matmul_precision}')
     log(mesh_lib.describe(self.mesh))
-    train_step = steps.jit_train_step(self.module, self.tx, self.schedule, self.mesh,
+    train_step = steps.jit_train_step(self.model_config, self.tx, self.schedule, self.mesh,
                                       label_smoothing=t.label_smoothing,
                                       grad_accum_steps=t.grad_accum_steps, rules=self.rules)
-    eval_step = steps.jit_eval_step(self.module, self.mesh, self.rules)
+    eval_step = steps.jit_eval_step(self.model_config, self.mesh, self.rules)
     progress = self.progress = progress_lib.Progress(self, start_step)
     profiler = telemetry.StepProfiler(t.profile_steps, self.workdir)
     last_saved = start_step if start_step > 0 else None
