@@ -24,11 +24,13 @@ Exactness:
   each LayerNorm output changes by a factor sqrt((var + 1e-6) / (var + 1e-5)), about
   1 - 4.5e-6 / var of its input's variance (see the README).
 
-A params tree here is our (unrolled) `params` collection as nested dicts of arrays.
+A params tree here is `model.params_of(model)`: nested dicts of arrays (`layers/0`, ... or the
+scan_layers layout; `layers_of` reads either).
 """
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 
 from common.tokens import PAD_ID
@@ -68,10 +70,9 @@ def halves_order(d_model: int) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- one layer
 
-def _norm(block, order):
-  """LayerNorm of a `Sublayer` -> (scale, offset) `[d_model]` in the target's order."""
-  ln = block['norm']['LayerNorm_0']
-  return np.asarray(ln['scale'])[order], np.asarray(ln['bias'])[order]
+def _norm(norm, order):
+  """A LayerNorm's `{scale, bias}` -> (scale, offset) `[d_model]` in the target's order."""
+  return np.asarray(norm['scale'])[order], np.asarray(norm['bias'])[order]
 
 
 def _reader(dense, order, parts=None):
@@ -105,26 +106,28 @@ def layer_pieces(layer, order) -> dict:
   pieces['out'] = _writer(sa['out'], order)
   pieces['fc1'] = _reader(layer['ffn']['wi'], order)
   pieces['fc2'] = _writer(layer['ffn']['wo'], order)
-  pieces['ffn_norm'] = _norm(layer['ffn_block'], order)
-  if 'attention_block' in layer:  # encoder layer
-    pieces['self_norm'] = _norm(layer['attention_block'], order)
-  else:
-    pieces['self_norm'] = _norm(layer['self_attention_block'], order)
+  pieces['ffn_norm'] = _norm(layer['ffn_norm'], order)
+  pieces['self_norm'] = _norm(layer['self_attention_norm'], order)
   if 'cross_attention' in layer:
     ca = layer['cross_attention']
     pieces['cross_q'] = _reader(ca['query'], order)
     pieces['cross_k'], pieces['cross_v'] = _reader(ca['kv'], order, parts=2)
     pieces['cross_out'] = _writer(ca['out'], order)
-    pieces['cross_norm'] = _norm(layer['cross_attention_block'], order)
+    pieces['cross_norm'] = _norm(layer['cross_attention_norm'], order)
   return pieces
 
 
-def _layers(stack) -> list[dict]:
-  names = sorted((k for k in stack if k.startswith('layer_')), key=lambda k: int(k[6:]))
-  if not names:
-    raise ValueError('the parameters have no layer_0, layer_1, ... (unroll a '
-                   'scan_layers tree with model.transformer.unrolled first)')
-  return [stack[k] for k in names]
+def layers_of(stack) -> list[dict]:
+  """A stack's (`encoder`, `decoder`) layers in order: `layers/0`, `layers/1`, ... (int keys,
+  or their strings as a checkpoint may hold them), or the `scan_layers` layout (every leaf
+  `[num_layers, ...]`) sliced per layer."""
+  layers = stack['layers']
+  if isinstance(layers, (list, tuple)):
+    return list(layers)
+  if all(str(k).isdigit() for k in layers):
+    return [layers[k] for k in sorted(layers, key=int)]
+  count = len(jax.tree.leaves(layers)[0])
+  return [jax.tree.map(lambda x, i=i: np.asarray(x)[i], layers) for i in range(count)]
 
 
 # ----------------------------------------------------------------------------- Marian / Pegasus
@@ -163,10 +166,10 @@ def seq2seq_state_dict(params, cfg) -> dict[str, np.ndarray]:
     sd['model.encoder.embed_tokens.weight'] = embed
     sd['model.decoder.embed_tokens.weight'] = target
   for side in ('encoder', 'decoder'):
-    for i, layer in enumerate(_layers(params[side])):
+    for i, layer in enumerate(layers_of(params[side])):
       sd.update(_bart_layer(f'model.{side}.layers.{i}', layer_pieces(layer, order)))
     if cfg.norm_position == 'pre':
-      scale, offset = _norm({'norm': params[side]['final_norm']}, order)
+      scale, offset = _norm(params[side]['final_norm'], order)
       sd[f'model.{side}.layer_norm.weight'], sd[f'model.{side}.layer_norm.bias'] = scale, offset
       # Pegasus saves its position table; ours, in its order, is the same sinusoid.
       sd[f'model.{side}.embed_positions.weight'] = (
@@ -219,7 +222,7 @@ def gpt2_state_dict(params, cfg) -> dict[str, np.ndarray]:
     sd['transformer.wpe.weight'] = np.asarray(params['decoder']['positions']['pos_embedding'])
   else:  # sinusoidal: GPT-2's learned table holds the fixed one
     sd['transformer.wpe.weight'] = np.asarray(attn.sinusoidal_positions(position_count(cfg), d))
-  for i, layer in enumerate(_layers(params['decoder'])):
+  for i, layer in enumerate(layers_of(params['decoder'])):
     p = layer_pieces(layer, order)
     h = f'transformer.h.{i}'
     sd[f'{h}.ln_1.weight'], sd[f'{h}.ln_1.bias'] = p['self_norm']
@@ -229,7 +232,7 @@ def gpt2_state_dict(params, cfg) -> dict[str, np.ndarray]:
     sd[f'{h}.ln_2.weight'], sd[f'{h}.ln_2.bias'] = p['ffn_norm']
     sd[f'{h}.mlp.c_fc.weight'], sd[f'{h}.mlp.c_fc.bias'] = p['fc1']
     sd[f'{h}.mlp.c_proj.weight'], sd[f'{h}.mlp.c_proj.bias'] = p['fc2']
-  scale, offset = _norm({'norm': params['decoder']['final_norm']}, order)
+  scale, offset = _norm(params['decoder']['final_norm'], order)
   # wte is sqrt(d) times ours, so the final LayerNorm output is divided by it: same logits.
   sd['transformer.ln_f.weight'], sd['transformer.ln_f.bias'] = scale / root, offset / root
   return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sd.items()}

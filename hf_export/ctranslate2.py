@@ -95,13 +95,13 @@ def _out_linear(spec, dense) -> None:
   spec.bias = _np(dense['bias'])
 
 
-def _norm(spec, block) -> None:
-  ln = block['norm']['LayerNorm_0'] if 'norm' in block else block['LayerNorm_0']
-  spec.gamma, spec.beta = _np(ln['scale']), _np(ln['bias'])
+def _norm(spec, norm) -> None:
+  """A LayerNorm's `{scale, bias}`."""
+  spec.gamma, spec.beta = _np(norm['scale']), _np(norm['bias'])
 
 
-def _attention(spec, attention, block, cross: bool) -> None:
-  _norm(spec.layer_norm, block)
+def _attention(spec, attention, norm, cross: bool) -> None:
+  _norm(spec.layer_norm, norm)
   if cross:  # linear[0] = query, linear[1] = the fused key/value
     _linear(spec.linear[0], attention['query'])
     _linear(spec.linear[1], attention['kv'])
@@ -111,12 +111,12 @@ def _attention(spec, attention, block, cross: bool) -> None:
 
 
 def _layer(spec, layer) -> None:
-  self_block = layer.get('attention_block') or layer['self_attention_block']
-  _attention(spec.self_attention, layer['self_attention'], self_block, cross=False)
+  _attention(spec.self_attention, layer['self_attention'], layer['self_attention_norm'],
+             cross=False)
   if 'cross_attention' in layer:
-    _attention(spec.attention, layer['cross_attention'], layer['cross_attention_block'],
+    _attention(spec.attention, layer['cross_attention'], layer['cross_attention_norm'],
                cross=True)
-  _norm(spec.ffn.layer_norm, layer['ffn_block'])
+  _norm(spec.ffn.layer_norm, layer['ffn_norm'])
   _linear(spec.ffn.linear_0, layer['ffn']['wi'])
   _linear(spec.ffn.linear_1, layer['ffn']['wo'])
 
@@ -133,9 +133,8 @@ def _stack(spec, stack, embedding, cfg) -> None:
                                                                       cfg.d_model))
   elif cfg.positional_encoding == 'learned':
     spec.position_encodings.encodings = _np(stack['positions']['pos_embedding'])
-  names = sorted((k for k in stack if k.startswith('layer_')), key=lambda k: int(k[6:]))
-  for layer_spec, name in zip(spec.layer, names, strict=True):
-    _layer(layer_spec, stack[name])
+  for layer_spec, layer in zip(spec.layer, convert.layers_of(stack), strict=True):
+    _layer(layer_spec, layer)
   if cfg.norm_position == 'pre':
     _norm(spec.layer_norm, stack['final_norm'])
 
@@ -168,7 +167,8 @@ def _layer_kwargs(cfg) -> dict:
 
 
 def model_spec(params, cfg, tokenizer):
-  """Our (unrolled) `params` of `cfg` (a ModelConfig) and `tokenizer` -> a validated spec."""
+  """Our `params` (`model.params_of`) of `cfg` (a ModelConfig) and `tokenizer` -> a validated
+  spec."""
   from ctranslate2.specs import transformer_spec as ts  # pylint: disable=import-outside-toplevel
 
   check(cfg)
@@ -250,11 +250,11 @@ class FORMAT:  # noqa: N801  # the format object `hf_export.writer` dispatches t
 
   @staticmethod
   def write(directory, restored, model_config, tokenizer, config, metadata):
-    import jax  # pylint: disable=import-outside-toplevel
+    from hf_export.writer import restored_params  # pylint: disable=import-outside-toplevel
 
     del model_config, metadata  # the restored (unrolled) model's config is the one to write
-    cfg = restored.module.config
-    spec = model_spec(jax.device_get(restored.params), cfg, tokenizer)
+    cfg, params = restored_params(restored)
+    spec = model_spec(params, cfg, tokenizer)
     spec.optimize(quantization=None)
     spec.save(directory)
     if tokenizer.name == 'sentencepiece':  # what makes the pieces: users need it to tokenize

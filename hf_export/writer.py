@@ -78,7 +78,8 @@ def hf_configs(model_config, tokenizer, decode_config):
 
 def write_export(directory: str, params, model_config, tokenizer, decode_config,
                  metadata: dict[str, str] | None = None) -> tuple[str, str]:
-  """Writes the `transformers` files for our (unrolled) `params` into the existing `directory`.
+  """Writes the `transformers` files for our `params` (`model.params_of`'s pure dict) into the
+  existing `directory`.
 
   Returns (model class, tokenizer class). `decode_config` (`config.decode`) gives the
   generation defaults. Nothing is checked here that `check_workdir` checks.
@@ -112,10 +113,19 @@ class _Transformers:
 
   @staticmethod
   def write(directory, restored, model_config, tokenizer, config, metadata):
-    arch, tokenizer_class = write_export(directory, restored.params, model_config, tokenizer,
+    _, params = restored_params(restored)
+    arch, tokenizer_class = write_export(directory, params, model_config, tokenizer,
                                          config.decode, metadata)
     return f'{arch} + {tokenizer_class}', {'model_class': arch, 'tokenizer_class':
                                            tokenizer_class}
+
+
+def restored_params(restored):
+  """(ModelConfig, params) of an `inference.restore.Restored`: the restored (unrolled) model's
+  config and its parameters (`model.params_of`'s pure dict), on the host."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  return restored.module.config, jax.device_get(restored.params)
 
 
 def _format(name: str):
@@ -186,7 +196,7 @@ def save_safetensors(tensors: dict, path: str, metadata: dict[str, str]) -> None
 
 
 def convert_params(params, model_config) -> dict:
-  """Our (unrolled) params -> the target class's state dict of float32 NumPy arrays."""
+  """Our params (`model.params_of`) -> the target class's state dict of float32 NumPy arrays."""
   import jax  # pylint: disable=import-outside-toplevel
 
   return targets.target(model_config).state_dict(jax.device_get(params), model_config)

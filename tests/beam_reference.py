@@ -78,27 +78,30 @@ def beam_search(next_log_probs: Callable[[Sequence[tuple[int, ...]]], np.ndarray
   return Result(list(tokens), float(score), float(min(margins)))
 
 
-def model_next_log_probs(module, params, source, width: int, rows: int):
-  """`next_log_probs` of our encoder-decoder for one source `[src_len]` (teacher-forced full
-  forward passes of `rows` prefixes padded to `width`: one compile), pad left out."""
+def model_next_log_probs(model, source, width: int, rows: int):
+  """`next_log_probs` of our encoder-decoder `model` (an NNX module holding its parameters) for
+  one source `[src_len]` (teacher-forced full forward passes of `rows` prefixes padded to
+  `width`: one compile), pad left out."""
   import jax  # pylint: disable=import-outside-toplevel
 
+  from model import bind, params_of  # pylint: disable=import-outside-toplevel
   from model.kinds import adapter_of  # pylint: disable=import-outside-toplevel
 
-  adapter = adapter_of(module)
+  adapter, config = adapter_of(model), model.config
   inputs = np.repeat(np.asarray(source, np.int32)[None], rows, axis=0)
 
   @jax.jit
-  def log_probs(targets):
-    logits = adapter.teacher_forced(module, {'params': params}, inputs, targets)
+  def log_probs(params, targets):
+    logits = adapter.teacher_forced(bind(config, params), inputs, targets)
     return jax.nn.log_softmax(logits.at[..., PAD].set(-np.inf))
+  params = params_of(model)
 
   def next_log_probs(prefixes):
     # A pad target would mask its own query: the positions after a prefix hold any other id.
     targets = np.full((rows, width), EOS + 2, np.int32)
     for row, prefix in enumerate(prefixes):
       targets[row, :len(prefix)] = prefix
-    out = np.asarray(log_probs(targets))
+    out = np.asarray(log_probs(params, targets))
     return np.stack([out[row, len(prefix)] for row, prefix in enumerate(prefixes)])
   return next_log_probs
 

@@ -10,9 +10,10 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from shared_dirs import built_once
 
-from model import build_model
+from model import bind, build_model, params_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -57,11 +58,10 @@ def trained(tmp_path_factory, name: str, recipe=MT) -> str:
 
 
 def random_model(config, seed=0):
-  """(module, params): a tiny model with every weight, LayerNorm and bias random (not 0/1)."""
-  module = build_model(config)
-  x = jnp.ones((1, 8), jnp.int32)
-  args = (x, x) if module.config.kind == 'encoder_decoder' else (x,)
-  params = module.init(jax.random.key(seed), *args)['params']
+  """(model, params): a tiny model with every weight, LayerNorm and bias random (not 0/1);
+  `model` holds `params` (`model.params_of`'s pure dict of NumPy arrays)."""
+  built = build_model(config, rngs=nnx.Rngs(seed))
   rng = np.random.default_rng(seed)  # NumPy: one jitted draw per shape would compile ~100 times
-  return module, jax.tree.map(
-      lambda p: np.asarray(p) + 0.2 * rng.standard_normal(p.shape, np.float32), params)
+  params = jax.tree.map(lambda p: np.asarray(p) + 0.2 * rng.standard_normal(p.shape, np.float32),
+                        params_of(built))
+  return bind(built.config, jax.tree.map(jnp.asarray, params)), params

@@ -64,7 +64,7 @@ def test_translator_scores_equal_ours(tmp_path, norm, share, tied, activation, p
   outputs = np.zeros((2, 20), np.int32)
   for row, (s, t) in enumerate(zip(sources, targets, strict=True)):
     inputs[row, :len(s)], outputs[row, :len(t)] = TOKENIZER.encode(s), TOKENIZER.encode(t)
-  ours = _log_probs_without_pad(module.apply({'params': params}, inputs, outputs))
+  ours = _log_probs_without_pad(module(inputs, outputs))
   results = translator.score_batch([list(s) for s in sources], [list(t) for t in targets])
   for row, (result, target) in enumerate(zip(results, targets, strict=True)):
     theirs = result.log_probs[:-1]  # the last is their end token (none here: <unk>, -1e9)
@@ -86,7 +86,7 @@ def test_generator_logits_and_greedy_equal_ours(tmp_path, norm, positions, tied,
   prompt = 'ROSE: his tale'
   ids = TOKENIZER.encode(prompt)
   theirs = np.asarray(generator.forward_batch([['<pad>'] + list(prompt)]))[0, :-1]
-  ours = np.asarray(module.apply({'params': params}, np.array([ids])))[0]
+  ours = np.asarray(module(np.array([ids])))[0]
   np.testing.assert_allclose(theirs[:, 1:config.vocab_size], ours[:, 1:], atol=2e-5, rtol=0)
   assert (theirs[:, 0] == convert.NEVER).all()  # <pad> is never generated
 
@@ -95,7 +95,7 @@ def test_generator_logits_and_greedy_equal_ours(tmp_path, norm, positions, tied,
   n = config.max_len - len(ids)  # the start token, the prompt and n - 1 fed-back tokens
   options = {**options, 'max_length': n}
   result = generator.generate_batch([['<pad>'] + list(prompt)], **options)[0]
-  greedy = decoding.greedy_decode(module, params, prompt=np.array([ids], np.int32),
+  greedy = decoding.greedy_decode(module, prompt=np.array([ids], np.int32),
                                   max_new_tokens=n, eos_id=None)
   assert TOKENIZER.encode(''.join(result.sequences[0])) == np.asarray(greedy)[0].tolist()
   if positions != 'rope':  # past its positions it stops with a message naming the limit
@@ -165,7 +165,7 @@ def test_trained_export_decodes_as_decode_py(exported):
 
     def reference(i, beam=beam):  # the rule in NumPy, on our model
       search = beam_reference.model_next_log_probs(
-          restored.module, restored.params, sources[i], options['max_decoding_length'], beam)
+          restored.module, sources[i], options['max_decoding_length'], beam)
       return beam_reference.beam_search(search, k=beam,
                                         max_new_tokens=options['max_decoding_length'])
     # The same translations, but where float rounding decides a near tie (< 1e-3 nats).

@@ -89,7 +89,7 @@ def test_encoder_decoder_logits_equal(tmp_path, norm, share, tied, activation):
   rng = np.random.default_rng(0)
   inputs = _padded_batch(rng, config.vocab_size, 4, 13, [13, 7, 1, 10])
   targets = _padded_batch(rng, config.vocab_size, 4, 11, [11, 4, 9, 1])
-  ours = np.asarray(module.apply({'params': params}, inputs, targets))[..., 1:]
+  ours = np.asarray(module(inputs, targets))[..., 1:]
   valid = targets > 0  # our logits at padded target positions are not defined the same way
   cls = getattr(transformers, arch)
   theirs = _hf_seq2seq_logits(_load(tmp_path, cls), inputs, targets)
@@ -110,7 +110,7 @@ def test_decoder_only_logits_and_greedy_equal(tmp_path, positions, activation):
   assert arch == 'GPT2LMHeadModel'
   model = _load(tmp_path, transformers.GPT2LMHeadModel)
   tokens = _padded_batch(np.random.default_rng(1), config.vocab_size, 3, 20, [20, 12, 1])
-  ours = np.asarray(module.apply({'params': params}, tokens))
+  ours = np.asarray(module(tokens))
   with torch.no_grad():  # GPT-2 reads our decoder input: the start token 0, then the text
     theirs = model(input_ids=torch.tensor(np.pad(tokens, ((0, 0), (1, 0)))[:, :-1]),
                    attention_mask=torch.tensor(tokens > 0)).logits.numpy()
@@ -120,7 +120,7 @@ def test_decoder_only_logits_and_greedy_equal(tmp_path, positions, activation):
   prompt = 'ROSE: his tale'
   ids = tokenizer(prompt)['input_ids']
   assert ids == [0] + CharTokenizer(CHARS).encode(prompt)
-  ours = decoding.greedy_decode(module, params, prompt=np.array([ids[1:]], np.int32),
+  ours = decoding.greedy_decode(module, prompt=np.array([ids[1:]], np.int32),
                                 max_new_tokens=12, eos_id=None)
   # The tokenizer's attention mask keeps the start token: it is id 0, which is also pad.
   theirs = model.generate(**tokenizer([prompt], return_tensors='pt'), do_sample=False,
@@ -224,7 +224,7 @@ def test_trained_export_translates_as_decode_py(trained, tmp_path):
   for row, ids in enumerate(sources):
     inputs[row, :len(ids)] = ids
   targets = np.roll(inputs, 2, axis=0)[:, :20]
-  ours = np.asarray(restored.module.apply({'params': restored.params}, inputs, targets))[..., 1:]
+  ours = np.asarray(restored.module(inputs, targets))[..., 1:]
   theirs = _hf_seq2seq_logits(model, inputs, targets)
   np.testing.assert_allclose(theirs[targets > 0], ours[targets > 0], atol=1e-4, rtol=0)
 
@@ -245,7 +245,7 @@ def test_trained_export_translates_as_decode_py(trained, tmp_path):
   hyps = np.zeros((len(outputs), max(map(len, outputs))), np.int32)
   for row, ids in enumerate(outputs):
     hyps[row, :len(ids)] = ids
-  logits = restored.module.apply({'params': restored.params}, inputs, hyps).at[..., 0].set(-np.inf)
+  logits = restored.module(inputs, hyps).at[..., 0].set(-np.inf)
   log_probs = np.take_along_axis(np.asarray(jax.nn.log_softmax(logits)), hyps[..., None], -1)
   ours = np.where(hyps > 0, log_probs[..., 0], 0.0).sum(axis=1)
   np.testing.assert_allclose(generated.sequences_scores.numpy(), ours, atol=1e-3, rtol=0)
@@ -339,7 +339,7 @@ def test_long_input_runs_and_short_logits_are_unchanged(tmp_path, norm):
   inputs = batch['input_ids'].numpy()
   short = inputs[1:, :(inputs[1] > 0).sum()]
   targets = _padded_batch(np.random.default_rng(0), config.vocab_size, 2, 11, [11, 6])
-  ours = np.asarray(module.apply({'params': params}, short, targets[1:]))[..., 1:]
+  ours = np.asarray(module(short, targets[1:]))[..., 1:]
   theirs = _hf_seq2seq_logits(model, inputs, targets)[1:]
   valid = targets[1:] > 0
   np.testing.assert_allclose(theirs[valid], ours[valid], atol=1e-5, rtol=0)
