@@ -1,16 +1,17 @@
-"""The Linen models: shapes, masks end to end, packing, KV cache, configs, presets."""
+"""The NNX models: shapes, masks end to end, packing, KV cache, configs, presets."""
 
-import functools
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from flax import nnx
 
 from configs import wmt14_base, wmt14_big
-from model import ConfigError, build_model, layers
+from model import ConfigError, build_model, layers, params_of, stacks
+from model.build import param_shapes
+from model.config import ModelConfig
 
 TINY = dict(kind='encoder_decoder', vocab_size=40, num_encoder_layers=2, num_decoder_layers=2,
             d_model=32, num_heads=4, d_ff=64, dropout_rate=0.1, max_len=32)
@@ -20,41 +21,34 @@ def tokens(seed, shape, low=3, high=40):
   return jnp.asarray(np.random.RandomState(seed).randint(low, high, shape), jnp.int32)
 
 
-def init(module, *args, **kwargs):
-  """`module.init` under jit: one compile instead of an op-by-op run of every initializer."""
-  return jax.jit(functools.partial(module.init, **kwargs))(jax.random.key(0), *args)
+def call(model, *args, **kwargs):
+  """`model(*args)` under jit: one compile instead of an op-by-op run."""
+  return jax.jit(lambda m, *a: m(*a, **kwargs))(model, *args)
 
 
 @pytest.fixture(scope='module')
 def encdec():
-  module = build_model(TINY)
-  src, tgt = tokens(0, (2, 7)), tokens(1, (2, 9))
-  return module, init(module, src, tgt)
+  return build_model(TINY)
 
 
 @pytest.fixture(scope='module')
 def lm():
-  module = build_model({**TINY, 'kind': 'decoder_only'})
-  return module, init(module, tokens(0, (2, 9)))
+  return build_model({**TINY, 'kind': 'decoder_only'})
 
 
 def test_shapes(encdec, lm):
-  module, variables = encdec
-  assert module.apply(variables, tokens(2, (3, 5)), tokens(3, (3, 6))).shape == (3, 6, 40)
-  module, variables = lm
-  assert module.apply(variables, tokens(2, (3, 6))).shape == (3, 6, 40)
+  assert encdec(tokens(2, (3, 5)), tokens(3, (3, 6))).shape == (3, 6, 40)
+  assert lm(tokens(2, (3, 6))).shape == (3, 6, 40)
   enc_only = build_model({**TINY, 'kind': 'encoder_only'})
-  out = enc_only.apply(init(enc_only, tokens(0, (2, 5))), tokens(0, (2, 5)))
-  assert out.shape == (2, 5, 32)
+  assert enc_only(tokens(0, (2, 5))).shape == (2, 5, 32)
 
 
 def test_decoder_is_causal(encdec):
-  module, variables = encdec
   src, tgt = tokens(4, (2, 7)), tokens(5, (2, 9))
-  base = module.apply(variables, src, tgt)
+  base = call(encdec, src, tgt)
   for t in range(tgt.shape[1]):
     changed = tgt.at[:, t:].set(tokens(6 + t, (2, tgt.shape[1] - t)))
-    out = module.apply(variables, src, changed)
+    out = call(encdec, src, changed)
     # logits[:, t] predicts targets[:, t] from targets[:, :t]: positions <= t are unchanged.
     np.testing.assert_allclose(out[:, :t + 1], base[:, :t + 1], atol=1e-5)
     if t + 1 < tgt.shape[1]:
@@ -62,33 +56,27 @@ def test_decoder_is_causal(encdec):
 
 
 def test_decoder_only_is_causal(lm):
-  module, variables = lm
   x = tokens(7, (2, 9))
-  base = module.apply(variables, x)
+  base = call(lm, x)
   for t in range(9):
-    out = module.apply(variables, x.at[:, t:].set(tokens(8 + t, (2, 9 - t))))
+    out = call(lm, x.at[:, t:].set(tokens(8 + t, (2, 9 - t))))
     np.testing.assert_allclose(out[:, :t + 1], base[:, :t + 1], atol=1e-5)
 
 
 def test_padding_invariance(encdec, lm):
-  module, variables = encdec
   src, tgt = tokens(9, (2, 6)), tokens(10, (2, 5))
-  base = module.apply(variables, src, tgt)
-  padded_src = jnp.pad(src, ((0, 0), (0, 4)))
-  padded_tgt = jnp.pad(tgt, ((0, 0), (0, 3)))
-  out = module.apply(variables, padded_src, padded_tgt)
+  base = encdec(src, tgt)
+  out = encdec(jnp.pad(src, ((0, 0), (0, 4))), jnp.pad(tgt, ((0, 0), (0, 3))))
   np.testing.assert_allclose(out[:, :5], base, atol=1e-5)
-  module, variables = lm
-  out = module.apply(variables, jnp.pad(tgt, ((0, 0), (0, 3))))
-  np.testing.assert_allclose(out[:, :5], module.apply(variables, tgt), atol=1e-5)
+  out = lm(jnp.pad(tgt, ((0, 0), (0, 3))))
+  np.testing.assert_allclose(out[:, :5], lm(tgt), atol=1e-5)
 
 
 def test_encoder_only_is_bidirectional():
   module = build_model({**TINY, 'kind': 'encoder_only'})
   x = tokens(11, (1, 6))
-  variables = init(module, x)
-  base = module.apply(variables, x)
-  out = module.apply(variables, x.at[:, -1].set((x[0, -1] + 1) % 37 + 3))
+  base = module(x)
+  out = module(x.at[:, -1].set((x[0, -1] + 1) % 37 + 3))
   assert not np.allclose(out[:, 0], base[:, 0])
 
 
@@ -98,11 +86,10 @@ def test_packed_examples_equal_examples_alone(positional_encoding):
   module = build_model({**TINY, 'positional_encoding': positional_encoding})
   src_a, tgt_a = tokens(12, (1, 4)), tokens(13, (1, 5))
   src_b, tgt_b = tokens(14, (1, 3)), tokens(15, (1, 3))
-  variables = init(module, src_a, tgt_a)
-  alone_a = module.apply(variables, src_a, tgt_a)
-  alone_b = module.apply(variables, src_b, tgt_b)
-  packed = module.apply(
-      variables, jnp.concatenate([src_a, src_b, jnp.zeros((1, 2), jnp.int32)], 1),
+  alone_a = module(src_a, tgt_a)
+  alone_b = module(src_b, tgt_b)
+  packed = module(
+      jnp.concatenate([src_a, src_b, jnp.zeros((1, 2), jnp.int32)], 1),
       jnp.concatenate([tgt_a, tgt_b, jnp.zeros((1, 1), jnp.int32)], 1),
       inputs_segmentation=jnp.array([[1] * 4 + [2] * 3 + [0] * 2]),
       inputs_position=jnp.array([[0, 1, 2, 3, 0, 1, 2, 0, 0]]),
@@ -113,17 +100,10 @@ def test_packed_examples_equal_examples_alone(positional_encoding):
 
   lm_module = build_model({**TINY, 'kind': 'decoder_only',
                            'positional_encoding': positional_encoding})
-  lm_vars = init(lm_module, tgt_a)
-  packed_lm = lm_module.apply(lm_vars, jnp.concatenate([tgt_a, tgt_b], 1),
-                              segment_ids=jnp.array([[1] * 5 + [2] * 3]),
-                              positions=jnp.array([[0, 1, 2, 3, 4, 0, 1, 2]]))
-  np.testing.assert_allclose(packed_lm[:, 5:], lm_module.apply(lm_vars, tgt_b), atol=1e-5)
-
-
-def zero_cache(module, *args, **kwargs):
-  shapes = jax.eval_shape(lambda: module.init(jax.random.key(0), *args, use_cache=True,
-                                              **kwargs))['cache']
-  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+  packed_lm = lm_module(jnp.concatenate([tgt_a, tgt_b], 1),
+                        segment_ids=jnp.array([[1] * 5 + [2] * 3]),
+                        positions=jnp.array([[0, 1, 2, 3, 4, 0, 1, 2]]))
+  np.testing.assert_allclose(packed_lm[:, 5:], lm_module(tgt_b), atol=1e-5)
 
 
 @pytest.mark.parametrize('positional_encoding', ['sinusoidal', 'learned', 'rope'])
@@ -133,17 +113,12 @@ def test_kv_cache_matches_full_forward_encoder_decoder(positional_encoding, norm
                         'norm_position': norm_position})
   src = tokens(16, (2, 7)).at[1, 4:].set(0)
   tgt = tokens(17, (2, 8))
-  variables = init(module, src, tgt)
-  full = module.apply(variables, src, tgt)
-  encoded = module.apply(variables, src, method=module.encode)
-  cache = zero_cache(module, encoded, src, tgt, method=module.decode)
+  full = module(src, tgt)
+  cache = module.init_cache(2, tgt.shape[1], module.encode(src), src)
   decoder_inputs = jnp.pad(tgt, ((0, 0), (1, 0)))[:, :-1]
   steps = []
   for t in range(tgt.shape[1]):
-    logits, mutated = module.apply({'params': variables['params'], 'cache': cache}, encoded, src,
-                                   decoder_inputs[:, t:t + 1], use_cache=True,
-                                   method=module.decode, mutable=['cache'])
-    cache = mutated['cache']
+    logits, cache = module.step(cache, src, decoder_inputs[:, t:t + 1])
     steps.append(logits)
   np.testing.assert_allclose(jnp.concatenate(steps, 1), full, atol=1e-4)
 
@@ -153,30 +128,25 @@ def test_kv_cache_matches_full_forward_decoder_only(positional_encoding):
   module = build_model({**TINY, 'kind': 'decoder_only',
                         'positional_encoding': positional_encoding})
   x = tokens(18, (2, 10))
-  variables = init(module, x)
-  full = module.apply(variables, x)
-  cache = zero_cache(module, x)
+  full = module(x)
+  cache = module.init_cache(2, 10)
   inputs = jnp.pad(x, ((0, 0), (1, 0)))[:, :-1]
   # A 4-token prefill, then one token at a time.
-  logits, mutated = module.apply({'params': variables['params'], 'cache': cache}, inputs[:, :4],
-                                 use_cache=True, mutable=['cache'])
+  logits, cache = module.step(cache, None, inputs[:, :4])
   steps = [logits]
-  cache = mutated['cache']
   for t in range(4, 10):
-    logits, mutated = module.apply({'params': variables['params'], 'cache': cache},
-                                   inputs[:, t:t + 1], use_cache=True, mutable=['cache'])
-    cache = mutated['cache']
+    logits, cache = module.step(cache, None, inputs[:, t:t + 1])
     steps.append(logits)
   np.testing.assert_allclose(jnp.concatenate(steps, 1), full, atol=1e-4)
 
 
-def one_train_step(module, variables, args, targets):
-  params = variables['params']
+def one_train_step(module, args, targets):
+  graphdef, params = nnx.split(module, nnx.Param)
   optimizer = optax.adam(1e-3)
 
   def loss_fn(params):
-    logits = module.apply({'params': params}, *args, deterministic=False,
-                          rngs={'dropout': jax.random.key(1)})
+    logits = nnx.merge(graphdef, params)(*args, deterministic=False,
+                                         dropout_rng=jax.random.key(1))
     return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
 
   @jax.jit
@@ -199,54 +169,58 @@ def test_variants_train_one_step_without_nan(kind, positional_encoding, norm_pos
                         'num_encoder_layers': 1, 'num_decoder_layers': 1})
   src, tgt = tokens(19, (2, 6)), tokens(20, (2, 7))
   args = (src, tgt) if kind == 'encoder_decoder' else (tgt,)
-  variables = init(module, *args)
-  loss, grads, new_loss = one_train_step(module, variables, args, tgt)
+  loss, grads, new_loss = one_train_step(module, args, tgt)
   assert np.isfinite(loss) and np.isfinite(new_loss)
   assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
+
+
+def with_params(config, params):
+  """`config`'s model holding `params` (another model's, same shapes)."""
+  return stacks.with_params(type(build_model(config)), ModelConfig.from_config(config), params)
 
 
 def test_bfloat16_compute_keeps_float32_params():
   module = build_model({**TINY, 'dtype': 'bfloat16'})
   src, tgt = tokens(21, (2, 6)), tokens(22, (2, 7))
-  variables = init(module, src, tgt)
-  assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(variables['params']))
-  logits = module.apply(variables, src, tgt)
+  params = params_of(module)
+  assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(params))
+  logits = call(module, src, tgt)
   assert logits.dtype == jnp.float32
-  ref = build_model(TINY).apply(variables, src, tgt)
+  ref = call(with_params(TINY, params), src, tgt)
   np.testing.assert_allclose(logits, ref, atol=0.15)
+
+
+def _logits_and_grads(module, src, tgt):
+  graphdef, params = nnx.split(module, nnx.Param)
+  def total(p):
+    return nnx.merge(graphdef, p)(src, tgt).sum()
+  return call(module, src, tgt), jax.jit(jax.grad(total))(params)
 
 
 def test_options_equal_reference_path():
   """The fused attention path and remat give the reference path's logits and gradients."""
   src, tgt = tokens(23, (2, 6)), tokens(24, (2, 7))
   reference = build_model(TINY)
-  variables = init(reference, src, tgt)
-  ref_logits = jax.jit(reference.apply)(variables, src, tgt)  # jit: one compile, not op by op
-  ref_grads = jax.jit(jax.grad(lambda p: reference.apply({'params': p}, src, tgt).sum()))(
-      variables['params'])
+  ref_logits, ref_grads = _logits_and_grads(reference, src, tgt)
   for option in ({'attention_impl': 'xla'}, {'remat': True}):
-    module = build_model({**TINY, **option})
-    np.testing.assert_allclose(jax.jit(module.apply)(variables, src, tgt), ref_logits, atol=1e-5)
-    grads = jax.jit(jax.grad(lambda p, m=module: m.apply({'params': p}, src, tgt).sum()))(
-        variables['params'])
+    logits, grads = _logits_and_grads(with_params({**TINY, **option}, params_of(reference)),
+                                      src, tgt)
+    np.testing.assert_allclose(logits, ref_logits, atol=1e-5)
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads), strict=True):
       np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
 
 
 def test_unshared_embeddings_and_separate_output_layer():
-  module = build_model({**TINY, 'share_embeddings': False, 'logits_via_embedding': False})
-  src, tgt = tokens(25, (1, 4)), tokens(26, (1, 4))
-  params = init(module, src, tgt)['params']
+  params = param_shapes(ModelConfig(**{**TINY, 'share_embeddings': False,
+                                       'logits_via_embedding': False}))
   assert 'target_embed' in params and 'logits' in params['decoder']
-  shared = init(build_model(TINY), src, tgt)['params']
+  shared = param_shapes(ModelConfig(**TINY))
   assert 'target_embed' not in shared and 'logits' not in shared['decoder']
 
 
 def count_params(config):
-  module = build_model(config.model)
-  x = jnp.ones((1, 4), jnp.int32)
-  shapes = jax.eval_shape(lambda: module.init(jax.random.key(0), x, x))
-  return sum(p.size for p in jax.tree.leaves(shapes['params']))
+  return sum(p.size for p in jax.tree.leaves(param_shapes(ModelConfig.from_config(
+      config.model))))
 
 
 def test_paper_parameter_counts():
@@ -297,64 +271,70 @@ def test_logits_via_embedding_gradient_equals_autodiff():
 
 
 @pytest.mark.parametrize('matmul', ['flat', 'general'])
-@pytest.mark.parametrize('features,axis', [((3, 4, 8), -1), ((16,), (-2, -1)), ((7,), -1)])
-def test_dense_equals_flax_dense_general(features, axis, matmul):
-  """`layers.Dense` has nn.DenseGeneral's parameters (same init) and output, with its
-  kernel flattened to one 2-D matmul (the XLA:CPU choice) or contracted as it is."""
+@pytest.mark.parametrize('inputs,features', [(8, (3, 4, 8)), ((4, 8), (16,)), (8, (7,))])
+def test_dense_equals_tensordot(inputs, features, matmul):
+  """`layers.Dense` contracts x's last axes with its kernel `[*inputs, *features]` (flattened
+  to one 2-D matmul, the XLA:CPU choice, or as it is) and adds the bias; Glorot uniform over
+  the flattened fan-in/out."""
   x = jax.random.normal(jax.random.PRNGKey(0), (2, 5, 4, 8))
-  reference = nn.DenseGeneral(features, axis=axis, kernel_init=layers.dense_init)
-  ours = layers.Dense(features, 1 if isinstance(axis, int) else len(axis), matmul=matmul)
-  params = reference.init(jax.random.PRNGKey(1), x)
-  ours_params = ours.init(jax.random.PRNGKey(1), x)
-  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(ours_params), strict=True):
-    np.testing.assert_array_equal(a, b)
-  np.testing.assert_allclose(ours.apply(params, x), reference.apply(params, x), rtol=1e-6,
-                             atol=1e-6)
+  names = ('a', 'b', 'c', 'd')[:len(np.atleast_1d(inputs)) + len(features)]
+  dense = layers.Dense(inputs, features, names, matmul=matmul, rngs=nnx.Rngs(1))
+  dense.bias[...] = jax.random.normal(jax.random.PRNGKey(2), dense.bias.shape)
+  n = len(np.atleast_1d(inputs))
+  expected = jnp.tensordot(x, dense.kernel[...], axes=n) + dense.bias[...]
+  np.testing.assert_allclose(dense(x), expected, rtol=1e-5, atol=1e-5)
+  fan_in, fan_out = int(np.prod(inputs)), int(np.prod(features))
+  limit = np.sqrt(6 / (fan_in + fan_out))
+  assert float(jnp.max(jnp.abs(dense.kernel[...]))) <= limit
+  assert dense.kernel.get_metadata()['axes'] == names
 
 
 @pytest.mark.parametrize('kind', ['encoder_decoder', 'decoder_only'])
 def test_scan_layers_equals_unrolled_layers(kind):
-  """`scan_layers` (nn.scan, params stacked [layers, ...]) computes what the unrolled layers
-  compute with the same weights: logits and gradients, with and without remat."""
-  from model import transformer  # pylint: disable=import-outside-toplevel
+  """`scan_layers` (lax.scan, params stacked [layers, ...]) computes what the unrolled layers
+  compute with the same weights: logits and gradients, with and without remat, and the same
+  dropout masks (a layer's dropout key depends on its index only)."""
   cfg = {**TINY, 'kind': kind, 'num_decoder_layers': 3}
   args = ((tokens(27, (2, 6)), tokens(28, (2, 7))) if kind == 'encoder_decoder'
           else (tokens(28, (2, 7)),))
   unrolled = build_model(cfg)
-  params = init(unrolled, *args)['params']
-  stacked = transformer.stack_layer_params(params)
-  assert 'layer_0' not in stacked['decoder'] and 'layers' in stacked['decoder']
+  params = params_of(unrolled)
+  stacked = stacks.stack_layer_params(params)
+  assert set(stacked['decoder']['layers']) == {'self_attention', 'self_attention_norm', 'ffn',
+                                               'ffn_norm'} | ({'cross_attention',
+                                                               'cross_attention_norm'}
+                                                              if kind == 'encoder_decoder'
+                                                              else set())
   assert stacked['decoder']['layers']['ffn']['wi']['kernel'].shape == (3, 32, 64)
-  restored = transformer.unstack_layer_params(stacked)
+  restored = stacks.unstack_layer_params(stacked)
   assert jax.tree.structure(restored) == jax.tree.structure(params)
   assert all(jax.tree.leaves(jax.tree.map(lambda a, b: bool((a == b).all()), restored, params)))
 
-  def loss(module, p):
-    return jnp.sum(module.apply({'params': p}, *args) ** 2) * 1e-3
+  def loss(module):
+    graphdef, p = nnx.split(module, nnx.Param)
+    return jax.jit(jax.value_and_grad(
+        lambda p: jnp.sum(nnx.merge(graphdef, p)(*args) ** 2) * 1e-3))(p)
 
-  ref_logits = jax.jit(unrolled.apply)({'params': params}, *args)  # jit: one compile, not op by op
-  ref_grads = transformer.stack_layer_params(
-      jax.jit(jax.grad(functools.partial(loss, unrolled)))(params))
+  ref_loss, ref_grads = loss(unrolled)
+  ref_grads = stacks.stack_layer_params(ref_grads)
   for option in ({'scan_layers': True}, {'scan_layers': True, 'remat': True}):
-    scanned = build_model({**cfg, **option})
+    config = {**cfg, **option}
     # Its own init has the stacked layout (and the shapes: eval_shape runs nothing).
-    own = jax.eval_shape(functools.partial(init, scanned, *args))['params']
+    own = param_shapes(ModelConfig(**config))
     assert jax.tree.map(np.shape, own) == jax.tree.map(np.shape, stacked)
-    np.testing.assert_allclose(jax.jit(scanned.apply)({'params': stacked}, *args), ref_logits,
-                               atol=1e-5)
-    grads = jax.jit(jax.grad(functools.partial(loss, scanned)))(stacked)
+    scanned = with_params(config, stacked)
+    value, grads = loss(scanned)
+    np.testing.assert_allclose(value, ref_loss, rtol=1e-5)
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads), strict=True):
       np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
-  # Dropout draws independent masks in each scanned layer (split RNGs), reproducibly.
-  scanned = build_model({**cfg, 'scan_layers': True})
+  scanned = with_params({**cfg, 'scan_layers': True}, stacked)
 
-  @jax.jit
-  def run(seed):
-    return scanned.apply({'params': stacked}, *args, deterministic=False,
-                         rngs={'dropout': jax.random.key(seed)})
+  def run(module, seed):
+    return call(module, *args, deterministic=False, dropout_rng=jax.random.key(seed))
 
-  np.testing.assert_array_equal(run(1), run(1))
-  assert not np.allclose(run(1), run(2))
+  np.testing.assert_allclose(run(scanned, 1), run(unrolled, 1), atol=1e-5)
+  np.testing.assert_array_equal(run(scanned, 1), run(scanned, 1))
+  assert not np.allclose(run(scanned, 1), run(scanned, 2))
 
 
 def test_dropout_rng_impl_option():
@@ -362,19 +342,18 @@ def test_dropout_rng_impl_option():
   `rate` of the activations, reproducibly per key, with different masks; eval is unaffected."""
   src, tgt = tokens(29, (4, 8)), tokens(30, (4, 8))
   cfg = {**TINY, 'dropout_rate': 0.3, 'attention_dropout_rate': 0.3}
-  variables = init(build_model(cfg), src, tgt)
+  params = params_of(build_model(cfg))
   outs = {}
   for rng_impl in ('hash', 'threefry'):
-    module = build_model({**cfg, 'dropout_rng_impl': rng_impl})
+    module = with_params({**cfg, 'dropout_rng_impl': rng_impl}, params)
 
     def run(seed, module=module):
-      return module.apply(variables, src, tgt, deterministic=False,
-                          rngs={'dropout': jax.random.key(seed)})
+      return call(module, src, tgt, deterministic=False, dropout_rng=jax.random.key(seed))
 
     np.testing.assert_array_equal(run(1), run(1))
     outs[rng_impl] = run(1)
-    np.testing.assert_array_equal(module.apply(variables, src, tgt),
-                                  build_model(cfg).apply(variables, src, tgt))
+    np.testing.assert_array_equal(call(module, src, tgt), call(with_params(cfg, params), src,
+                                                                tgt))
   assert not np.allclose(outs['hash'], outs['threefry'])
   with pytest.raises(ConfigError, match="dropout_rng_impl='philox'"):
     build_model({**TINY, 'dropout_rng_impl': 'philox'})
