@@ -48,6 +48,7 @@ from autoregressive.decode_loop import (
   windows,
 )
 from common.tokens import EOS_ID, PAD_ID
+from model.build import bind
 from model.kinds import adapter_of
 
 Array = jax.Array
@@ -218,33 +219,35 @@ class _Stepper:
                  done=done)
 
 
-@functools.partial(jax.jit, static_argnames=('module', 'beam_size', 'max_new_tokens',
+@functools.partial(jax.jit, static_argnames=('config', 'beam_size', 'max_new_tokens',
                                              'prefill_len', 'eos_id', 'reorder_cache',
                                              'compact_rows', 'first_window', 'nbest'))
-def search(module, params, inputs, prompt, lengths, alpha, min_new_tokens, *, beam_size,
+def search(config, params, inputs, prompt, lengths, alpha, min_new_tokens, *, beam_size,
            max_new_tokens, prefill_len, eos_id=EOS_ID, reorder_cache=False, compact_rows=(),
            first_window=FIRST_WINDOW, nbest=None):
-  """-> (tokens `[batch, k, max_new_tokens]`, scores `[batch, k]`), best first (arguments
-  prepared by `decode_loop.prepare`). With `compact_rows` (a tuple of decreasing row counts)
-  the slot layout's loop goes on with the unfinished sentences only once they are at most that
-  many, in stages (`decode_loop.compact_sizes`); its first `first_window` steps attend over a
-  cache of that many steps (0: the whole cache). `nbest` < k: only the first `nbest` results
-  are wanted (module docstring); the later ones are then the finished ones so far."""
+  """-> (tokens `[batch, k, max_new_tokens]`, scores `[batch, k]`), best first, of the model
+  of `config` (static) holding `params` (the pure dict, traced; arguments prepared by
+  `decode_loop.prepare`). With `compact_rows` (a tuple of decreasing row counts) the slot
+  layout's loop goes on with the unfinished sentences only once they are at most that many, in
+  stages (`decode_loop.compact_sizes`); its first `first_window` steps attend over a cache of
+  that many steps (0: the whole cache). `nbest` < k: only the first `nbest` results are wanted
+  (module docstring); the later ones are then the finished ones so far."""
   step = _Stepper(prompt, lengths, alpha, min_new_tokens, beam_size, max_new_tokens, eos_id,
                   nbest)
   beams = Beams.initial(prompt.shape[0], beam_size, max_new_tokens)
+  model = bind(config, params)  # free inside the trace
   if reorder_cache:
-    beams = _reordered_search(module, params, inputs, prompt, prefill_len, max_new_tokens,
-                              beam_size, step, beams)
+    beams = _reordered_search(model, inputs, prompt, prefill_len, max_new_tokens, beam_size,
+                              step, beams)
   else:
-    beams = _slot_search(module, params, inputs, prompt, prefill_len, max_new_tokens, beam_size,
-                         step, beams, compact_rows, first_window)
+    beams = _slot_search(model, inputs, prompt, prefill_len, max_new_tokens, beam_size, step,
+                         beams, compact_rows, first_window)
   fin_seq = jnp.where(jnp.isfinite(beams.fin_score)[:, :, None], beams.fin_seq, 0)
   return fin_seq, beams.fin_score
 
 
-def _slot_search(module, params, inputs, prompt, prefill_len, max_new_tokens, k, step, beams,
-                 sizes, window):
+def _slot_search(model, inputs, prompt, prefill_len, max_new_tokens, k, step, beams, sizes,
+                 window):
   """The decoder runs a sentence's k hypotheses as k queries of one batch row (`[batch, k]`).
 
   The self-attention cache of a row holds the keys/values of all its hypotheses: the first
@@ -263,14 +266,14 @@ def _slot_search(module, params, inputs, prompt, prefill_len, max_new_tokens, k,
   `sizes[0]` sentences are unfinished the loop goes on with those rows only, and so on.
   """
   n0, window, calls = windows(window, prompt.shape[1], max_new_tokens, prefill_len)
-  logits, cache, encoded, inputs, t0 = start(module, params, inputs, prompt, prefill_len,
-                                             max_new_tokens, cache_len=n0 + k * window)
+  logits, cache, inputs, t0 = start(model, inputs, prompt, prefill_len, max_new_tokens,
+                                    cache_len=n0 + k * window)
   beams = step(t0, logits[:, None], beams)
   visible = jnp.broadcast_to(jnp.arange(n0 + k * window) < n0, (prompt.shape[0], k,
                                                                 n0 + k * window))
   state = (jnp.asarray(t0, jnp.int32), cache, visible, beams)
-  stage = functools.partial(_slot_loop, module, params, n0, t0)
-  return window_then_whole(stage, (step, encoded, inputs), state, sizes, window, calls,
+  stage = functools.partial(_slot_loop, model, n0, t0)
+  return window_then_whole(stage, (step, inputs), state, sizes, window, calls,
                            grow=lambda s: _grow(s, n0 + k * calls), done=lambda s: s[3].done,
                            result=lambda s: s[3])
 
@@ -283,12 +286,12 @@ def _grow(state, cache_len: int):
   return t, grow_cache(cache, cache_len), jnp.pad(visible, ((0, 0), (0, 0), (0, pad))), beams
 
 
-def _slot_loop(module, params, n0, t0, rows, state, stop_at: int, calls: int):
+def _slot_loop(model, n0, t0, rows, state, stop_at: int, calls: int):
   """`_slot_search`'s decoder steps until at most `stop_at` sentences are unfinished or
-  `calls` loop calls are done (the cache is full); rows (stepper, encoded, inputs) and state
+  `calls` loop calls are done (the cache is full); rows (stepper, inputs) and state
   (t, cache, visible, beams) of a batch of sentences."""
-  adapter = adapter_of(module)
-  step, encoded, inputs = rows
+  adapter = adapter_of(model)
+  step, inputs = rows
   batch, k, cache_len = state[2].shape
 
   def body(state):
@@ -296,8 +299,8 @@ def _slot_loop(module, params, n0, t0, rows, state, stop_at: int, calls: int):
     own = jnp.arange(cache_len)[None, :] == (n0 + k * (t - t0) + jnp.arange(k))[:, None]
     mask = visible | own  # [batch, k, cache_len]
     # Every hypothesis' new token is at target index t + 1 (decoder position t + 1).
-    logits, cache = adapter.decoder_step(module, params, pin(cache), encoded, inputs,
-                                         beams.next_tok, positions=jnp.full((batch, k), t + 1),
+    logits, cache = adapter.decoder_step(model, pin(cache), inputs, beams.next_tok,
+                                         positions=jnp.full((batch, k), t + 1),
                                          mask=mask[:, None])
     beams = step(t + 1, logits, beams)
     visible = jnp.take_along_axis(mask, beams.origin[:, :, None], axis=1)  # the parents' view
@@ -309,12 +312,12 @@ def _slot_loop(module, params, n0, t0, rows, state, stop_at: int, calls: int):
   return jax.lax.while_loop(cond, body, state)
 
 
-def _reordered_search(module, params, inputs, prompt, prefill_len, max_new_tokens, k, step, beams):
+def _reordered_search(model, inputs, prompt, prefill_len, max_new_tokens, k, step, beams):
   """Reference layout: one decoder row per hypothesis, caches reordered by parent every step."""
-  adapter, batch = adapter_of(module), prompt.shape[0]
+  adapter, batch = adapter_of(model), prompt.shape[0]
   rows = jnp.arange(batch)[:, None]
-  logits, cache, encoded, inputs, t0 = start(module, params, inputs, prompt, prefill_len,
-                                             max_new_tokens, batch_repeat=k)
+  logits, cache, inputs, t0 = start(model, inputs, prompt, prefill_len, max_new_tokens,
+                                    batch_repeat=k)
   beams = step(t0, logits.reshape(batch, k, -1), beams)
 
   def reorder(cache, origin):
@@ -322,8 +325,8 @@ def _reordered_search(module, params, inputs, prompt, prefill_len, max_new_token
 
   def body(state):
     t, cache, beams = state
-    logits, cache = adapter.decoder_step(module, params, pin(cache), encoded, inputs,
-                                      beams.next_tok.reshape(-1, 1))
+    logits, cache = adapter.decoder_step(model, pin(cache), inputs,
+                                         beams.next_tok.reshape(-1, 1))
     beams = step(t + 1, logits.reshape(batch, k, -1), beams)
     # Reordering here (not at the start of the next step) lets the decoder's cache update
     # happen in place on the loop's buffers.

@@ -1,6 +1,7 @@
 """The pieces every decoding loop shares (`autoregressive.decoding`, `.beam_search`): the model
-to decode with (`decoding_model`: the one place a `scan_layers` model is unrolled), argument
-checks, the first decoder call outside the loop, forced prompt tokens, the length penalty.
+to decode with (`decoding_model`: the one place a `scan_layers` model is unrolled, and an NNX
+module split into the (config, params) that the jitted programs take), argument checks, the
+first decoder call outside the loop, forced prompt tokens, the length penalty.
 
 The model-kind specifics (encoding a source, the cache, one decoder step) come from the
 kind's adapter (`model.kinds`).
@@ -8,16 +9,20 @@ kind's adapter (`model.kinds`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from common.tokens import PAD_ID
-from model import transformer
+from model.build import params_of
+from model.config import ModelConfig
 from model.kinds import adapter_of
 from model.layers import CACHE_POSITION_AXIS
+from model.stacks import unstack_layer_params
 
 Array = jax.Array
 
@@ -60,15 +65,27 @@ def left_out_blocks(size: int, exclude: int | None = PAD_ID, eos_banned: Array |
   return sorted({i // size for i in ids if i is not None})
 
 
-def decoding_model(module, params):
-  """(module, params) to decode or plot with. Accepts the params tree or `{'params': tree}`. A
-  `scan_layers` model runs unrolled, so that every layer has its own KV cache and its own
-  sown attention weights (same weights, same results). Every inference path goes through
-  here: `inference.restore` and `Translator` unroll once, and the decoding functions' own call
-  is then a no-op."""
-  if (isinstance(params, dict) or hasattr(params, 'keys')) and set(params.keys()) == {'params'}:
-    params = params['params']
-  return transformer.unrolled(module, params)
+class Decodable(NamedTuple):
+  """A model as the decoding programs take it: `config` (static: a program is compiled per
+  config) and `params` (the pure dict of its parameters, traced), unrolled. Callers that decode
+  many batches (`Translator`, `Session`) keep this form, so that the module is split once."""
+  config: ModelConfig
+  params: dict[str, Any]
+
+
+def decoding_model(model) -> Decodable:
+  """The (config, params) to decode or plot with, of an NNX model (`model.build_model`) or of a
+  `Decodable` (returned as it is). A `scan_layers` model runs unrolled, so that every layer has
+  its own KV cache and its own kept attention weights (same weights, same results). Every
+  inference path goes through here: `inference.restore` and `Translator` split once, and the
+  decoding functions' own call is then a no-op."""
+  if isinstance(model, Decodable):
+    return model
+  config, params = model.config, params_of(model)
+  if config.scan_layers:
+    config = dataclasses.replace(config, scan_layers=False)
+    params = unstack_layer_params(params)
+  return Decodable(config, params)
 
 
 def prompt_lengths(prompt):
@@ -93,13 +110,14 @@ def _check_positions(cfg, what: str, length: int, hint: str = '') -> None:
     raise ValueError(f"{what} need {length} positions > the model's max_len {cfg.max_len}{hint}")
 
 
-def prepare(module, inputs, prompt, max_new_tokens: int):
-  """Validates and normalises the arguments -> (inputs, prompt, lengths, prefill_len).
+def prepare(config: ModelConfig, inputs, prompt, max_new_tokens: int):
+  """Validates and normalises the arguments for a model of `config` -> (inputs, prompt,
+  lengths, prefill_len).
 
   Works on host or device arrays, and on tracers (when the caller jits around us); the
   prefill length (a static shape) needs concrete prompt values, else it is 0.
   """
-  adapter, cfg = adapter_of(module), module.config
+  adapter, cfg = adapter_of(config), config
   if not adapter.has_decoder:
     raise ValueError(f'decoding needs a decoder: this is an {adapter.kind} model')
   if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens <= 0:
@@ -136,32 +154,32 @@ def prepare(module, inputs, prompt, max_new_tokens: int):
   return inputs, prompt, jnp.asarray(lengths, jnp.int32), prefill_len
 
 
-def start(module, params, inputs, prompt, prefill_len, max_new_tokens, batch_repeat=1,
-          cache_len=None):
+def start(model, inputs, prompt, prefill_len, max_new_tokens, batch_repeat=1, cache_len=None):
   """Encodes, makes the cache and runs the first decoder call, outside the loop.
 
-  The decoder reads `[0] + prompt`; the first call feeds the start token and the prompt
-  prefix that every row shares in length (`prefill_len` tokens: one call, not one per
-  token); longer prompts are force-fed inside the loop. (The first call also projects the
-  encoder keys/values into the cache, which changes its structure: it cannot be a loop
-  step.) With `batch_repeat=k` every row is repeated k times (beam search), after encoding.
+  `model` is the bound module (`model.bind` inside the trace). The decoder reads `[0] +
+  prompt`; the first call feeds the start token and the prompt prefix that every row shares in
+  length (`prefill_len` tokens: one call, not one per token); longer prompts are force-fed
+  inside the loop. (The cache already holds the encoder's projected keys/values: `init_cache`.)
+  With `batch_repeat=k` every row is repeated k times (beam search), after encoding.
   `cache_len` defaults to one cache position per decoder input.
-  Returns (logits `[batch*k, vocab]` predicting target index t, cache, encoded, inputs, t).
+  Returns (logits `[batch*k, vocab]` predicting target index t, cache, inputs `[batch*k,
+  src_len]` or None, t).
   """
-  adapter = adapter_of(module)
-  encoded = None if inputs is None else adapter.encode(module, params, inputs)
+  adapter = adapter_of(model)
+  encoded = None if inputs is None else adapter.encode(model, inputs)
   batch = prompt.shape[0]
   if batch_repeat > 1:
     rep = lambda x: None if x is None else jnp.repeat(x, batch_repeat, axis=0)  # noqa: E731
     encoded, inputs = rep(encoded), rep(inputs)
   if cache_len is None:
     cache_len = prompt.shape[1] + max_new_tokens
-  cache = adapter.init_cache(module, encoded, inputs, batch * batch_repeat, cache_len)
+  cache = adapter.init_cache(model, encoded, inputs, batch * batch_repeat, cache_len)
   first = jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), prompt[:, :prefill_len]], axis=1)
   if batch_repeat > 1:
     first = jnp.repeat(first, batch_repeat, axis=0)
-  logits, cache = adapter.decoder_step(module, params, cache, encoded, inputs, first)
-  return logits[:, -1], cache, encoded, inputs, prefill_len
+  logits, cache = adapter.decoder_step(model, cache, inputs, first)
+  return logits[:, -1], cache, inputs, prefill_len
 
 
 def pin(cache):

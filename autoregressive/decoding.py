@@ -4,13 +4,15 @@ token ids (the strategy table, `autoregressive.strategies`, runs them on batches
 Every function runs the whole generation inside one jitted `lax.while_loop` over the
 model's `cache` collection (no per-token Python round trips, no recomputation of the
 prefix) and stops early once every sequence of the batch has finished. Compiled
-functions are cached by `jax.jit` (static: the module, which hashes by its config, and
-the shapes), so repeated calls with the same shapes do not recompile.
+functions are cached by `jax.jit` (static: the model's config, and the shapes; the parameters
+are a traced pure dict), so repeated calls with the same shapes do not recompile. The public
+functions take the NNX model (or its `decode_loop.decoding_model` form, which callers that
+decode many batches keep so as to split the module once).
 
 Models:
   encoder-decoder  `inputs` `[batch, src_len]` (right-padded with 0) are encoded once;
                    the decoder starts from the start token 0. The encoder-decoder
-                   attention keys/values are projected on the first step and cached.
+                   attention keys/values are projected once, into the new cache.
   decoder-only     `prompt` `[batch, prompt_len]` (right-padded with 0; rows may have
                    different lengths, and a row may be empty). The decoder reads
                    `[0] + prompt` and continues the prompt. The common prefix (the
@@ -59,6 +61,7 @@ from autoregressive.decode_loop import (
   windows,
 )
 from common.tokens import DEFAULT_MIN_NEW_TOKENS, EOS_ID, PAD_ID
+from model.build import bind
 from model.kinds import adapter_of
 
 Array = jax.Array
@@ -146,27 +149,30 @@ def _fold_in(rng, t):
   return jax.random.fold_in(rng, t)
 
 
-@functools.partial(jax.jit, static_argnames=('module', 'max_new_tokens', 'prefill_len', 'greedy',
+@functools.partial(jax.jit, static_argnames=('config', 'max_new_tokens', 'prefill_len', 'greedy',
                                              'top_k', 'use_top_p', 'eos_id', 'compact_rows',
                                              'first_window'))
-def _generate(module, params, inputs, prompt, lengths, rng, temperature, top_p, min_new_tokens,
+def _generate(config, params, inputs, prompt, lengths, rng, temperature, top_p, min_new_tokens,
               *, max_new_tokens, prefill_len, greedy, top_k, use_top_p, eos_id, compact_rows=(),
               first_window=FIRST_WINDOW):
-  """The loop's first `first_window` calls attend over a cache of that many steps (0: the
-  whole cache), then it grows to full length (same tokens: the empty positions are masked)."""
+  """Greedy decoding or sampling with the model of `config` (static) holding `params` (traced)
+  -> tokens `[batch, max_new_tokens]`. The loop's first `first_window` calls attend over a
+  cache of that many steps (0: the whole cache), then it grows to full length (same tokens:
+  the empty positions are masked)."""
+  model = bind(config, params)  # free inside the trace
   n0, window, calls = windows(first_window, prompt.shape[1], max_new_tokens, prefill_len)
-  logits, cache, encoded, inputs, t0 = start(module, params, inputs, prompt, prefill_len,
-                                             max_new_tokens, cache_len=n0 + window)
+  logits, cache, inputs, t0 = start(model, inputs, prompt, prefill_len, max_new_tokens,
+                                    cache_len=n0 + window)
   batch = prompt.shape[0]
   choose = functools.partial(_choose, temperature=temperature, top_p=top_p, greedy=greedy,
                              top_k=top_k, use_top_p=use_top_p, max_new_tokens=max_new_tokens,
                              min_new_tokens=min_new_tokens, eos_id=eos_id)
   # The rows' own inputs; one key for the whole batch draws differently for fewer rows.
-  rows = _Rows(encoded, inputs, prompt, lengths, rng if _per_row(rng) else None)
+  rows = _Rows(inputs, prompt, lengths, rng if _per_row(rng) else None)
   tok, out, done = choose(rows, rng, t0, logits, jnp.zeros((batch, max_new_tokens), jnp.int32),
                           jnp.zeros((batch,), jnp.bool_))
   state = (jnp.asarray(t0, jnp.int32), tok, cache, out, done)
-  loop = functools.partial(_generate_loop, module, params, choose, rng, t0)
+  loop = functools.partial(_generate_loop, model, choose, rng, t0)
   sizes = compact_rows if greedy or _per_row(rng) else ()
   return window_then_whole(loop, rows, state, sizes, window, calls,
                            grow=lambda s: (*s[:2], grow_cache(s[2], n0 + calls), *s[3:]),
@@ -175,8 +181,7 @@ def _generate(module, params, inputs, prompt, lengths, rng, temperature, top_p, 
 
 class _Rows(NamedTuple):
   """What a decoding loop reads per row (each `[batch, ...]`, or None)."""
-  encoded: Array | None
-  inputs: Array | None
+  inputs: Array | None  # the source (its padding masks the cross-attention), or None
   prompt: Array
   lengths: Array
   rng: Array | None  # one key per row, or None (one key for the batch)
@@ -200,15 +205,14 @@ def _choose(rows, rng, t, logits, out, done, *, temperature, top_p, greedy, top_
   return tok, out, done | finished
 
 
-def _generate_loop(module, params, choose, rng, t0, rows, state, stop_at: int, calls: int):
+def _generate_loop(model, choose, rng, t0, rows, state, stop_at: int, calls: int):
   """Decoder steps until at most `stop_at` rows are unfinished or `calls` loop calls are done
   (the cache is full); state (t, tok, cache, out, done) of `rows`' batch."""
-  adapter = adapter_of(module)
+  adapter = adapter_of(model)
 
   def body(state):
     t, tok, cache, out, done = state
-    logits, cache = adapter.decoder_step(module, params, pin(cache), rows.encoded, rows.inputs,
-                                         tok[:, None])
+    logits, cache = adapter.decoder_step(model, pin(cache), rows.inputs, tok[:, None])
     tok, out, done = choose(rows, rng, t + 1, logits[:, -1], out, done)
     return t + 1, tok, cache, out, done
 
@@ -218,19 +222,19 @@ def _generate_loop(module, params, choose, rng, t0, rows, state, stop_at: int, c
   return jax.lax.while_loop(cond, body, state)
 
 
-# The three searches share one argument order, `(module, params, inputs=None, *, prompt=None,
+# The three searches share one argument order, `(module, inputs=None, *, prompt=None,
 # max_new_tokens, ...)`: `inputs` is the model's input (an encoder-decoder's source; a
 # decoder-only model, which has no source, takes it as its prompt) and `prompt` a forced prefix
 # of what is generated (a decoder-only model's prompt, an encoder-decoder's target prefix).
 
-def greedy_decode(module, params, inputs=None, *, prompt=None, max_new_tokens: int,
+def greedy_decode(module, inputs=None, *, prompt=None, max_new_tokens: int,
                   min_new_tokens: int = DEFAULT_MIN_NEW_TOKENS, eos_id: int | None = EOS_ID,
                   drop_finished: bool | int = True) -> Array:
   """Greedy decoding -> generated tokens `[batch, max_new_tokens]` (EOS kept, zeros after it).
 
   Args:
-    module: an encoder-decoder or decoder-only model from `model.build_model`.
-    params: its parameters (the tree, or `{'params': tree}`).
+    module: an encoder-decoder or decoder-only NNX model (`model.build_model`; it holds its
+      parameters), or its `decode_loop.decoding_model` form.
     inputs: encoder-decoder source tokens `[batch, src_len]`, right-padded with 0.
       A decoder-only model (no source) takes `inputs` as its prompt.
     prompt: decoder-only prompt `[batch, len]` right-padded with 0 (rows may differ in
@@ -244,9 +248,9 @@ def greedy_decode(module, params, inputs=None, *, prompt=None, max_new_tokens: i
       so on (`decode_loop.compact_sizes`: an int or a tuple sets the stages' rows; same
       tokens). False runs every row to the end of the batch.
   """
-  module, params = decoding_model(module, params)
-  inputs, prompt, lengths, prefill_len = prepare(module, inputs, prompt, max_new_tokens)
-  return program_cache.call(_generate, module, params, inputs, prompt, lengths,
+  config, params = decoding_model(module)
+  inputs, prompt, lengths, prefill_len = prepare(config, inputs, prompt, max_new_tokens)
+  return program_cache.call(_generate, config, params, inputs, prompt, lengths,
                             jax.random.PRNGKey(0), np.float32(1.0), np.float32(1.0),
                             _min_new_tokens(min_new_tokens), max_new_tokens=max_new_tokens,
                             prefill_len=prefill_len, greedy=True, top_k=None, use_top_p=False,
@@ -254,7 +258,7 @@ def greedy_decode(module, params, inputs=None, *, prompt=None, max_new_tokens: i
                             compact_rows=compact_sizes(prompt.shape[0], drop_finished))
 
 
-def sample(module, params, inputs=None, *, prompt=None, rng, max_new_tokens: int,
+def sample(module, inputs=None, *, prompt=None, rng, max_new_tokens: int,
            min_new_tokens: int = DEFAULT_MIN_NEW_TOKENS, temperature: float = 1.0,
            top_k: int | None = None, top_p: float | None = None, eos_id: int | None = EOS_ID,
            drop_finished: bool | int = True) -> Array:
@@ -269,18 +273,18 @@ def sample(module, params, inputs=None, *, prompt=None, rng, max_new_tokens: int
   `drop_finished` as in `greedy_decode` (it applies to greedy decoding and to keys per row: one
   key for the whole batch would draw differently for fewer rows).
   """
-  module, params = decoding_model(module, params)
+  config, params = decoding_model(module)
   if top_k is not None and top_k <= 0:
     top_k = None
   if top_k is not None:
-    top_k = min(int(top_k), module.config.vocab_size)
+    top_k = min(int(top_k), config.vocab_size)
   if top_p is not None and not 0.0 < top_p <= 1.0:
     raise ValueError(f'top_p must be in (0, 1], got {top_p}')
   if temperature < 0:
     raise ValueError(f'temperature must be >= 0, got {temperature}')
-  inputs, prompt, lengths, prefill_len = prepare(module, inputs, prompt, max_new_tokens)
+  inputs, prompt, lengths, prefill_len = prepare(config, inputs, prompt, max_new_tokens)
   greedy = temperature == 0
-  return program_cache.call(_generate, module, params, inputs, prompt, lengths, rng,
+  return program_cache.call(_generate, config, params, inputs, prompt, lengths, rng,
                             np.float32(temperature if not greedy else 1.0),
                             np.float32(1.0 if top_p is None else top_p),
                             _min_new_tokens(min_new_tokens), max_new_tokens=max_new_tokens,
@@ -291,7 +295,7 @@ def sample(module, params, inputs=None, *, prompt=None, rng, max_new_tokens: int
 
 # ----------------------------------------------------------------------------- beam search
 
-def beam_search_decode(module, params, inputs=None, *, prompt=None, beam_size: int,
+def beam_search_decode(module, inputs=None, *, prompt=None, beam_size: int,
                        alpha: float, max_new_tokens: int,
                        min_new_tokens: int = DEFAULT_MIN_NEW_TOKENS, eos_id: int | None = EOS_ID,
                        reorder_cache: bool = False, drop_finished: bool | int = True,
@@ -311,13 +315,13 @@ def beam_search_decode(module, params, inputs=None, *, prompt=None, beam_size: i
   `nbest=n` < beam_size the n best come sooner, and the entries after them are what was
   finished by then.
   """
-  module, params = decoding_model(module, params)
+  config, params = decoding_model(module)
   if not isinstance(beam_size, (int, np.integer)) or beam_size <= 0:
     raise ValueError(f'beam_size must be a positive integer, got {beam_size!r}')
   if nbest is not None and not 0 < nbest <= beam_size:
     raise ValueError(f'nbest must be in [1, beam_size={beam_size}], got {nbest!r}')
-  inputs, prompt, lengths, prefill_len = prepare(module, inputs, prompt, max_new_tokens)
-  return program_cache.call(beam_search.search, module, params, inputs, prompt, lengths,
+  inputs, prompt, lengths, prefill_len = prepare(config, inputs, prompt, max_new_tokens)
+  return program_cache.call(beam_search.search, config, params, inputs, prompt, lengths,
                             np.float32(alpha), _min_new_tokens(min_new_tokens),
                             beam_size=int(beam_size), max_new_tokens=max_new_tokens,
                             prefill_len=prefill_len, eos_id=eos_id,
@@ -336,7 +340,7 @@ def _min_new_tokens(value) -> np.int32:
 
 # ----------------------------------------------------------------------------- scoring
 
-def sequence_log_probs(module, params, inputs=None, *, prompt=None, tokens) -> Array:
+def sequence_log_probs(module, inputs=None, *, prompt=None, tokens) -> Array:
   """Full-forward-pass log P of candidate continuations `tokens` `[batch, n, len]` -> `[batch, n]`.
 
   Sums the log-softmax of the teacher-forced logits (over the tokens an output can hold:
@@ -345,8 +349,8 @@ def sequence_log_probs(module, params, inputs=None, *, prompt=None, tokens) -> A
   each row's `prompt` (a decoder-only model's prompt, or an encoder-decoder's forced target
   prefix), given the source `inputs` of an encoder-decoder. For tests and rescoring.
   """
-  module, params = decoding_model(module, params)
-  adapter = adapter_of(module)
+  config, params = decoding_model(module)
+  adapter = adapter_of(config)
   tokens = np.asarray(tokens, np.int32)
   batch, n, length = tokens.shape
   flat = tokens.reshape(batch * n, length)
@@ -359,7 +363,7 @@ def sequence_log_probs(module, params, inputs=None, *, prompt=None, tokens) -> A
     full[r, :lengths[b]] = prompt[b, :lengths[b]]
     full[r, lengths[b]:lengths[b] + length] = flat[r]
   source = jnp.repeat(jnp.asarray(inputs, jnp.int32), n, axis=0) if adapter.has_source else None
-  logits = adapter.teacher_forced(module, {'params': params}, source, jnp.asarray(full))
+  logits = adapter.teacher_forced(bind(config, params), source, jnp.asarray(full))
   logits = logits.astype(jnp.float32)
   peak = jnp.max(logits, axis=-1, keepdims=True)
   log_probs = logits - peak - log_normalizer(logits, peak)  # over the tokens an output can hold

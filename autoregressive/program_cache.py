@@ -9,8 +9,10 @@ half of a cold run's time. `enable(directory)` (decode.py's `--compilation_cache
 an exported program's arrays otherwise, so beam scores may differ in float rounding.
 
 The key of a program covers everything it was built from: JAX's version and backend, the
-source of the model and search packages, the module (its config), the static arguments and
-the arguments' shapes and dtypes. Only single-device processes use it (an exported program
+source of the model and search packages, the model's config, the static arguments and the
+arguments' structure, shapes and dtypes. The exported program takes the arguments' leaves (the
+parameters' pure dict has int keys, `layers/0`, which `jax.export` cannot serialize in a tree);
+the structure is part of the key. Only single-device processes use it (an exported program
 fixes its shardings). A file that cannot be read, fails its sha256, or cannot be parsed or
 called with the arguments (missing, damaged, or another program's) is a miss: the program is
 exported again and replaces it; failing to write one only costs the next run the tracing.
@@ -41,32 +43,38 @@ def enable(directory: str | None) -> None:
   _state['directory'] = None if not directory else os.path.expanduser(directory)
 
 
-def call(fn, module, *args, **static):
-  """`fn(module, *args, **static)`: `fn` a `jax.jit` function whose static arguments are
-  `module` and `static`, run through its exported program when enabled."""
+def call(fn, config, *args, **static):
+  """`fn(config, *args, **static)`: `fn` a `jax.jit` function whose static arguments are
+  `config` (a `ModelConfig`) and `static`, run through its exported program when enabled."""
   directory = _state['directory']
   if directory is None or jax.device_count() != 1:
-    return fn(module, *args, **static)
+    return fn(config, *args, **static)
   leaves, tree = jax.tree.flatten(args)
-  signature = (fn, module, tuple(sorted(static.items())), tree, tuple(map(_aval, leaves)))
+  signature = (fn, config, tuple(sorted(static.items())), tree, tuple(map(_aval, leaves)))
   program = _loaded.get(signature)  # the same search again in this process: no hashing
   if program is not None:
-    return program(*args)
+    return program(leaves)
   path = os.path.join(directory, f'{_key(signature)}.jaxexport')
   loaded = _load(path)
   if loaded is not None:
     try:  # a file is parsed and checked against the arguments at its first call
-      result = loaded(*args)
+      result = loaded(leaves)
       _loaded[signature] = loaded
       return result
     except Exception:  # noqa: BLE001, S110  # damaged, or another program's: a miss
       pass
+  on_leaves = functools.partial(_on_leaves, fn, config, tree, static)
   try:
-    program = jax.jit(_export(path, fn, module, args, static))
+    program = jax.jit(_export(path, on_leaves, leaves))
   except Exception:  # noqa: BLE001  # what jax.export cannot express runs as it is
-    program = functools.partial(fn, module, **static)
+    program = on_leaves
   _loaded[signature] = program
-  return program(*args)
+  return program(leaves)
+
+
+def _on_leaves(fn, config, tree, static, leaves):
+  """`fn` on the arguments whose leaves are `leaves` (a list: what the program takes)."""
+  return fn(config, *jax.tree.unflatten(tree, leaves), **static)
 
 
 def _aval(x) -> tuple:
@@ -91,10 +99,11 @@ def _load(path: str) -> Callable | None:
     return None
 
 
-def _export(path: str, fn, module, args, static) -> Callable:
-  """`fn` exported for these arguments, written to `path` (replacing whatever was there)."""
+def _export(path: str, on_leaves, leaves) -> Callable:
+  """`on_leaves` exported for these argument leaves, written to `path` (replacing whatever
+  was there)."""
   from jax import export  # pylint: disable=import-outside-toplevel
-  exported = export.export(fn)(module, *args, **static)
+  exported = export.export(jax.jit(on_leaves))(leaves)
   try:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     payload = bytes(exported.serialize())
@@ -106,9 +115,9 @@ def _export(path: str, fn, module, args, static) -> Callable:
 
 def _key(signature) -> str:
   """The file name of a program: `call`'s signature, with what the process runs on."""
-  fn, module, static, tree, shapes = signature
+  fn, config, static, tree, shapes = signature
   parts = [jax.__version__, jax.default_backend(), jax.devices()[0].device_kind, _source_hash(),
-           getattr(fn, '__qualname__', repr(fn)), repr(module), repr(static), str(tree),
+           getattr(fn, '__qualname__', repr(fn)), repr(config), repr(static), str(tree),
            repr(shapes)]
   return hashlib.sha256('\n'.join(parts).encode()).hexdigest()[:32]
 

@@ -17,18 +17,19 @@ import numpy as np
 from autoregressive.batches import default_workers, in_order, padded_length
 from autoregressive.decode_loop import decoding_model, log_normalizer
 from common.tokens import PAD_ID
+from model.build import bind
 from model.kinds import adapter_of
 
-# The (inputs, targets) shapes scored (compiled) in this process, per model.
+# The (inputs, targets) shapes scored (compiled) in this process, per model config.
 _RAN_SHAPES: dict = {}
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _summed_log_probs(module, params, inputs, targets):
+def _summed_log_probs(config, params, inputs, targets):
   """Teacher-forced log P(targets[:, t] | targets[:, :t], inputs) summed over the non-pad
-  targets: `inputs` `[batch, src]` (None: a language model), `targets` `[batch, len]`
-  -> `[batch]`."""
-  logits = adapter_of(module).teacher_forced(module, {'params': params}, inputs, targets)
+  targets, under the model of `config` (static) holding `params`: `inputs` `[batch, src]`
+  (None: a language model), `targets` `[batch, len]` -> `[batch]`."""
+  logits = adapter_of(config).teacher_forced(bind(config, params), inputs, targets)
   logits = logits.astype(jnp.float32)
   # The log-softmax over the tokens an output can hold (`log_normalizer`) at the targets only:
   # the whole `[batch, len, vocab]` log-softmax is never written (it was ~half of a warm
@@ -40,13 +41,14 @@ def _summed_log_probs(module, params, inputs, targets):
   return jnp.where(targets != PAD_ID, lp, 0.0).sum(axis=-1)
 
 
-def forced_log_probs(module, params, inputs, targets) -> np.ndarray:
-  """log P(targets | inputs) per row: `inputs` `[batch, src]` (None for a decoder-only model),
-  `targets` `[batch, len]` right-padded with 0 (the pad id is never a target) -> `[batch]`
-  float32, the sum over the targets (EOS included when present)."""
-  module, params = decoding_model(module, params)
+def forced_log_probs(module, inputs, targets) -> np.ndarray:
+  """log P(targets | inputs) per row under `module` (an NNX model, or its `decoding_model`
+  form): `inputs` `[batch, src]` (None for a decoder-only model), `targets` `[batch, len]`
+  right-padded with 0 (the pad id is never a target) -> `[batch]` float32, the sum over the
+  targets (EOS included when present)."""
+  config, params = decoding_model(module)
   inputs = None if inputs is None else jnp.asarray(inputs, jnp.int32)
-  return np.asarray(_summed_log_probs(module, params, inputs, jnp.asarray(targets, jnp.int32)))
+  return np.asarray(_summed_log_probs(config, params, inputs, jnp.asarray(targets, jnp.int32)))
 
 
 def _padded(rows: Sequence[Sequence[int]], count: int, length: int) -> np.ndarray:
@@ -57,7 +59,7 @@ def _padded(rows: Sequence[Sequence[int]], count: int, length: int) -> np.ndarra
   return out
 
 
-def score_references(module, params, sources: Sequence[Sequence[int] | None],
+def score_references(module, sources: Sequence[Sequence[int] | None],
                      targets: Sequence[Sequence[int]], *, batch_size: int,
                      progress: Callable[[int], None] | None = None,
                      workers: int | None = None) -> list[float | None]:
@@ -69,8 +71,8 @@ def score_references(module, params, sources: Sequence[Sequence[int] | None],
   padded length too (fewer programs to compile, for little work: one forward pass). `workers`
   batches run at once (None: `batches.default_workers()`).
   """
-  module, params = decoding_model(module, params)
-  limit = module.config.max_len
+  model = decoding_model(module)  # split once for every batch
+  limit = model.config.max_len
   order = sorted((i for i, s in enumerate(sources) if s is not None),
                  key=lambda i: (len(sources[i]), len(targets[i])), reverse=True)
   chunks = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
@@ -85,10 +87,10 @@ def score_references(module, params, sources: Sequence[Sequence[int] | None],
 
   def run(batch):
     chunk, (inputs, padded) = batch
-    return chunk, forced_log_probs(module, params, inputs, padded)
+    return chunk, forced_log_probs(model, inputs, padded)
 
   out: list[float | None] = [None] * len(sources)
-  ready = _RAN_SHAPES.setdefault(module, set())
+  ready = _RAN_SHAPES.setdefault(model.config, set())
   workers = default_workers() if workers is None else max(1, int(workers))
   for chunk, scores in in_order(run, batches, workers, ready,
                                 shape=lambda batch: tuple(x.shape for x in batch[1])):

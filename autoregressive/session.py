@@ -19,10 +19,12 @@ arguments raise `ValueError` (one line).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 from collections.abc import Callable, Sequence
 
 from autoregressive import strategies
+from autoregressive.decode_loop import Decodable, decoding_model
 from autoregressive.scoring import score_references
 from autoregressive.strategies import Hypothesis
 from autoregressive.translator import Translator, generate as generate_ids
@@ -31,19 +33,26 @@ from model.kinds import adapter_of
 
 
 class Session:
-  """`module` (a model with a decoder) with its `params`, `tokenizer` and `config` (whose
-  `decode` section gives the default settings): `translate`, `hypotheses`, `score` (a model
-  with a source) or `generate` (a language model). `warn(message)` hears about truncated
-  inputs and capped lengths (default: `warnings.warn`); `step` is the checkpoint's."""
+  """`module` (an NNX model with a decoder, holding its parameters), its `tokenizer` and
+  `config` (whose `decode` section gives the default settings): `translate`, `hypotheses`,
+  `score` (a model with a source) or `generate` (a language model). `warn(message)` hears
+  about truncated inputs and capped lengths (default: `warnings.warn`); `step` is the
+  checkpoint's."""
 
-  def __init__(self, module, params, tokenizer, config, *, step: int | None = None,
+  def __init__(self, module, tokenizer, config, *, step: int | None = None,
                warn: Callable[[str], None] | None = None):
-    self.module, self.params, self.tokenizer, self.config = module, params, tokenizer, config
+    self.module, self.tokenizer, self.config = module, tokenizer, config
     self.step, self.kind = step, module.config.kind
     self.warn = warn or (lambda message: warnings.warn(message, stacklevel=3))
     self.translates = adapter_of(module).has_source
     if not adapter_of(module).has_decoder:
       raise ValueError(f'a {self.kind} model has no decoder: there is nothing to decode')
+
+  @functools.cached_property
+  def model(self) -> Decodable:
+    """The module split once (unrolled) for every search: (config, params). On first use, so
+    that a session that only encodes text needs no parameters (an abstract module will do)."""
+    return decoding_model(self.module)
 
   # -- settings ------------------------------------------------------------------------------
   def settings(self, strategy: str | None = None, **given
@@ -69,7 +78,7 @@ class Session:
     take is refused."""
     self._require(True, 'translation')
     chosen, limits = self.settings(strategy, **settings)
-    return Translator(self.module, self.params, chosen, limits, eos_id=self.tokenizer.eos_id)
+    return Translator(self.model, chosen, limits, eos_id=self.tokenizer.eos_id)
 
   def _require(self, translation: bool, what: str) -> None:
     if self.translates != translation:
@@ -134,7 +143,7 @@ class Session:
                          f'model\'s max_len {limit}: it cannot be scored')
       targets.append(ids)
     _, limits = self.settings(batch_size=batch_size)
-    return score_references(self.module, self.params, self.encode(sources), targets,
+    return score_references(self.model, self.encode(sources), targets,
                             batch_size=limits.batch_size)
 
   # -- language model ------------------------------------------------------------------------
@@ -162,7 +171,7 @@ class Session:
     sampling, limits = strategies.from_config(
         dict(self.config.get('decode', {})), dict(settings, max_new_tokens=num_tokens),
         strategy=strategies.Sampling.NAME)
-    new = generate_ids(self.module, self.params, ids, num_tokens=limits.max_new_tokens,
+    new = generate_ids(self.model, ids, num_tokens=limits.max_new_tokens,
                        min_new_tokens=limits.min_new_tokens, sampling=sampling, line=line,
                        eos_id=tok.eos_id, warn=self.warn)
     return ids, new

@@ -39,7 +39,8 @@ class Translator:
   """`translator(sources)` -> best output ids per source (None where the source is None);
   `translator.search(sources)` -> `limits.nbest` `Hypothesis` per source, best first.
 
-  `module`/`params` as restored (a `scan_layers` model is unrolled here, once); `strategy` a
+  `module` an NNX model as restored, or its `decoding_model` form (a `scan_layers` model is
+  unrolled and the module split here, once); `strategy` a
   row of `autoregressive.strategies.TABLE` (beam search, greedy, sampling) with its settings;
   `limits` the output lengths, batch size and hypotheses per sentence. `drop_finished=False`
   decodes every sentence of a batch until the batch's last one ends (the plain path, same
@@ -49,10 +50,10 @@ class Translator:
   `default_workers()`.
   """
 
-  def __init__(self, module, params, strategy: Strategy, limits: Limits, *,
+  def __init__(self, module, strategy: Strategy, limits: Limits, *,
                eos_id: int | None = EOS_ID, drop_finished: bool | int = True,
                workers: int | None = None):
-    self.module, self.params = decoding_model(module, params)
+    self.model = decoding_model(module)
     strategy.check_nbest(limits.nbest, 'nbest')
     self.strategy, self.limits, self.eos_id = strategy, limits, eos_id
     self.drop_finished = drop_finished
@@ -61,7 +62,7 @@ class Translator:
     # key is the settings that shape its programs; a key too coarse would only let two
     # batches compile one shape at once.
     self._ran_shapes = _RAN_SHAPES.setdefault(
-        (self.module, strategy.NAME, strategy.program_key(), limits.max_new_tokens, eos_id,
+        (self.model.config, strategy.NAME, strategy.program_key(), limits.max_new_tokens, eos_id,
          limits.nbest, str(drop_finished)), set())
 
   def __call__(self, sources: Sequence[Sequence[int] | None],
@@ -83,7 +84,7 @@ class Translator:
     greedy and sampled outputs (their `score` and `log_prob` are then NaN).
     """
     line_ids = range(len(sources)) if line_ids is None else line_ids
-    model_len = self.module.config.max_len
+    model_len = self.model.config.max_len
     # Longest first: the slowest batches start first, so that a pass does not end with one
     # worker on the longest batch while the others wait (test2016, 2 workers: warm passes
     # 3-4% shorter than shortest first). Any order gives the same outputs.
@@ -121,12 +122,12 @@ class Translator:
   def _batch(self, inputs: np.ndarray, line_ids: Sequence[int], scores: bool
              ) -> list[list[Hypothesis]]:
     """Hypotheses of the first `len(line_ids)` rows of `inputs` `[rows, src_len]`."""
-    return self.strategy.search(self.module, self.params, inputs, self.limits,
+    return self.strategy.search(self.model, inputs, self.limits,
                                 eos_id=self.eos_id, line_ids=line_ids, scores=scores,
                                 drop_finished=self.drop_finished)
 
 
-def generate(module, params, prompt_ids: Sequence[int], *, num_tokens: int, sampling: Sampling,
+def generate(module, prompt_ids: Sequence[int], *, num_tokens: int, sampling: Sampling,
              eos_id: int | None, min_new_tokens: int = DEFAULT_MIN_NEW_TOKENS, line: int = 0,
              warn: Callable[[str], None] | None = None) -> list[int]:
   """Continues `prompt_ids` with a language model -> up to `num_tokens` generated ids drawn
@@ -138,8 +139,8 @@ def generate(module, params, prompt_ids: Sequence[int], *, num_tokens: int, samp
   tokens); longer generations continue in windows whose context is the last half of the
   model's span. `warn` hears about a prompt longer than the span (it is cut to its end).
   """
-  module, params = decoding_model(module, params)
-  span = module.config.max_len
+  model = decoding_model(module)  # split once for every window
+  span = model.config.max_len
   half = max(1, span // 2)
   rng = jax.random.fold_in(jax.random.PRNGKey(sampling.seed), line)
   context = list(prompt_ids)
@@ -153,7 +154,7 @@ def generate(module, params, prompt_ids: Sequence[int], *, num_tokens: int, samp
     n = span - len(context)  # always fill the span: the same shapes for every window
     prompt = np.array(context, np.int32).reshape(1, len(context))
     rng, key = jax.random.split(rng)
-    out = decoding.sample(module, params, prompt=prompt, rng=key, max_new_tokens=n,
+    out = decoding.sample(model, prompt=prompt, rng=key, max_new_tokens=n,
                           min_new_tokens=max(0, min_new_tokens - len(generated)),
                           temperature=sampling.temperature, top_k=sampling.top_k or None,
                           top_p=sampling.top_p if sampling.top_p < 1.0 else None,

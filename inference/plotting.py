@@ -1,11 +1,12 @@
-"""Attention heatmaps (PNG, matplotlib Agg) from the weights the model itself records.
+"""Attention heatmaps (PNG, matplotlib Agg) from the weights the model itself keeps.
 
-Every `MultiHeadAttention` sows its weights `[batch, heads, q_len, kv_len]` into the
-`intermediates` collection on the reference attention path. `collect_attention` runs a
-teacher-forced forward pass with that collection mutable and returns them by name:
+A `MultiHeadAttention` whose `keep_weights` is set keeps its last call's weights `[batch,
+heads, q_len, kv_len]` in `attention_weights` (reference attention path). `collect_attention`
+sets it on every attention module of the unrolled model, runs a teacher-forced forward pass and
+returns the weights by name:
 
-    maps = collect_attention(module, params, inputs, targets)   # encoder-decoder
-    maps = collect_attention(module, params, None, tokens)      # decoder-only
+    maps = collect_attention(module, inputs, targets)   # encoder-decoder
+    maps = collect_attention(module, None, tokens)      # decoder-only
     # {'encoder/layer_0/self_attention': [batch, heads, src, src],
     #  'decoder/layer_0/self_attention': [batch, heads, tgt, tgt],
     #  'decoder/layer_0/cross_attention': [batch, heads, tgt, src], ...}
@@ -18,6 +19,7 @@ predicted (queries), columns the source tokens (cross-attention) or the decoder 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
 import os
@@ -27,51 +29,56 @@ from collections.abc import Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from autoregressive.decode_loop import decoding_model
 from common.atomic_file import OutputError, make_output_dir, write_output
 from inference.streaming import InputError
-from model import transformer
+from model.build import bind
 from model.kinds import adapter_of
+from model.layers import MultiHeadAttention
 
 START_LABEL = '<s>'
 
 
+def module_name(path) -> str:
+  """An attention module's name in the plots: its path in the model, a layer `layers/3` named
+  `layer_3` (the file names decode.py has always written)."""
+  parts, names = list(path), []
+  for i, part in enumerate(parts):
+    if isinstance(part, int) and i and parts[i - 1] == 'layers':
+      names[-1] = f'layer_{part}'
+    else:
+      names.append(str(part))
+  return '/'.join(names)
+
+
 @functools.partial(jax.jit, static_argnums=0)
-def _forward_with_weights(module, params, inputs, targets):
-  _, state = adapter_of(module).teacher_forced(module, {'params': params}, inputs, targets,
-                                            mutable=['intermediates'])
-  return state['intermediates']
+def _forward_with_weights(config, params, inputs, targets) -> dict[str, jax.Array]:
+  """The teacher-forced pass of the (unrolled) model of `config` holding `params` -> every
+  attention module's weights `[batch, heads, q, k]` by `module_name`."""
+  model = bind(config, params)  # a fresh module in this trace: setting attributes is fine
+  attentions = {module_name(path): m for path, m in nnx.iter_modules(model)
+                if isinstance(m, MultiHeadAttention)}
+  for m in attentions.values():
+    m.keep_weights = True
+  adapter_of(config).teacher_forced(model, inputs, targets)
+  return {name: m.attention_weights[...] for name, m in attentions.items()}
 
 
-def attention_maps(intermediates) -> dict[str, np.ndarray]:
-  """Flattens the `intermediates` collection -> {'decoder/layer_0/cross_attention': weights}."""
-  maps = {}
-
-  def walk(node, path):
-    if isinstance(node, dict) or hasattr(node, 'items'):
-      for key, value in node.items():
-        walk(value, path + (str(key),))
-    elif path and path[-1] == 'attention_weights':
-      value = node[0] if isinstance(node, (tuple, list)) else node
-      maps['/'.join(path[:-1])] = np.asarray(value, np.float32)
-
-  walk(intermediates, ())
-  return maps
-
-
-def collect_attention(module, params, inputs, targets) -> dict[str, np.ndarray]:
-  """Teacher-forced forward pass -> attention weights by module path, `[batch, heads, q, k]`.
+def collect_attention(module, inputs, targets) -> dict[str, np.ndarray]:
+  """Teacher-forced forward pass -> attention weights by module name, `[batch, heads, q, k]`
+  float32 (`module`: an NNX model, or its `decoding_model` form).
 
   `inputs` `[batch, src_len]` (None for a decoder-only model) and `targets`
   `[batch, tgt_len]` (for a decoder-only model, the tokens), right-padded with 0.
   """
-  module, params = decoding_model(module, params)  # weights are sown per layer
-  # The reference attention path is the one that sows the weights.
-  module = transformer.with_options(module, attention_impl='reference', remat=False)
+  config, params = decoding_model(module)  # unrolled: weights are kept per layer
+  # The reference attention path is the one that returns the weights.
+  config = dataclasses.replace(config, attention_impl='reference', remat=False)
   inputs = None if inputs is None else jnp.asarray(inputs, jnp.int32)
-  intermediates = _forward_with_weights(module, params, inputs, jnp.asarray(targets, jnp.int32))
-  return attention_maps(intermediates)
+  weights = _forward_with_weights(config, params, inputs, jnp.asarray(targets, jnp.int32))
+  return {name: np.asarray(w, np.float32) for name, w in weights.items()}
 
 
 def _layer_sort_key(name: str):
@@ -274,12 +281,13 @@ def save_sentence_plots(maps: dict[str, np.ndarray], index: int, out_dir: str, *
   return written
 
 
-def plot_lines(module, params, piece, items, out_dir: str, *, heads: str = 'all',
+def plot_lines(module, piece, items, out_dir: str, *, heads: str = 'all',
                progress: Callable[[int], None] | None = None) -> int:
   """Attention heatmaps of `items`, `(index, source ids or None, output ids)` each, teacher-forced
   on the output ids (a decoder-only model takes no source). `piece(id)` labels the axes; item
   `index` goes to `out_dir/line_<index+1>/`; `progress(1)` after each sentence. Returns the
-  number of PNGs."""
+  number of PNGs. `module`: an NNX model, or its `decoding_model` form."""
+  module = decoding_model(module)  # split once for every batch
   has_source = adapter_of(module).has_source
   _make_dir(out_dir)
   bucket = lambda n: -(-max(n, 1) // 16) * 16  # noqa: E731  (few padded shapes: few compilations)
@@ -294,7 +302,7 @@ def plot_lines(module, params, piece, items, out_dir: str, *, heads: str = 'all'
       targets[row, :len(output)] = output
       if has_source:
         inputs[row, :len(source)] = source
-    maps = collect_attention(module, params, inputs, targets)
+    maps = collect_attention(module, inputs, targets)
     for row, (index, source, output) in enumerate(batch):
       written += len(save_sentence_plots(
           maps, row, out_dir, source_pieces=[piece(t) for t in source] if has_source else None,
@@ -305,11 +313,11 @@ def plot_lines(module, params, piece, items, out_dir: str, *, heads: str = 'all'
   return written
 
 
-def plot_sequences(module, params, piece, sources, outputs, out_dir: str, *, limit: int,
+def plot_sequences(module, piece, sources, outputs, out_dir: str, *, limit: int,
                    heads: str) -> int:
   """`plot_lines` of the first `limit` (0 = all) non-empty outputs: `sources[i]` the source ids
   of line i (None: an empty line, skipped; ignored by a decoder-only model), `outputs[i]` its
   output ids."""
   chosen = [(i, s, outputs[i]) for i, s in enumerate(sources) if s is not None and outputs[i]]
-  return plot_lines(module, params, piece, chosen[:limit] if limit > 0 else chosen, out_dir,
+  return plot_lines(module, piece, chosen[:limit] if limit > 0 else chosen, out_dir,
                     heads=heads)

@@ -24,8 +24,8 @@ import jax
 from autoregressive.decode_loop import decoding_model
 from autoregressive.session import Session
 from input_pipeline import tokenizers
-from model import ConfigError, build_model, partitioning
-from model.kinds import adapter_of
+from model import ConfigError, abstract_model, bind, build, partitioning
+from model.config import ModelConfig
 from training import checkpoint, config_io, mesh as mesh_lib
 
 
@@ -33,13 +33,13 @@ class RestoreError(ValueError):
   """The workdir cannot be restored; the message says why, in one line."""
 
 
-def check_params(params, module, workdir: str) -> None:
+def check_params(params, model_config: ModelConfig, workdir: str) -> None:
   """The restored tree must be the model of config.json (a clear error, not a JAX one)."""
-  problems = checkpoint.shape_mismatches(adapter_of(module).param_shapes(module), params)
+  problems = checkpoint.shape_mismatches(build.param_shapes(model_config), params)
   if problems:
     more = f' (+{len(problems) - 3} more)' if len(problems) > 3 else ''
     raise RestoreError(f'the checkpoint in {workdir} does not fit the model in its config.json '
-                       f'(kind={module.config.kind}): {"; ".join(problems[:3])}{more}')
+                       f'(kind={model_config.kind}): {"; ".join(problems[:3])}{more}')
 
 
 def mesh_from_flag(text: str, flag: str = '--mesh') -> jax.sharding.Mesh:
@@ -70,29 +70,35 @@ def check_mesh(model_config, mesh: jax.sharding.Mesh, workdir: str) -> None:
                        f'{misfit[1]}, not divisible by the mesh\'s tensor size {tensor}')
 
 
-def _shardings(module, config, mesh):
-  """`module`'s parameter shardings on `mesh` by config.json's `mesh.rules` (the training
-  defaults when config.json has none), as training lays them out (no optimizer involved)."""
+def _shardings(model_config: ModelConfig, config, mesh):
+  """The parameter shardings (a tree like `params_of`'s) of `model_config`'s model on `mesh`
+  by config.json's `mesh.rules` (the training defaults when config.json has none), as training
+  lays them out (no optimizer involved)."""
   try:
     rules = mesh_lib.rules(config.get('mesh', None))
   except ConfigError as e:
     raise RestoreError(str(e)) from None
-  adapter = adapter_of(module)
-  logical = partitioning.logical_axes(module, adapter.example_inputs())
-  return partitioning.shardings(logical, adapter.param_shapes(module), mesh, rules)
+  return partitioning.shardings(build.logical_axes(model_config),
+                                build.param_shapes(model_config), mesh, rules)
 
 
-def _placement(module, config, mesh):
+def _path_names(path) -> tuple[str, ...]:
+  """A key path as strings: a checkpoint's `layers/'0'` and the model's `layers/0` match."""
+  return tuple(str(getattr(k, 'key', k)) for k in path)
+
+
+def _placement(model_config: ModelConfig, config, mesh):
   """`restore_params`'s `sharding`: (key path, shape) -> the leaf's sharding on `mesh`; None
   without a mesh. A leaf the model lacks, or whose sharding does not divide its shape (a
   checkpoint of another model: `check_params` reports it), goes to the first device."""
   if mesh is None:
     return None
-  by_path = dict(jax.tree_util.tree_flatten_with_path(_shardings(module, config, mesh))[0])
+  by_path = {_path_names(path): sharding for path, sharding in
+             jax.tree_util.tree_flatten_with_path(_shardings(model_config, config, mesh))[0]}
   fallback = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
 
   def place(path, shape):
-    sharding = by_path.get(tuple(path))
+    sharding = by_path.get(_path_names(path))
     if sharding is not None:
       try:
         sharding.shard_shape(shape)  # raises when the mesh does not divide the shape
@@ -104,15 +110,16 @@ def _placement(module, config, mesh):
 
 
 def read_model(workdir: str):
-  """(config, module) of a workdir's config.json, no parameters: cheap, so that a command line
-  can check its flags against the model kind before restoring anything."""
+  """(config, module) of a workdir's config.json, the module abstract (`abstract_model`: its
+  parameters are shapes; nothing is computed): cheap, so that a command line can check its
+  flags against the model kind before restoring anything."""
   if not workdir:
     raise RestoreError('--workdir is required (a directory written by train.py)')
   if not os.path.isdir(workdir):
     raise RestoreError(f'--workdir {workdir} does not exist')
   try:
     config = config_io.load_config(workdir)
-    return config, build_model(config.model)
+    return config, abstract_model(config.model)
   except ConfigError as e:
     raise RestoreError(str(e)) from None
 
@@ -124,26 +131,26 @@ def load(workdir: str, *, step: int | None = None, average_last: int = 1,
   over `mesh` -> a `Session`. `warn(message)` hears about truncated inputs and capped
   lengths (default: `warnings.warn`)."""
   restored = Restored(workdir, step, average_last, mesh)
-  return Session(restored.module, restored.params, restored.tokenizer, restored.config,
-                 step=restored.step, warn=warn)
+  return Session(restored.module, restored.tokenizer, restored.config, step=restored.step,
+                 warn=warn)
 
 
 class Restored:
-  """`config`, `module`, `kind` (name), `tokenizer`, `params` (unrolled: one KV cache per
-  layer when decoding), `step`, `seconds` (restore time) and `mesh` (None: one device) of a
-  workdir."""
+  """`config`, `module` (the NNX model holding the restored parameters, unrolled: one KV
+  cache per layer when decoding), `params` (its pure dict, `model.params_of`), `kind` (name),
+  `tokenizer`, `step`, `seconds` (restore time) and `mesh` (None: one device) of a workdir."""
 
   def __init__(self, workdir: str, step: int | None = None, average_last: int = 1,
                mesh: jax.sharding.Mesh | None = None):
-    self.config, self.module = read_model(workdir)
-    self.kind = self.module.config.kind
-    self.mesh = mesh
+    self.config, abstract = read_model(workdir)
+    model_config = abstract.config
+    self.kind, self.mesh = model_config.kind, mesh
     if mesh is not None:
-      check_mesh(self.module.config, mesh, workdir)
+      check_mesh(model_config, mesh, workdir)
     try:
       self.tokenizer = tokenizers.load_tokenizer(workdir)
       tokenizers.check_vocabulary(  # another workdir's tokenizer would decode garbage, exit 0
-          self.tokenizer, self.config.data, self.module.config.vocab_size, workdir,
+          self.tokenizer, self.config.data, model_config.vocab_size, workdir,
           tokenizers.NOT_THE_MODELS)
     except Exception as e:  # noqa: BLE001  # DataError/DataFileError: one line already
       error = RestoreError(str(e))
@@ -153,16 +160,21 @@ class Restored:
       raise RestoreError(f'no checkpoint in {checkpoint.checkpoint_dir(workdir)}: train first '
                          f'(python train.py --workdir={workdir})')
     started = time.time()
-    try:  # read straight into the shards of the stored (scanned or not) layout
-      self.params, self.step = checkpoint.restore_params(
+    self.module, self.params = self._restore(workdir, model_config, step, average_last)
+    self.seconds = time.time() - started
+
+  def _restore(self, workdir: str, model_config: ModelConfig, step, average_last: int):
+    """(module, params) of the checkpoint, read straight into the shards of its stored
+    (scanned or not) layout, then unrolled once; sets `step`."""
+    try:
+      params, self.step = checkpoint.restore_params(
           workdir, step=step, average_last=average_last,
-          sharding=_placement(self.module, self.config, mesh))
+          sharding=_placement(model_config, self.config, self.mesh))
     except checkpoint.CheckpointError as e:
       raise RestoreError(str(e)) from None
-    check_params(self.params, self.module, workdir)
-    stored = self.module
-    self.module, self.params = decoding_model(self.module, self.params)
-    if mesh is not None and self.module is not stored:
+    check_params(params, model_config, workdir)
+    unrolled_config, params = decoding_model(bind(model_config, params))
+    if self.mesh is not None and unrolled_config != model_config:
       # Each layer's slice as the unrolled model lays it out (not the stacked array's layout).
-      self.params = jax.device_put(self.params, _shardings(self.module, self.config, mesh))
-    self.seconds = time.time() - started
+      params = jax.device_put(params, _shardings(unrolled_config, self.config, self.mesh))
+    return bind(unrolled_config, params), params

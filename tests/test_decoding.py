@@ -8,10 +8,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from autoregressive import decoding
-from model import ModelConfig, build_model
+from model import ModelConfig, bind, build_model, params_of
 from model.kinds import adapter_of
+from model.stacks import stack_layer_params, unrolled
 
 EOS = 1
 
@@ -19,14 +21,13 @@ EOS = 1
 def _model(kind='encoder_decoder', vocab=20, max_len=24, seed=0, eos_boost=1.0, **kw):
   cfg = ModelConfig(kind=kind, vocab_size=vocab, num_encoder_layers=2, num_decoder_layers=2,
                     d_model=32, num_heads=4, d_ff=64, dropout_rate=0.0, max_len=max_len, **kw)
-  module = build_model(cfg)
-  params = module.init(jax.random.PRNGKey(seed), *adapter_of(module).example_inputs(4))['params']
+  params = params_of(build_model(cfg, rngs=nnx.Rngs(seed)))
   # Larger weights give peakier, more varied distributions than the near-uniform init.
   params = jax.tree.map(lambda x: x * 2.0, params)
   if eos_boost != 1.0:  # make EOS likely enough that some (not all) sequences end early
     emb = params['embed']['embedding']
     params['embed']['embedding'] = emb.at[EOS].multiply(eos_boost)
-  return module, params
+  return bind(cfg, params)
 
 
 def _sources(batch=3, length=7, vocab=20, seed=0):
@@ -38,8 +39,8 @@ def _sources(batch=3, length=7, vocab=20, seed=0):
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _forward_log_probs(module, params, *args):
-  return _log_softmax_without_pad(module.apply({'params': params}, *args))
+def _forward_log_probs(config, params, *args):
+  return _log_softmax_without_pad(bind(config, params)(*args))
 
 
 def _log_softmax_without_pad(logits):
@@ -47,33 +48,33 @@ def _log_softmax_without_pad(logits):
   return jax.nn.log_softmax(jnp.asarray(logits).at[..., 0].set(-jnp.inf))
 
 
-def _greedy_by_full_forward(module, params, prompt, num_tokens, width):
+def _greedy_by_full_forward(model, prompt, num_tokens, width):
   """Greedy continuation of a decoder-only `prompt` (list of ids), one full forward pass per
   token over a fixed `width` (one compile), never choosing the pad id 0."""
   seq = list(prompt)
   for _ in range(num_tokens):
     padded = np.array([seq + [3] * (width - len(seq))], np.int32)
-    log_probs = _log_probs_full(module, params, None, padded)[0, len(seq)].copy()
+    log_probs = _log_probs_full(model, None, padded)[0, len(seq)].copy()
     log_probs[0] = -np.inf
     seq.append(int(log_probs.argmax()))
   return seq[len(prompt):]
 
 
-def _log_probs_full(module, params, inputs, targets):
+def _log_probs_full(model, inputs, targets):
   """log_softmax (pad left out) of the full teacher-forced forward pass `[batch, len, vocab]`."""
   targets = np.asarray(targets)
   # A pad target would mask its own query; fill it (only future positions read it).
   filled = np.where(targets == 0, 3, targets)
   args = (filled,) if inputs is None else (np.asarray(inputs), filled)
-  return np.asarray(_forward_log_probs(module, params, *args))
+  return np.asarray(_forward_log_probs(model.config, params_of(model), *args))
 
 
-def _greedy_full(module, params, inputs, max_len, eos=EOS):
+def _greedy_full(model, inputs, max_len, eos=EOS):
   """Greedy decoding by re-running the full forward pass for every token."""
   out = np.zeros((inputs.shape[0], max_len), np.int32)
   done = np.zeros(inputs.shape[0], bool)
   for t in range(max_len):
-    lp = _log_probs_full(module, params, inputs, out)[:, t].copy()
+    lp = _log_probs_full(model, inputs, out)[:, t].copy()
     lp[:, 0] = -np.inf
     tok = lp.argmax(-1)
     out[:, t] = np.where(done, 0, tok)
@@ -81,8 +82,8 @@ def _greedy_full(module, params, inputs, max_len, eos=EOS):
   return out
 
 
-_step = jax.jit(lambda module, *args: adapter_of(module).decoder_step(module, *args),
-                static_argnums=0)
+_step = jax.jit(lambda config, params, *args: adapter_of(config).decoder_step(
+    bind(config, params), *args), static_argnums=0)
 
 
 def _score(lp_rows, seq, alpha):
@@ -98,39 +99,42 @@ def _score(lp_rows, seq, alpha):
 
 # ----------------------------------------------------------------------------- cache
 
-def _full_and_cached_steps(module, params, src, tgt):
+def _full_and_cached_steps(model, src, tgt):
   """-> (full forward logits, the same from the KV cache one token at a time), both
   `[batch, len, vocab]`; `src` is None for a decoder-only model."""
   args = (tgt,) if src is None else (src, tgt)
-  full = np.asarray(jax.jit(module.apply)({'params': params}, *args))
+  full = np.asarray(jax.jit(lambda p, *a: bind(model.config, p)(*a))(params_of(model), *args))
+  model = unrolled(model)  # a KV cache per layer
+  config, params = model.config, params_of(model)
   encoded = None if src is None else jax.jit(
-      lambda p, s: module.apply({'params': p}, s, method=module.encode))(params, src)
-  cache = adapter_of(module).init_cache(module, encoded, src, *tgt.shape)
+      lambda p, s: bind(config, p).encode(s))(params, src)
+  cache = adapter_of(model).init_cache(model, encoded, src, *tgt.shape)
   dec_in = np.pad(tgt, ((0, 0), (1, 0)))[:, :-1]
   steps = []
   for t in range(tgt.shape[1]):
-    logits, cache = _step(module, params, cache, encoded, src, dec_in[:, t:t + 1])
+    logits, cache = _step(config, params, cache, src, dec_in[:, t:t + 1])
     steps.append(np.asarray(logits[:, 0]))
   return full, np.stack(steps, axis=1), encoded
 
 
 def test_cached_step_by_step_equals_full_forward_encoder_decoder():
-  module, params = _model()
+  model = _model()
   tgt = np.random.RandomState(1).randint(2, 20, size=(3, 6)).astype(np.int32)
-  full, cached, _ = _full_and_cached_steps(module, params, _sources(), tgt)
+  full, cached, _ = _full_and_cached_steps(model, _sources(), tgt)
   np.testing.assert_allclose(cached, full, atol=1e-4, rtol=1e-4)
 
 
 def test_cached_prefill_then_steps_equals_full_forward_decoder_only():
-  module, params = _model('decoder_only', positional_encoding='learned', norm_position='pre')
+  model = _model('decoder_only', positional_encoding='learned', norm_position='pre')
   tokens = np.random.RandomState(2).randint(2, 20, size=(2, 8)).astype(np.int32)
-  full = jax.jit(module.apply)({'params': params}, tokens)
-  cache = adapter_of(module).init_cache(module, None, None, 2, 8)
+  full = model(tokens)
+  cache = adapter_of(model).init_cache(model, None, None, 2, 8)
   dec_in = np.pad(tokens, ((0, 0), (1, 0)))[:, :-1]
-  logits, cache = _step(module, params, cache, None, None, dec_in[:, :3])
+  config, params = model.config, params_of(model)
+  logits, cache = _step(config, params, cache, None, dec_in[:, :3])
   np.testing.assert_allclose(logits, full[:, :3], atol=1e-4, rtol=1e-4)
   for t in range(3, 8):
-    logits, cache = _step(module, params, cache, None, None, dec_in[:, t:t + 1])
+    logits, cache = _step(config, params, cache, None, dec_in[:, t:t + 1])
     np.testing.assert_allclose(logits[:, 0], full[:, t], atol=1e-4, rtol=1e-4)
 
 
@@ -140,11 +144,11 @@ def test_float32_residual_in_bfloat16_caches_like_the_full_forward(kind, scan):
   projections) and the float32 stream give the full forward pass's logits, to bf16 rounding."""
   extra = {} if kind == 'encoder_decoder' else {'positional_encoding': 'learned',
                                                 'norm_position': 'pre'}
-  module, params = _model(kind, dtype='bfloat16', residual_dtype='float32', scan_layers=scan,
+  model = _model(kind, dtype='bfloat16', residual_dtype='float32', scan_layers=scan,
                           **extra)
   tgt = np.random.RandomState(3).randint(2, 20, size=(3, 6)).astype(np.int32)
   src = _sources() if kind == 'encoder_decoder' else None
-  full, cached, encoded = _full_and_cached_steps(module, params, src, tgt)
+  full, cached, encoded = _full_and_cached_steps(model, src, tgt)
   assert encoded is None or encoded.dtype == jnp.bfloat16
   np.testing.assert_allclose(cached, full, atol=0.05 * np.abs(full).max())
 
@@ -152,10 +156,10 @@ def test_float32_residual_in_bfloat16_caches_like_the_full_forward(kind, scan):
 # ----------------------------------------------------------------------------- greedy
 
 def test_greedy_equals_full_forward_greedy_with_eos():
-  module, params = _model(eos_boost=1.6)
+  model = _model(eos_boost=1.6)
   src = _sources(batch=4)
-  out = np.asarray(decoding.greedy_decode(module, params, src, max_new_tokens=8))
-  ref = _greedy_full(module, params, src, 8)
+  out = np.asarray(decoding.greedy_decode(model, src, max_new_tokens=8))
+  ref = _greedy_full(model, src, 8)
   np.testing.assert_array_equal(out, ref)
   assert out.shape == (4, 8)
   ended = (out == EOS).any(axis=1)
@@ -167,28 +171,28 @@ def test_greedy_equals_full_forward_greedy_with_eos():
 
 
 def test_greedy_decoder_only_prompts_of_different_lengths():
-  module, params = _model('decoder_only', vocab=20, max_len=20)
+  model = _model('decoder_only', vocab=20, max_len=20)
   prompts = [[5, 6, 7, 8, 9], [3], [4, 4, 12], []]
   width = max(map(len, prompts))
   batch = np.zeros((len(prompts), width), np.int32)
   for i, p in enumerate(prompts):
     batch[i, :len(p)] = p
-  out = np.asarray(decoding.greedy_decode(module, params, prompt=batch, max_new_tokens=6,
+  out = np.asarray(decoding.greedy_decode(model, prompt=batch, max_new_tokens=6,
                                           eos_id=None))
-  alone = np.asarray(decoding.greedy_decode(module, params, prompt=batch[:1, :5], max_new_tokens=6,
+  alone = np.asarray(decoding.greedy_decode(model, prompt=batch[:1, :5], max_new_tokens=6,
                                             eos_id=None))
   np.testing.assert_array_equal(out[0], alone[0])
   for i, p in enumerate(prompts):
     # Against the full forward pass on [0] + prompt + generated (fixed width: one compile).
-    np.testing.assert_array_equal(out[i], _greedy_by_full_forward(module, params, p, 6, 12))
+    np.testing.assert_array_equal(out[i], _greedy_by_full_forward(model, p, 6, 12))
 
 
 def test_too_long_is_a_clear_error():
-  module, params = _model(max_len=10)
+  model = _model(max_len=10)
   with pytest.raises(ValueError, match='max_len'):
-    decoding.greedy_decode(module, params, _sources(length=7), max_new_tokens=11)
+    decoding.greedy_decode(model, _sources(length=7), max_new_tokens=11)
   with pytest.raises(ValueError, match='max_len'):
-    decoding.greedy_decode(module, params, _sources(length=11), max_new_tokens=4)
+    decoding.greedy_decode(model, _sources(length=11), max_new_tokens=4)
 
 
 # ----------------------------------------------------------------------------- beam search
@@ -196,11 +200,11 @@ def test_too_long_is_a_clear_error():
 def test_beam_size_one_equals_greedy():
   """Without a length penalty (with one, a beam of 1 may go on past an EOS that a longer
   output could beat)."""
-  module, params = _model(eos_boost=1.6)
+  model = _model(eos_boost=1.6)
   src = _sources(batch=4)
-  tokens, scores = decoding.beam_search_decode(module, params, src, beam_size=1, alpha=0.0,
+  tokens, scores = decoding.beam_search_decode(model, src, beam_size=1, alpha=0.0,
                                                max_new_tokens=8)
-  greedy = decoding.greedy_decode(module, params, src, max_new_tokens=8)
+  greedy = decoding.greedy_decode(model, src, max_new_tokens=8)
   np.testing.assert_array_equal(np.asarray(tokens)[:, 0], np.asarray(greedy))
   assert tokens.shape == (4, 1, 8) and scores.shape == (4, 1)
 
@@ -212,7 +216,7 @@ def test_beam_search_matches_exhaustive_enumeration(alpha, min_new_tokens):
   sequence for some sources: with min_new_tokens=0 the search returns it, with 1 the best
   non-empty one."""
   vocab, max_len = 6, 3  # tokens 1..5; 2..5 continue a sequence
-  module, params = _model(vocab=vocab, eos_boost=3.0, seed=5)
+  model = _model(vocab=vocab, eos_boost=3.0, seed=0)
   src = _sources(batch=3, vocab=vocab)
   # Every sequence: ends with EOS before max_len, or has max_len tokens.
   seqs = []
@@ -225,13 +229,13 @@ def test_beam_search_matches_exhaustive_enumeration(alpha, min_new_tokens):
   allowed = np.array([EOS not in s[:min_new_tokens] for s in seqs])
   # Wide enough to keep every candidate of every step: the search is exhaustive.
   beam = (vocab - 1) * (vocab - 2) ** (max_len - 2)
-  tokens, scores = decoding.beam_search_decode(module, params, src, beam_size=beam, alpha=alpha,
+  tokens, scores = decoding.beam_search_decode(model, src, beam_size=beam, alpha=alpha,
                                                max_new_tokens=max_len,
                                                min_new_tokens=min_new_tokens)
   tokens, scores = np.asarray(tokens), np.asarray(scores)
   empty_is_best = []
   for b in range(src.shape[0]):
-    lp = _log_probs_full(module, params, np.repeat(src[b:b + 1], len(seqs), 0), seqs)
+    lp = _log_probs_full(model, np.repeat(src[b:b + 1], len(seqs), 0), seqs)
     ref = np.array([_score(lp[i], seqs[i], alpha) for i in range(len(seqs))])
     empty_is_best.append(seqs[np.argmax(ref), 0] == EOS)
     ref = np.where(allowed, ref, -np.inf)
@@ -242,7 +246,7 @@ def test_beam_search_matches_exhaustive_enumeration(alpha, min_new_tokens):
   if alpha == 0:  # the case the test is for (a length penalty favours longer outputs)
     assert any(empty_is_best) and not all(empty_is_best)
   # A narrower beam still returns real, correctly scored sequences, none of them too short.
-  tokens4, scores4 = decoding.beam_search_decode(module, params, src, beam_size=4, alpha=alpha,
+  tokens4, scores4 = decoding.beam_search_decode(model, src, beam_size=4, alpha=alpha,
                                                  max_new_tokens=max_len,
                                                  min_new_tokens=min_new_tokens)
   assert np.all(np.diff(np.asarray(scores4), axis=1) <= 1e-6)
@@ -250,41 +254,41 @@ def test_beam_search_matches_exhaustive_enumeration(alpha, min_new_tokens):
 
 
 def test_beam_scores_sorted_and_equal_model_log_probs():
-  module, params = _model(eos_boost=1.5, seed=1)
+  model = _model(eos_boost=1.5, seed=1)
   src = _sources(batch=3)
   alpha = 0.6
-  tokens, scores = decoding.beam_search_decode(module, params, src, beam_size=4, alpha=alpha,
+  tokens, scores = decoding.beam_search_decode(model, src, beam_size=4, alpha=alpha,
                                                max_new_tokens=7)
   tokens, scores = np.asarray(tokens), np.asarray(scores)
   assert np.isfinite(scores).all()
   assert np.all(np.diff(scores, axis=1) <= 1e-6)
   for b in range(3):
-    lp = _log_probs_full(module, params, np.repeat(src[b:b + 1], 4, 0), tokens[b])
+    lp = _log_probs_full(model, np.repeat(src[b:b + 1], 4, 0), tokens[b])
     ref = [_score(lp[j], tokens[b, j], alpha) for j in range(4)]
     np.testing.assert_allclose(scores[b], ref, rtol=1e-4, atol=1e-4)
     assert len({tuple(t) for t in tokens[b]}) == 4  # distinct hypotheses
   # A row's result does not depend on the other rows of its batch (nor on when they finish).
   for b in range(3):
-    alone, alone_scores = decoding.beam_search_decode(module, params, src[b:b + 1], beam_size=4,
+    alone, alone_scores = decoding.beam_search_decode(model, src[b:b + 1], beam_size=4,
                                                       alpha=alpha, max_new_tokens=7)
     np.testing.assert_array_equal(np.asarray(alone)[0], tokens[b])
     np.testing.assert_allclose(np.asarray(alone_scores)[0], scores[b], rtol=1e-5, atol=1e-5)
   # decoding.sequence_log_probs agrees with the hand-made scorer.
   lens = np.where((tokens == EOS).any(-1), np.argmax(tokens == EOS, -1) + 1, tokens.shape[-1])
-  lp = np.asarray(decoding.sequence_log_probs(module, params, src, tokens=tokens))
+  lp = np.asarray(decoding.sequence_log_probs(model, src, tokens=tokens))
   np.testing.assert_allclose(lp / ((5 + lens) / 6) ** alpha, scores, rtol=1e-4, atol=1e-4)
 
 
 def test_beam_search_decoder_only_with_prompts():
-  module, params = _model('decoder_only', vocab=12, max_len=16, eos_boost=1.4)
+  model = _model('decoder_only', vocab=12, max_len=16, eos_boost=1.4)
   prompt = np.array([[4, 5, 6], [7, 0, 0]], np.int32)
-  tokens, scores = decoding.beam_search_decode(module, params, prompt=prompt, beam_size=3,
+  tokens, scores = decoding.beam_search_decode(model, prompt=prompt, beam_size=3,
                                                alpha=0.6, max_new_tokens=5)
   tokens, scores = np.asarray(tokens), np.asarray(scores)
   lens = np.where((tokens == EOS).any(-1), np.argmax(tokens == EOS, -1) + 1, tokens.shape[-1])
-  lp = np.asarray(decoding.sequence_log_probs(module, params, prompt=prompt, tokens=tokens))
+  lp = np.asarray(decoding.sequence_log_probs(model, prompt=prompt, tokens=tokens))
   np.testing.assert_allclose(lp / ((5 + lens) / 6) ** 0.6, scores, rtol=1e-4, atol=1e-4)
-  alone, _ = decoding.beam_search_decode(module, params, prompt=prompt[1:, :1], beam_size=3,
+  alone, _ = decoding.beam_search_decode(model, prompt=prompt[1:, :1], beam_size=3,
                                          alpha=0.6, max_new_tokens=5)
   np.testing.assert_array_equal(np.asarray(alone)[0], tokens[1])
 
@@ -293,18 +297,18 @@ def test_beam_search_decoder_only_with_prompts():
 def test_beam_search_equals_reference_cache_reordering(case):
   """The hypotheses-as-queries cache layout returns what reordering the caches returns."""
   if case in ('eos', 'no_eos'):
-    module, params = _model(eos_boost=1.5, seed=1)
+    model = _model(eos_boost=1.5, seed=1)
     kw = {'inputs': _sources(batch=3), 'max_new_tokens': 9, 'beam_size': 4}
     if case == 'no_eos':
       kw.update(eos_id=None, beam_size=3)
   else:
     extra = ({'positional_encoding': 'rope', 'attention_impl': 'xla', 'norm_position': 'pre'}
              if case == 'rope_fused' else {})
-    module, params = _model('decoder_only', vocab=12, max_len=16, eos_boost=1.4, **extra)
+    model = _model('decoder_only', vocab=12, max_len=16, eos_boost=1.4, **extra)
     kw = {'prompt': np.array([[4, 5, 6], [7, 0, 0], [0, 0, 0]], np.int32), 'max_new_tokens': 6,
           'beam_size': 3}
-  tokens, scores = decoding.beam_search_decode(module, params, alpha=0.6, **kw)
-  ref_tokens, ref_scores = decoding.beam_search_decode(module, params, alpha=0.6,
+  tokens, scores = decoding.beam_search_decode(model, alpha=0.6, **kw)
+  ref_tokens, ref_scores = decoding.beam_search_decode(model, alpha=0.6,
                                                        reorder_cache=True, **kw)
   np.testing.assert_array_equal(np.asarray(tokens), np.asarray(ref_tokens))
   np.testing.assert_allclose(np.asarray(scores), np.asarray(ref_scores), rtol=1e-5, atol=1e-5)
@@ -313,20 +317,20 @@ def test_beam_search_equals_reference_cache_reordering(case):
 # ----------------------------------------------------------------------------- sampling
 
 def test_sampling_reproducible_and_top_k():
-  module, params = _model('decoder_only', vocab=20, max_len=24)
+  model = _model('decoder_only', vocab=20, max_len=24)
   prompt = np.tile(np.array([[5, 6, 7]], np.int32), (16, 1))
   prompt[8:, 1:] = 0  # two prompt lengths
   kw = {'max_new_tokens': 10, 'temperature': 1.0, 'top_k': 3, 'eos_id': None}
-  a = np.asarray(decoding.sample(module, params, prompt, rng=jax.random.PRNGKey(0), **kw))
-  b = np.asarray(decoding.sample(module, params, prompt, rng=jax.random.PRNGKey(0), **kw))
-  c = np.asarray(decoding.sample(module, params, prompt, rng=jax.random.PRNGKey(1), **kw))
+  a = np.asarray(decoding.sample(model, prompt, rng=jax.random.PRNGKey(0), **kw))
+  b = np.asarray(decoding.sample(model, prompt, rng=jax.random.PRNGKey(0), **kw))
+  c = np.asarray(decoding.sample(model, prompt, rng=jax.random.PRNGKey(1), **kw))
   np.testing.assert_array_equal(a, b)
   assert (a != c).any()
   assert len({tuple(r) for r in a[:8]}) > 1  # it samples, not argmax
   for i in range(16):
     p = [t for t in prompt[i] if t]
     seq = p + a[i].tolist()
-    lp = _log_probs_full(module, params, None, np.array([seq + [3] * (13 - len(seq))]))[0].copy()
+    lp = _log_probs_full(model, None, np.array([seq + [3] * (13 - len(seq))]))[0].copy()
     lp[:, 0] = -np.inf
     for t in range(len(p), len(seq)):
       top3 = np.argsort(-lp[t])[:3]
@@ -334,47 +338,46 @@ def test_sampling_reproducible_and_top_k():
 
 
 def test_sampling_top_p_and_temperature_zero():
-  module, params = _model(eos_boost=1.5)
+  model = _model(eos_boost=1.5)
   src = _sources(batch=4)
-  greedy = np.asarray(decoding.greedy_decode(module, params, src, max_new_tokens=6))
-  zero_t = np.asarray(decoding.sample(module, params, src, rng=jax.random.PRNGKey(3),
+  greedy = np.asarray(decoding.greedy_decode(model, src, max_new_tokens=6))
+  zero_t = np.asarray(decoding.sample(model, src, rng=jax.random.PRNGKey(3),
                                       max_new_tokens=6, temperature=0.0))
   np.testing.assert_array_equal(greedy, zero_t)
   # A tiny nucleus keeps only the most likely token: greedy again, also for a top_p that is
   # 0 as a float32 on CPU (1e-38: subnormal, flushed), which once kept no token at all.
   for top_p in (1e-6, 1e-38, 1e-40):
-    tiny_p = np.asarray(decoding.sample(module, params, inputs=src, rng=jax.random.PRNGKey(3),
+    tiny_p = np.asarray(decoding.sample(model, inputs=src, rng=jax.random.PRNGKey(3),
                                         max_new_tokens=6, top_p=top_p))
     np.testing.assert_array_equal(greedy, tiny_p)
 
 
 def test_greedy_rope_and_fused_attention_equal_full_forward():
-  module, params = _model('decoder_only', vocab=20, max_len=20, positional_encoding='rope',
+  model = _model('decoder_only', vocab=20, max_len=20, positional_encoding='rope',
                           attention_impl='xla', norm_position='pre')
   prompt = np.array([[5, 6, 7], [9, 0, 0]], np.int32)
-  out = np.asarray(decoding.greedy_decode(module, params, prompt=prompt, max_new_tokens=5,
+  out = np.asarray(decoding.greedy_decode(model, prompt=prompt, max_new_tokens=5,
                                           eos_id=None))
   for i, p in enumerate([[5, 6, 7], [9]]):
-    np.testing.assert_array_equal(out[i], _greedy_by_full_forward(module, params, p, 5, 10))
+    np.testing.assert_array_equal(out[i], _greedy_by_full_forward(model, p, 5, 10))
 
 
 @pytest.mark.parametrize('kind', ['encoder_decoder', 'decoder_only'])
 def test_scan_layers_model_decodes_like_the_unrolled_model(kind):
   """Decoding a `scan_layers` model runs it unrolled: same tokens, same beam scores."""
-  from model import transformer  # pylint: disable=import-outside-toplevel
-  module, params = _model(kind, vocab=20, eos_boost=3.0)
-  scanned = build_model(dataclasses.replace(module.config, scan_layers=True))
-  stacked = transformer.stack_layer_params(params)
+  model = _model(kind, vocab=20, eos_boost=3.0)
+  scanned = bind(dataclasses.replace(model.config, scan_layers=True),
+                 stack_layer_params(params_of(model)))
   if kind == 'encoder_decoder':
     args, kwargs = (_sources(),), {}
   else:
     args, kwargs = (), {'prompt': np.array([[5, 6, 7], [9, 0, 0]], np.int32)}
   np.testing.assert_array_equal(
-      decoding.greedy_decode(scanned, stacked, *args, max_new_tokens=6, **kwargs),
-      decoding.greedy_decode(module, params, *args, max_new_tokens=6, **kwargs))
-  got = decoding.beam_search_decode(scanned, stacked, *args, beam_size=3, alpha=0.6,
+      decoding.greedy_decode(scanned, *args, max_new_tokens=6, **kwargs),
+      decoding.greedy_decode(model, *args, max_new_tokens=6, **kwargs))
+  got = decoding.beam_search_decode(scanned, *args, beam_size=3, alpha=0.6,
                                     max_new_tokens=6, **kwargs)
-  want = decoding.beam_search_decode(module, params, *args, beam_size=3, alpha=0.6,
+  want = decoding.beam_search_decode(model, *args, beam_size=3, alpha=0.6,
                                      max_new_tokens=6, **kwargs)
   np.testing.assert_array_equal(got[0], want[0])
   np.testing.assert_allclose(got[1], want[1], rtol=1e-5)
@@ -408,12 +411,12 @@ def test_best_extensions_are_the_best_over_the_whole_vocabulary_ties_included(be
 
 def test_pin_is_a_barrier_on_the_cross_attention_cache_only():
   from autoregressive.decode_loop import pin  # pylint: disable=import-outside-toplevel
-  module, params = _model()
+  model = _model()
   src = _sources()
-  encoded = module.apply({'params': params}, src, method=module.encode)
-  adapter = adapter_of(module)
-  cache = adapter.init_cache(module, encoded, src, 3, 4)
-  _, cache = adapter.decoder_step(module, params, cache, encoded, src, np.zeros((3, 1), np.int32))
+  encoded = model.encode(src)
+  adapter = adapter_of(model)
+  cache = adapter.init_cache(model, encoded, src, 3, 4)
+  _, cache = adapter.decoder_step(model, cache, src, np.zeros((3, 1), np.int32))
   pinned = pin(cache)
   jax.tree.map(np.testing.assert_array_equal, pinned, cache)
   jaxpr = jax.make_jaxpr(pin)(cache)

@@ -100,11 +100,12 @@ class Strategy(Settings):
     """The settings that shape the search's compiled programs (not runtime scalars)."""
     return ()
 
-  def search(self, module, params, inputs, limits: Limits, *, eos_id: int | None,
+  def search(self, model, inputs, limits: Limits, *, eos_id: int | None,
              line_ids: Sequence[int], scores: bool, drop_finished: bool | int
              ) -> list[list[Hypothesis]]:
-    """Hypotheses of the first `len(line_ids)` rows of `inputs` `[rows, src_len]`, best first
-    (`line_ids` seed a sentence's random draws; `scores=False` may leave scores NaN)."""
+    """Hypotheses of the first `len(line_ids)` rows of `inputs` `[rows, src_len]` under `model`
+    (a `decode_loop.Decodable`, or an NNX model), best first (`line_ids` seed a sentence's
+    random draws; `scores=False` may leave scores NaN)."""
     raise NotImplementedError
 
 
@@ -160,12 +161,12 @@ def until_eos(ids: Sequence[int], eos_id: int | None) -> list[int]:
   return out
 
 
-def one_by_one(module, params, rows, tokens, *, k: int, n: int, eos_id: int | None,
+def one_by_one(model, rows, tokens, *, k: int, n: int, eos_id: int | None,
                scores: bool) -> list[list[Hypothesis]]:
   """The `k` outputs `tokens` `[n * k (+ padding rows), len]` of `rows` (sources repeated k
   times) as hypotheses of n sentences, scored by forced decoding (`scores`; else NaN) and
   best first: what a strategy that draws one token at a time returns."""
-  log_probs = (forced_log_probs(module, params, rows, tokens) if scores
+  log_probs = (forced_log_probs(model, rows, tokens) if scores
                else np.full(rows.shape[0], np.nan, np.float32))
   tokens = np.asarray(tokens)
   found = [[Hypothesis(until_eos(tokens[r * k + j], eos_id), float(log_probs[r * k + j]),

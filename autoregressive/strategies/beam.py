@@ -36,10 +36,10 @@ class BeamSearch(Strategy):
   def program_key(self) -> tuple:
     return (self.beam_size,)
 
-  def search(self, module, params, inputs, limits, *, eos_id, line_ids, scores, drop_finished):
+  def search(self, model, inputs, limits, *, eos_id, line_ids, scores, drop_finished):
     n, nbest = len(line_ids), limits.nbest
     tokens, found = decoding.beam_search_decode(
-        module, params, inputs, beam_size=self.beam_size, alpha=self.alpha,
+        model, inputs, beam_size=self.beam_size, alpha=self.alpha,
         max_new_tokens=limits.max_new_tokens, min_new_tokens=limits.min_new_tokens,
         eos_id=eos_id, drop_finished=drop_finished, nbest=nbest)
     tokens, found = np.asarray(tokens)[:n, :nbest], np.asarray(found)[:n, :nbest]

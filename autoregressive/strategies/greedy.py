@@ -20,10 +20,10 @@ class Greedy(Strategy):
       raise ValueError(f'{where}={nbest} is more than greedy decoding finds (1): use beam '
                        'search or sampling for more')
 
-  def search(self, module, params, inputs, limits, *, eos_id, line_ids, scores, drop_finished):
-    tokens = decoding.greedy_decode(module, params, inputs,
+  def search(self, model, inputs, limits, *, eos_id, line_ids, scores, drop_finished):
+    tokens = decoding.greedy_decode(model, inputs,
                                     max_new_tokens=limits.max_new_tokens,
                                     min_new_tokens=limits.min_new_tokens, eos_id=eos_id,
                                     drop_finished=drop_finished)
-    return one_by_one(module, params, np.asarray(inputs), tokens, k=1, n=len(line_ids),
+    return one_by_one(model, np.asarray(inputs), tokens, k=1, n=len(line_ids),
                       eos_id=eos_id, scores=scores)

@@ -42,16 +42,16 @@ class Sampling(Strategy):
   def program_key(self) -> tuple:
     return (self.top_k, self.top_p < 1.0, self.temperature == 0)
 
-  def search(self, module, params, inputs, limits, *, eos_id, line_ids, scores, drop_finished):
+  def search(self, model, inputs, limits, *, eos_id, line_ids, scores, drop_finished):
     k = limits.nbest
     rows = np.repeat(np.asarray(inputs), k, axis=0)
     tokens = decoding.sample(
-        module, params, rows, max_new_tokens=limits.max_new_tokens,
+        model, rows, max_new_tokens=limits.max_new_tokens,
         min_new_tokens=limits.min_new_tokens, eos_id=eos_id,
         rng=sample_keys(self.seed, line_ids, k, inputs.shape[0]),
         temperature=self.temperature, top_k=self.top_k or None,
         top_p=self.top_p if self.top_p < 1.0 else None, drop_finished=drop_finished)
-    return one_by_one(module, params, rows, tokens, k=k, n=len(line_ids), eos_id=eos_id,
+    return one_by_one(model, rows, tokens, k=k, n=len(line_ids), eos_id=eos_id,
                       scores=scores)
 
 
