@@ -9,6 +9,7 @@ and the exports see the pure dict (`params_of`); list indices (`layers/0`) are i
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -16,6 +17,7 @@ import jax
 from flax import nnx, traverse_util
 from jax.sharding import PartitionSpec as P
 
+from model import stacks
 from model.config import ModelConfig
 from model.kinds import ADAPTERS
 
@@ -74,3 +76,16 @@ def logical_axes(config: ModelConfig) -> Params:
 
 def count_params(params: Params) -> int:
   return sum(int(x.size) for x in jax.tree.leaves(params))
+
+
+def with_options(model: nnx.Module, **changes) -> nnx.Module:
+  """The same parameters in the model of a changed config (e.g. `dtype='bfloat16'`,
+  `attention_impl='xla'`, `scan_layers=True`); `model` itself when nothing changes."""
+  config = model.config
+  if all(getattr(config, name) == value for name, value in changes.items()):
+    return model
+  new = as_config(dataclasses.replace(config, **changes))
+  params = params_of(model)
+  if new.scan_layers != config.scan_layers:
+    params = (stacks.stack_layer_params if new.scan_layers else stacks.unstack_layer_params)(params)
+  return bind(new, params)

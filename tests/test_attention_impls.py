@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from model import ConfigError, ModelConfig, attention as attn, build_model
+from model import ConfigError, ModelConfig, attention as attn, bind, build_model, params_of
 from model.chunked_attention import hashed_bits_block
 
 ON_GPU = jax.default_backend() == 'gpu'
@@ -164,15 +164,14 @@ TINY = dict(kind='encoder_decoder', vocab_size=40, num_encoder_layers=1, num_dec
             max_len=32)
 
 
-def model_outputs(config, src, tgt, variables, deterministic, **packing):
-  module = build_model(config)
-  rngs = {'dropout': jax.random.key(9)}
+def model_outputs(config, src, tgt, params, deterministic, **packing):
+  """(logits, gradients) of `config`'s model holding `params`."""
+  config = ModelConfig.from_config(config)
 
   def logits(params):
-    return module.apply({'params': params}, src, tgt, deterministic=deterministic, rngs=rngs,
-                        **packing)
-  return jax.jit(lambda p: (logits(p), jax.grad(lambda p: logits(p).sum())(p)))(
-      variables['params'])
+    return bind(config, params)(src, tgt, deterministic=deterministic,
+                                dropout_rng=jax.random.key(9), **packing)
+  return jax.jit(lambda p: (logits(p), jax.grad(lambda p: logits(p).sum())(p)))(params)
 
 
 def test_chunked_model_equals_reference_with_padding_packing_and_dropout():
@@ -182,9 +181,9 @@ def test_chunked_model_equals_reference_with_padding_packing_and_dropout():
   tgt = jnp.asarray(rng.randint(3, 40, (2, 9)), jnp.int32).at[1, 5:].set(0)
   packing = dict(inputs_segmentation=jnp.array([[1] * 4 + [2] * 6, [1] * 3 + [2] * 3 + [0] * 4]),
                  targets_segmentation=jnp.array([[1] * 5 + [2] * 4, [1] * 2 + [2] * 3 + [0] * 4]))
-  variables = build_model(TINY).init(jax.random.key(0), src, tgt)
-  ref = model_outputs(TINY, src, tgt, variables, False, **packing)
-  out = model_outputs({**TINY, 'attention_impl': 'chunked'}, src, tgt, variables, False,
+  params = params_of(build_model(TINY))
+  ref = model_outputs(TINY, src, tgt, params, False, **packing)
+  out = model_outputs({**TINY, 'attention_impl': 'chunked'}, src, tgt, params, False,
                       **packing)
   assert_close(out, ref, 1e-4)
 
@@ -211,8 +210,7 @@ def test_cudnn_refuses_what_it_cannot_compute_exactly():
   src = tgt = jnp.ones((1, 4), jnp.int32)
   seg = jnp.array([[1, 1, 2, 2]])
   with pytest.raises(ConfigError, match='packed'):
-    jax.eval_shape(lambda: module.init(jax.random.key(0), src, tgt, inputs_segmentation=seg,
-                                       targets_segmentation=seg))
+    jax.eval_shape(lambda: module(src, tgt, inputs_segmentation=seg, targets_segmentation=seg))
   q, k, v = arrays(8, dtype=jnp.bfloat16)
   with pytest.raises(ValueError, match='FactoredMask'):
     attn.cudnn_dot_product_attention(q, k, v, mask=jnp.ones((1, 1, T, S), bool))
@@ -244,10 +242,10 @@ def test_cudnn_model_equals_reference():
   rng = np.random.RandomState(12)
   src = jnp.asarray(rng.randint(3, 40, (2, 10)), jnp.int32).at[1, 6:].set(0)
   tgt = jnp.asarray(rng.randint(3, 40, (2, 8)), jnp.int32).at[1, 5:].set(0)
-  variables = build_model(config).init(jax.random.key(0), src, tgt)
+  params = params_of(build_model(config))
   for deterministic in (True, False):
-    ref = model_outputs(config, src, tgt, variables, deterministic)
-    out = model_outputs({**config, 'attention_impl': 'cudnn'}, src, tgt, variables,
+    ref = model_outputs(config, src, tgt, params, deterministic)
+    out = model_outputs({**config, 'attention_impl': 'cudnn'}, src, tgt, params,
                         deterministic)
     assert_close(out, ref, 5e-2)
 

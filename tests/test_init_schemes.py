@@ -4,9 +4,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from configs import shakespeare_char
-from model import build_model
+from model import build_model, params_of
+from model.build import with_options
 from model.config import ConfigError, ModelConfig
 from training import evaluation, optim
 
@@ -23,12 +25,12 @@ def _config(**changes):
 
 
 def _params(config, seed=0):
-  module = build_model(config)
-  return module, module.init(jax.random.PRNGKey(seed), jnp.ones((2, 8), jnp.int32))['params']
+  module = build_model(config, rngs=nnx.Rngs(seed))
+  return module, params_of(module)
 
 
 def _flat(params):
-  return {'/'.join(k.key for k in path): np.asarray(v)
+  return {'/'.join(str(k.key) for k in path): np.asarray(v)
           for path, v in jax.tree_util.tree_leaves_with_path(params)}
 
 
@@ -44,28 +46,24 @@ def test_gpt2_init_stds_zero_biases_and_scaled_residual_projections():
       want = residual if name.endswith(('out/kernel', 'wo/kernel')) else 0.02
       assert value.std() == pytest.approx(want, rel=0.1), name
       assert abs(value.mean()) < want / 5, name
-  assert 'decoder/layer_0/self_attention/out/kernel' in flat
-  assert 'decoder/layer_2/ffn/wo/kernel' in flat and 'embed/embedding' in flat
+  assert 'decoder/layers/0/self_attention/out/kernel' in flat
+  assert 'decoder/layers/2/ffn/wo/kernel' in flat and 'embed/embedding' in flat
 
 
 def test_paper_init_is_the_default_and_unchanged():
   default, paper = _params(_config())[1], _params(_config(init='paper'))[1]
   assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), default, paper))
   flat = _flat(default)
-  qkv = flat['decoder/layer_0/self_attention/qkv/kernel']  # Glorot uniform over [256, 768]
+  qkv = flat['decoder/layers/0/self_attention/qkv/kernel']  # Glorot uniform over [256, 768]
   assert np.abs(qkv).max() <= np.sqrt(6 / (256 + 768))
   assert flat['embed/embedding'].std() == pytest.approx(256 ** -0.5, rel=0.1)
 
 
 def test_scale_embeddings_multiplies_by_sqrt_d_model():
-  module, params = _params(_config())
-  unscaled = build_model(_config(scale_embeddings=False))
+  module = build_model(_config())
+  unscaled = with_options(module, scale_embeddings=False)
   tokens = jnp.array([[3, 4, 5]])
-
-  def embed(m):
-    return m.apply({'params': params}, tokens, method=lambda mod, t: mod.embed(t))
-
-  np.testing.assert_allclose(embed(module), 16.0 * embed(unscaled), rtol=1e-6)
+  np.testing.assert_allclose(module.embed(tokens), 16.0 * unscaled.embed(tokens), rtol=1e-6)
 
 
 @pytest.mark.parametrize('field,value', [('init', 'xavier'), ('scale_embeddings', 'yes')])
@@ -89,7 +87,7 @@ def test_weight_decay_mask_matrices_skips_biases_and_norms(scan):
   for name, decayed in matrices.items():
     assert bool(decayed) == name.endswith(('kernel', 'embedding')), name
   # 'ndim' (the default) decays the fused [3, heads, head_dim] Q/K/V bias: 'matrices' does not.
-  qkv_bias = ('decoder/layers' if scan else 'decoder/layer_0') + '/self_attention/qkv/bias'
+  qkv_bias = ('decoder/layers' if scan else 'decoder/layers/0') + '/self_attention/qkv/bias'
   assert ndim[qkv_bias] and not matrices[qkv_bias]
 
 

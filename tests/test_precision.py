@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from model import build_model
+from model import build_model, layers, transformer
+from model.build import with_options
 from training import accelerator
 
 U32 = 2.0 ** -24  # unit roundoff of float32 (24-bit significand)
@@ -61,10 +62,8 @@ def test_bfloat16_compute_error_scales_with_bfloat16_roundoff():
   src = jnp.asarray(rng.randint(3, 64, (4, 12)), jnp.int32)
   tgt = jnp.asarray(rng.randint(3, 64, (4, 10)), jnp.int32)
   reference = build_model(config)
-  variables = reference.init(jax.random.key(0), src, tgt)
-  exact = np.asarray(reference.apply(variables, src, tgt), np.float64)
-  low = np.asarray(build_model({**config, 'dtype': 'bfloat16'}).apply(variables, src, tgt),
-                   np.float64)
+  exact = np.asarray(reference(src, tgt), np.float64)
+  low = np.asarray(with_options(reference, dtype='bfloat16')(src, tgt), np.float64)
   relative = np.linalg.norm(low - exact) / np.linalg.norm(exact)
   sublayers = 2 * 2 + 2 * 3  # encoder: attention + FFN; decoder: + cross-attention
   assert relative <= 2 * U_BF16 * sublayers
@@ -86,43 +85,48 @@ def _pair(seed):
           jnp.asarray(rng.randint(3, 64, (2, 7)), jnp.int32))
 
 
-def _run_with_intermediates(config, variables, src, tgt):
-  """-> (training-mode logits, {module path: output dtype} of every module's __call__)."""
-  logits, state = build_model(config).apply(variables, src, tgt, capture_intermediates=True,
-                                            deterministic=False,
-                                            rngs={'dropout': jax.random.key(1)})
-  dtypes = {}
-  for path, leaf in jax.tree_util.tree_flatten_with_path(state['intermediates'])[0]:
-    keys = [getattr(k, 'key', None) for k in path]  # [..., module, '__call__', index]
-    if keys[-2] == '__call__':
-      dtypes['/'.join(keys[:-2])] = leaf.dtype
-  return logits, dtypes
+def _run_recording(model, src, tgt, monkeypatch):
+  """-> (training-mode logits, {what: [output dtypes]}) for every residual `x + Sublayer(x)`,
+  every dense projection, the token embeddings and the encoder's output."""
+  seen = {'residual': [], 'dense': [], 'embed': [], 'encoder': []}
+
+  def record(name, fn):
+    def wrapped(*args, **kwargs):
+      out = fn(*args, **kwargs)
+      seen[name].append(out.dtype)
+      return out
+    return wrapped
+  monkeypatch.setattr(transformer, 'residual', record('residual', transformer.residual))
+  for name, cls in (('dense', layers.Dense), ('embed', layers.Embed),
+                    ('encoder', transformer.Encoder)):
+    monkeypatch.setattr(cls, '__call__', record(name, cls.__call__))
+  logits = model(src, tgt, deterministic=False, dropout_rng=jax.random.key(1))
+  return logits, seen
 
 
 @pytest.mark.parametrize('norm_position', ['pre', 'post'])
 @pytest.mark.parametrize('residual_dtype,stream', [('float32', jnp.float32),
                                                    ('compute', jnp.bfloat16)])
 def test_residual_dtype_sets_the_stream_and_leaves_the_matmuls_in_bfloat16(
-    norm_position, residual_dtype, stream):
+    norm_position, residual_dtype, stream, monkeypatch):
   config = _stream_config(norm_position=norm_position, residual_dtype=residual_dtype)
   src, tgt = _pair(2)
-  variables = build_model(config).init(jax.random.key(0), src, tgt)
-  logits, dtypes = _run_with_intermediates(config, variables, src, tgt)
-  blocks = {p: d for p, d in dtypes.items() if p.endswith('_block')}
-  assert len(blocks) == 2 * 2 + 2 * 3, sorted(blocks)  # every x + Sublayer(x)
-  assert set(blocks.values()) == {jnp.dtype(stream)}
-  assert dtypes['embed'] == stream  # the token embeddings enter the stream
-  dense = {p: d for p, d in dtypes.items() if p.endswith(('qkv', 'out', 'wi', 'wo'))}
-  assert dense and set(dense.values()) == {jnp.dtype(jnp.bfloat16)}, dense
-  assert dtypes['encoder'] == jnp.bfloat16 and logits.dtype == jnp.float32
+  logits, dtypes = _run_recording(build_model(config), src, tgt, monkeypatch)
+  assert len(dtypes['residual']) == 2 * 2 + 2 * 3  # every x + Sublayer(x)
+  assert set(dtypes['residual']) == {jnp.dtype(stream)}
+  assert set(dtypes['embed']) == {jnp.dtype(stream)}  # the token embeddings enter the stream
+  # Q/K/V (fused, or query + kv) and W^O per attention, W_1 and W_2 per feed-forward
+  assert len(dtypes['dense']) == 2 * (2 + 2) + 2 * (2 + 3 + 2)
+  assert set(dtypes['dense']) == {jnp.dtype(jnp.bfloat16)}
+  assert dtypes['encoder'] == [jnp.bfloat16] and logits.dtype == jnp.float32
 
 
 def test_float32_residual_is_the_plain_path_in_float32():
   config = _stream_config(dtype='float32', residual_dtype='compute', norm_position='pre')
   src, tgt = _pair(3)
-  variables = build_model(config).init(jax.random.key(0), src, tgt)
-  plain = build_model(config).apply(variables, src, tgt)
-  kept = build_model({**config, 'residual_dtype': 'float32'}).apply(variables, src, tgt)
+  model = build_model(config)
+  plain = model(src, tgt)
+  kept = with_options(model, residual_dtype='float32')(src, tgt)
   np.testing.assert_array_equal(np.asarray(plain), np.asarray(kept))
 
 
@@ -136,12 +140,11 @@ def test_float32_residual_keeps_small_updates_that_a_bfloat16_stream_rounds_away
                 logits_via_embedding=False)
   tokens = jnp.asarray(np.random.RandomState(4).randint(3, 64, (4, 16)), jnp.int32)
   reference = build_model(config)
-  variables = reference.init(jax.random.key(0), tokens)
-  exact = np.asarray(reference.apply(variables, tokens), np.float64)
+  exact = np.asarray(reference(tokens), np.float64)
 
   def error(residual_dtype):
-    model = build_model({**config, 'dtype': 'bfloat16', 'residual_dtype': residual_dtype})
-    low = np.asarray(model.apply(variables, tokens), np.float64)
+    model = with_options(reference, dtype='bfloat16', residual_dtype=residual_dtype)
+    low = np.asarray(model(tokens), np.float64)
     return np.linalg.norm(low - exact) / np.linalg.norm(exact)
 
   assert error('float32') < error('compute') / 2
