@@ -33,7 +33,7 @@ import jax
 from absl import logging
 
 from configs import wmt14_base, wmt14_big
-from model import build_model
+from model import ModelConfig
 from training import checkpoint, checkpoint_files, mesh as mesh_lib, optim, state as state_lib
 
 PRESETS = {'base': wmt14_base, 'big': wmt14_big}
@@ -42,17 +42,17 @@ PRESETS = {'base': wmt14_base, 'big': wmt14_big}
 def _state(config):
   """A train state as after training: Adam's moments are zeros at initialisation (which zstd
   shrinks to nothing on disk), so every float array gets random values."""
-  module = build_model(config.model)
+  model_config = ModelConfig.from_config(config.model)
   tx = optim.make_optimizer(config)
   mesh = mesh_lib.make_mesh()
-  state = state_lib.create_train_state(module, tx, config.train.seed, mesh)
+  state = state_lib.create_train_state(model_config, tx, config.train.seed, mesh)
   leaves, treedef = jax.tree.flatten(state)
   keys = jax.random.split(jax.random.key(0), len(leaves))
   leaves = [jax.random.normal(k, x.shape, x.dtype) * 0.02
             if jax.numpy.issubdtype(x.dtype, jax.numpy.floating) else x
             for k, x in zip(keys, leaves, strict=True)]
   state = jax.tree.unflatten(treedef, leaves)
-  abstract = state_lib.abstract_train_state(module, tx, config.train.seed, mesh)
+  abstract = state_lib.abstract_train_state(model_config, tx, config.train.seed, mesh)
   return state, abstract
 
 

@@ -218,9 +218,8 @@ def _sources(workdir: str, input_file: str, lines: int):
   with opener(input_file, 'rt', encoding='utf-8') as f:
     text = [line for line in f.read().splitlines() if line.strip()]
   text = text[:lines] if lines else text
-  config, module = restore.read_model(workdir)  # the session's encoding; no parameters
-  session = Session(module, None, tokenizers.load_tokenizer(workdir), config,
-                    warn=lambda message: None)
+  config, module = restore.read_model(workdir)  # the session's encoding; an abstract module
+  session = Session(module, tokenizers.load_tokenizer(workdir), config, warn=lambda message: None)
   return text, session.encode(text), module.config.max_len
 
 

@@ -8,16 +8,20 @@ optimizer, loss and timing, so the ratio compares model code only.
 """
 
 import jax.numpy as jnp
+from flax import nnx
 
 from autoregressive import decoding
-from model import build_model
+from model import ModelConfig, bind, build_model, params_of
 from training.losses import smoothed_cross_entropy
 
 
 class Harnessed:
+  """The harness's (params, ...) functions over our NNX model: `params` is the pure dict
+  (`model.params_of`), bound to the model inside the harness's jitted functions."""
+
   def __init__(self, cfg, **model_overrides):
     assert cfg['d'] == cfg['q'], 'our heads are d_model / num_heads'
-    self.module = build_model(dict(
+    self.config = ModelConfig.from_config(dict(
         kind='encoder_decoder', vocab_size=cfg['vocab'], num_encoder_layers=cfg['enc_layers'],
         num_decoder_layers=cfg['dec_layers'], d_model=cfg['d'], num_heads=cfg['heads'],
         d_ff=cfg['f'], dropout_rate=cfg['dropout'], attention_dropout_rate=cfg['dropout'],
@@ -26,11 +30,12 @@ class Harnessed:
     self.src = 'this checkout (model/transformer.py)'
 
   def init(self, rng, inputs, targets):
-    return self.module.init(rng, inputs, targets)['params']
+    del inputs, targets  # NNX modules initialise from their config alone
+    return params_of(build_model(self.config, rngs=nnx.Rngs(params=rng)))
 
   def apply(self, params, inputs, targets, dropout_rng):
-    return self.module.apply({'params': params}, inputs, targets, deterministic=False,
-                             rngs={'dropout': dropout_rng})
+    return bind(self.config, params)(inputs, targets, deterministic=False,
+                                     dropout_rng=dropout_rng)
 
   def loss(self, logits, targets, label_smoothing):
     weights = (targets > 0).astype(jnp.float32)
@@ -38,9 +43,9 @@ class Harnessed:
     return (losses * weights).sum() / weights.sum()
 
   def beam_search(self, params, inputs, beam_size, max_decode_len, eos_id):
-    tokens, _ = decoding.beam_search_decode(self.module, params, inputs, beam_size=beam_size,
-                                            alpha=0.6, max_new_tokens=max_decode_len,
-                                            eos_id=eos_id)
+    tokens, _ = decoding.beam_search_decode(bind(self.config, params), inputs,
+                                            beam_size=beam_size, alpha=0.6,
+                                            max_new_tokens=max_decode_len, eos_id=eos_id)
     return tokens
 
 

@@ -41,19 +41,19 @@ def main():
   import jax
 
   from configs import shakespeare_char
-  from model import build_model
+  from model import ModelConfig
   from training import mesh as mesh_lib, optim, state as state_lib, steps
 
   config = shakespeare_char.get_config()
   config.model.scan_layers = args.scan_layers
-  module = build_model(config.model.to_dict())
+  model_config = ModelConfig.from_config(config.model)
   schedule = optim.make_schedule(config)
   tx = optim.make_optimizer(config, schedule)
   mesh = mesh_lib.make_mesh()
   start = time.perf_counter()
-  state = state_lib.create_train_state(module, tx, 0, mesh)
+  state = state_lib.create_train_state(model_config, tx, 0, mesh)
   t = config.train
-  train_step = steps.jit_train_step(module, tx, schedule, mesh,
+  train_step = steps.jit_train_step(model_config, tx, schedule, mesh,
                                     label_smoothing=t.label_smoothing)
   rng = np.random.default_rng(0)
   shape = (t.batch_size, config.data.max_length + 1)

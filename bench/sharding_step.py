@@ -66,15 +66,15 @@ def contender(name: str, c: dict, batch: dict, args):
   import optax
 
   from bench import train_step as ts
-  from model import build_model
+  from model import ModelConfig, build
   from training import memory, mesh as mesh_lib, state as state_lib, steps
 
   layout, _, matmul = name.partition('/')
   old = layout == 'unsharded'
   matmul = 'flat' if old else (matmul or args.projection_matmul)
-  module = build_model(ts.model_config(c, args.dropout, ts.attention_dropout(args),
-                                       dtype=args.dtype, attention_impl=args.attention_impl,
-                                       projection_matmul=matmul))
+  config = ModelConfig.from_config(ts.model_config(
+      c, args.dropout, ts.attention_dropout(args), dtype=args.dtype,
+      attention_impl=args.attention_impl, projection_matmul=matmul))
   tx = optax.adam(5e-4, b1=0.9, b2=0.98, eps=1e-9)
 
   def schedule(_):
@@ -83,16 +83,16 @@ def contender(name: str, c: dict, batch: dict, args):
   if old:
     mesh = mesh_lib.make_mesh()  # every device on 'data'
     replicated = mesh_lib.replicated(mesh)
-    state = jax.jit(state_lib.make_init_fn(module, tx, 0), out_shardings=replicated)()
-    step = jax.jit(steps.make_train_step(module, tx, schedule, label_smoothing=0.1),
+    state = jax.jit(state_lib.make_init_fn(config, tx, 0), out_shardings=replicated)()
+    step = jax.jit(steps.make_train_step(config, tx, schedule, label_smoothing=0.1),
                    in_shardings=(replicated, mesh_lib.batch_sharding(mesh)),
                    out_shardings=(replicated, replicated), donate_argnums=0)
   else:
     data, fsdp, tensor = (int(s) for s in layout.split('x'))
     mesh_config = {'data': data, 'fsdp': fsdp, 'tensor': tensor}
     mesh, rules = mesh_lib.make_mesh(mesh_config=mesh_config), mesh_lib.rules(mesh_config)
-    state = state_lib.create_train_state(module, tx, 0, mesh, rules)
-    step = steps.jit_train_step(module, tx, schedule, mesh, label_smoothing=0.1, rules=rules)
+    state = state_lib.create_train_state(config, tx, 0, mesh, rules)
+    step = steps.jit_train_step(config, tx, schedule, mesh, label_smoothing=0.1, rules=rules)
   batch = jax.device_put(batch, mesh_lib.batch_sharding(mesh))
   compiled = step.lower(state, batch).compile()
   mem = memory.step_memory(compiled, state)
@@ -102,7 +102,7 @@ def contender(name: str, c: dict, batch: dict, args):
     holder['state'], metrics = compiled(holder['state'], batch)
     return metrics['loss']
 
-  return run, {'memory': mem, 'program': program(compiled)}, state_lib.count_params(state.params)
+  return run, {'memory': mem, 'program': program(compiled)}, build.count_params(state.params)
 
 
 def program(compiled) -> dict:

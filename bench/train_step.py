@@ -41,9 +41,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from model import build_model  # noqa: E402
 from model.config import ATTENTION_IMPLS, RESIDUAL_DTYPES, ModelConfig  # noqa: E402
-from training import mesh as mesh_lib, steps, telemetry  # noqa: E402
+from training import mesh as mesh_lib, state as state_lib, steps, telemetry  # noqa: E402
 from training.state import TrainState  # noqa: E402
 
 # The peers' configs (../shared/bench/peers/RESULTS.md, section 3).
@@ -85,15 +84,15 @@ def model_config(c, dropout, attention_dropout=None, **overrides):
 
 def ours(c, batch, args):
   """A jitted step closure over our real train step."""
-  module = build_model(model_config(c, args.dropout, attention_dropout(args), dtype=args.dtype,
-                                    residual_dtype=args.residual_dtype,
-                                    attention_impl=args.attention_impl,
-                                    scan_layers=args.scan_layers, remat=args.remat))
+  config = ModelConfig.from_config(model_config(
+      c, args.dropout, attention_dropout(args), dtype=args.dtype,
+      residual_dtype=args.residual_dtype, attention_impl=args.attention_impl,
+      scan_layers=args.scan_layers, remat=args.remat))
   tx = optax.adam(5e-4, b1=0.9, b2=0.98, eps=1e-9)
-  params = jax.jit(module.init)(jax.random.key(0), batch['inputs'], batch['targets'])['params']
+  params = jax.jit(state_lib.init_params, static_argnums=0)(config, jax.random.key(0))
   state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                      rng=jax.random.PRNGKey(1))
-  step = steps.jit_train_step(module, tx, lambda s: 5e-4, mesh_lib.make_mesh(1),
+  step = steps.jit_train_step(config, tx, lambda s: 5e-4, mesh_lib.make_mesh(1),
                               label_smoothing=0.1)
   holder = {'state': state}
 
@@ -215,7 +214,7 @@ def parse_args():
   parser.add_argument('--matmul_n', type=int, default=None,
                       help='size of the reference matmul (default 8192 on GPU/TPU, 2048 on CPU)')
   parser.add_argument('--scan_layers', action='store_true',
-                      help='nn.scan over layers (first_step_s shows the compile time it saves)')
+                      help='scan over layers (first_step_s shows the compile time it saves)')
   parser.add_argument('--remat', action='store_true', help='rematerialise each layer')
   parser.add_argument('--flax_wmt_dir', default=None,
                       help='google/flax examples/wmt checkout: time it in the same process')
