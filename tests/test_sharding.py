@@ -49,10 +49,10 @@ def _train(kind: str, mesh_shape) -> tuple[list[float], dict[str, int]]:
   """5 train steps on `mesh_shape` -> (losses, per-device and total bytes of the state)."""
   import jax  # pylint: disable=import-outside-toplevel
 
-  from model import build_model  # pylint: disable=import-outside-toplevel
+  from model import ModelConfig  # pylint: disable=import-outside-toplevel
   from training import memory, mesh as mesh_lib, optim, state as state_lib, steps  # pylint: disable=import-outside-toplevel
   config = _config(kind)
-  module, schedule = build_model(config.model), optim.make_schedule(config)
+  module, schedule = ModelConfig.from_config(config.model), optim.make_schedule(config)
   tx = optim.make_optimizer(config, schedule)
   mesh = mesh_lib.make_mesh(int(np.prod(mesh_shape)),
                             dict(zip(mesh_lib.AXES, mesh_shape, strict=True)))
@@ -72,20 +72,20 @@ def _encoder_only_outputs(mesh_shape) -> list:
   """The encoder-only model's forward pass with its parameters sharded on `mesh_shape`."""
   import jax  # pylint: disable=import-outside-toplevel
 
-  from model import build_model, partitioning  # pylint: disable=import-outside-toplevel
+  from model import bind, build_model, params_of, partitioning  # pylint: disable=import-outside-toplevel
   from training import mesh as mesh_lib, state as state_lib  # pylint: disable=import-outside-toplevel
   module = build_model({**TINY, 'kind': 'encoder_only'})
+  config, params = module.config, params_of(module)
   tokens = _batches('decoder_only', 1)[0]['targets']
-  params = module.init(jax.random.key(0), tokens)['params']
   mesh = mesh_lib.make_mesh(int(np.prod(mesh_shape)),
                             dict(zip(mesh_lib.AXES, mesh_shape, strict=True)))
-  params = jax.device_put(params, state_lib.param_shardings(module, mesh))
+  params = jax.device_put(params, state_lib.param_shardings(config, mesh))
   rules = mesh_lib.rules()
 
   @jax.jit
   def forward(params, tokens):
     with partitioning.activation_sharding(mesh, rules):
-      return module.apply({'params': params}, tokens)
+      return bind(config, params)(tokens)
 
   tokens = jax.device_put(tokens, mesh_lib.batch_sharding(mesh))
   return np.asarray(forward(params, tokens)).tolist()

@@ -10,7 +10,8 @@ import optax
 import pytest
 from test_train_synthetic import tiny_config
 
-from model import build_model
+from model import build_model, params_of
+from model.build import count_params
 from model.config import ConfigError
 from training import config_io, losses, optim, steps
 from training.state import TrainState
@@ -114,9 +115,9 @@ def test_lm_1b_preset_has_about_1b_parameters_and_fits_8_and_64_devices():
   from configs import lm_1b
   from training import state as state_lib
   config = lm_1b.get_config()
-  module = build_model(config_io.validate_config(config))
-  shapes = jax.eval_shape(state_lib.make_init_fn(module, optax.identity(), 0))
-  assert 0.95e9 < state_lib.count_params(shapes.params) < 1.05e9
+  model_config = config_io.validate_config(config)
+  shapes = jax.eval_shape(state_lib.make_init_fn(model_config, optax.identity(), 0))
+  assert 0.95e9 < count_params(shapes.params) < 1.05e9
   for data, fsdp, tensor in [(8, 1, 1), (1, 8, 1), (2, 1, 4), (1, 64, 1), (8, 8, 1), (16, 1, 4),
                              (2, 8, 4)]:
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = data, fsdp, tensor
@@ -203,11 +204,12 @@ def test_train_step_skips_a_non_finite_gradient():
   module = build_model(dict(kind='decoder_only', vocab_size=11, num_decoder_layers=1, d_model=8,
                             num_heads=2, d_ff=16, max_len=8))
   batch = {'targets': jnp.array([[3, 4, 5, 6]])}
-  params = module.init(jax.random.PRNGKey(0), batch['targets'])['params']
+  params = params_of(module)
   tx = optax.adam(1e-3)
   state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                      rng=jax.random.PRNGKey(1))
-  step = jax.jit(steps.make_train_step(module, tx, lambda s: 1e-3, label_smoothing=0.1))
+  step = jax.jit(steps.make_train_step(module.config, tx, lambda s: 1e-3,
+                                       label_smoothing=0.1))
   good, metrics = step(state, batch)
   assert bool(metrics['finite']) and int(good.step) == 1
   poisoned = state.replace(params=jax.tree.map(lambda p: p.at[(0,) * p.ndim].set(jnp.nan)
