@@ -77,6 +77,23 @@ def test_incompatible_checkpoint_is_a_clear_error(straight_run):
     syn.restore_full_state(workdir, overrides={'model.d_ff': 128})
 
 
+def test_a_checkpoint_of_version_0_1_is_refused_in_one_line(tmp_path):
+  """Version 0.1's Linen parameter names (`layer_0`, `norm/LayerNorm_0`): resuming and
+  restoring for decoding both refuse it, naming the version, and delete nothing."""
+  workdir = str(tmp_path / 'old')
+  v01 = {'encoder': {'layer_0': {'attention_block': {'norm': {'LayerNorm_0': {
+      'scale': np.ones(4, np.float32)}}}}}}
+  old = checkpoint.Checkpointer(workdir)
+  old.save(3, {'params': v01, 'step': np.int32(3)}, {'position': 0})
+  old.close()
+  with pytest.raises(checkpoint.CheckpointError, match=r'checkpoint 3 in .* was written by '
+                     r'version 0\.1 .*cannot restore it'):
+    checkpoint.restore_params(workdir)
+  with pytest.raises(checkpoint.CheckpointError, match=r'version 0\.1'):
+    syn.restore_full_state(workdir)
+  assert checkpoint.list_steps(workdir) == [3]
+
+
 def _damage(step_dir):
   for root, _, files in os.walk(os.path.join(step_dir, 'state')):
     for name in files:

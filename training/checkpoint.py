@@ -2,17 +2,14 @@
 
   Checkpointer(workdir, max_to_keep=3)   for the trainer: save(step, state, data_state) (async),
                                          restore(abstract_state) with fallback, wait(), close()
-  restore_params(workdir, step=None, average_last=1) -> (params, step)   for decode.py
-  list_steps(workdir) -> [int]
+  restore_params(workdir, step=None, average_last=1) -> (params, step)   for decode.py;
+  list_steps(workdir) -> [int]. A checkpoint of version 0.1 (Linen names) is refused.
 
-`state` is the whole TrainState pytree (params, opt_state, step, rng); `data` is the JSON
-iterator state of every process. Orbax writes each step to a temporary directory and renames
-it when complete, so a process killed mid-write leaves the previous checkpoints intact. Each
-step also holds `checksums.json` (sha256 of every file, written just before that rename, by
-single-process runs): a checkpoint whose files fail it, or that Orbax cannot read, is
-"damaged" and skipped with a one-line warning in favour of the previous one. A save that
-fails (disk full, ...) raises `CheckpointWriteError` naming the step and the intact ones.
-Arrays restore onto whatever devices/shardings the target asks for (1 <-> 8 devices).
+`state` is the TrainState (params, opt_state, step, rng); `data` every process's JSON iterator
+state. Orbax writes a step to a temporary directory renamed when complete (a kill mid-write
+leaves the earlier checkpoints intact); single-process runs add `checksums.json` (sha256 of
+every file) before that rename. A step failing it, or unreadable, is "damaged": skipped with a
+warning. A failed save raises `CheckpointWriteError` naming the step; arrays restore onto any mesh.
 """
 
 from __future__ import annotations
@@ -95,10 +92,8 @@ class Checkpointer:
   """Saves/restores the train state + data iterator state for the trainer.
 
   `save` is asynchronous (Orbax writes in a background thread after copying the arrays off
-  the devices); `wait()` blocks until the last save is on disk. Every process must call
-  `save`/`restore` (Orbax coordinates the processes; process 0 writes the metadata).
-  Orbax's own warning/error logs are held back while it lives: every failure reaches the
-  caller as one `CheckpointError` line instead.
+  the devices); `wait()` blocks until the last save is on disk. Every process calls
+  `save`/`restore`. Orbax's own logs are held back: a failure is one `CheckpointError` line.
   """
 
   def __init__(self, workdir: str, *, max_to_keep: int = 3, async_save: bool = True,
@@ -257,6 +252,8 @@ class Checkpointer:
       self._manager.delete(step)
 
   def _check_fits(self, abstract_state: Any, stored: Any, step: int) -> None:
+    if problem := files.older_layout(stored.get('params', {}), step, self.workdir):
+      raise CheckpointError(problem)
     mismatches = shape_mismatches(files.params_tree(abstract_state), stored.get('params', {}),
                                    'params/')
     if mismatches:
@@ -313,13 +310,12 @@ class _Unverified:
   def check(self, step: int) -> None:
     if not self.warned and files.unverified(step_dir(self.workdir, step)):
       self.warned = True
-      _warn(f'checkpoint {step} in {checkpoint_dir(self.workdir)} has no '
-            f'{files.CHECKSUM_FILE} (written by a version from before checksums): restoring '
-            'it unverified')
+      _warn(f'checkpoint {step} in {checkpoint_dir(self.workdir)} has no {files.CHECKSUM_FILE} '
+            '(written by a version from before checksums): restoring it unverified')
 
 
-class _Damaged(Exception):
-  """A checkpoint whose files fail their checksums (the message is the short reason)."""
+class _Damaged(Exception):  # files failing their checksums (the message: the short reason)
+  pass
 
 
 def _restore_params_at(manager: ocp.CheckpointManager, workdir: str, step: int, sharding,
@@ -331,6 +327,8 @@ def _restore_params_at(manager: ocp.CheckpointManager, workdir: str, step: int, 
   stored = _state_metadata(manager, step)
   if 'params' not in stored:
     raise ValueError(f'checkpoint {step} has no params')
+  if problem := files.older_layout(stored['params'], step, workdir):
+    raise CheckpointError(problem)
   place = (lambda *_: sharding) if isinstance(sharding, jax.sharding.Sharding) else sharding
   target = jax.tree_util.tree_map_with_path(lambda path, m: jax.ShapeDtypeStruct(
       tuple(m.shape), m.dtype, sharding=place(path, tuple(m.shape))), stored['params'])
@@ -351,6 +349,8 @@ def _load_params(workdir: str, candidates: list[int], count: int, sharding,
     for s in reversed(candidates):
       try:
         loaded.append((s, _restore_params_at(manager, workdir, s, sharding, unverified)))
+      except CheckpointError:  # readable, but not this version's: no fallback
+        raise
       except Exception as e:  # pylint: disable=broad-except
         reason = str(e) if isinstance(e, _Damaged) else files.short_reason(e, where)
         if s == strict_step:

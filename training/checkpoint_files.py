@@ -192,6 +192,24 @@ def shape_mismatches(expected: Any, stored: Any, prefix: str = '') -> list[str]:
   return []
 
 
+# Parameter names only version 0.1's Linen model had (`encoder/layer_0/...`,
+# `.../norm/LayerNorm_0/scale`); 0.2's NNX model has `layers/0`, `<sub-layer>_norm`.
+_V01_NAMES = re.compile(r'^(layer_\d+|LayerNorm_0)$')
+
+
+def older_layout(params: Any, step: int, workdir: str) -> str | None:
+  """Why checkpoint `step`'s stored params tree cannot be restored, when it has version 0.1's
+  (Linen) parameter names; else None."""
+  def old(tree):
+    return isinstance(tree, dict) and any(_V01_NAMES.match(str(k)) or old(v)
+                                          for k, v in tree.items())
+  if not old(params):
+    return None
+  return (f'checkpoint {step} in {os.path.join(workdir, "checkpoints")} was written by version '
+          "0.1 (the Linen model's parameter layout); version 0.2 cannot restore it: train it "
+          'again with this version (CHANGELOG.md, 0.2.0)')
+
+
 def int_keys(tree: Any) -> Any:
   """`tree` with its digit-string dict keys as ints: Orbax stores a layer list's indices
   (`layers/0`) as names, the model's pure dict has them as ints."""
