@@ -78,7 +78,7 @@ class Target:
   config_class: str  # its `transformers` config class
   check: Callable  # (ModelConfig) -> None, or raise UnsupportedConfig
   config: Callable  # (ModelConfig, eos_id=) -> the config class's fields
-  state_dict: Callable  # (our unrolled params, ModelConfig) -> {name: float32 array}
+  state_dict: Callable  # (our params, `model.params_of`; ModelConfig) -> {name: float32 array}
   generation: Callable  # (ModelConfig, eos id, config.decode) -> GenerationConfig fields
   sentencepiece: bool  # whether a sentencepiece tokenizer can be written for it (Marian's)
   start_token: bool  # the character tokenizer prepends the start token 0 (GPT-2's BOS)

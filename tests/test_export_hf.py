@@ -25,6 +25,7 @@ from hf_export import UnsupportedConfig, check_exportable, writer
 from input_pipeline.tokenizers import CharTokenizer
 from model import build_model
 from model.layers import LAYER_NORM_EPS
+from model.stacks import stack_layer_params
 
 torch = pytest.importorskip('torch')  # the [hf] extra, which [test] includes
 transformers = pytest.importorskip('transformers')
@@ -134,6 +135,23 @@ def test_decoder_only_logits_and_greedy_equal(tmp_path, positions, activation):
   with pytest.raises(IndexError):
     model.generate(**tokenizer([prompt], return_tensors='pt'), do_sample=False,
                    max_new_tokens=config.max_len)
+
+
+@pytest.mark.parametrize('preset', [default, shakespeare_char])
+def test_scanned_and_string_keyed_layers_convert_as_unrolled(preset):
+  """`convert.layers_of` reads the params of a scan_layers model (leaves `[num_layers, ...]`)
+  and layer indices stored as strings (`layers/'0'`) as the unrolled `layers/0`."""
+  config = preset.get_config('tiny').model
+  config.norm_position, config.vocab_size = 'pre', len(CHARS) + 1
+  module, params = export_workdirs.random_model(config)
+  state_dict = writer.convert_params(params, module.config)
+  named = {k: {**v, 'layers': {str(i): layer for i, layer in v['layers'].items()}}
+           if isinstance(v, dict) and 'layers' in v else v for k, v in params.items()}
+  for other in (stack_layer_params(params), named):
+    converted = writer.convert_params(other, module.config)
+    assert converted.keys() == state_dict.keys()
+    for name, array in converted.items():
+      np.testing.assert_array_equal(array, state_dict[name], err_msg=name)
 
 
 def test_char_tokenizer_round_trip(tmp_path):
