@@ -8,14 +8,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from autoregressive import beam_search, decoding
 from autoregressive.batches import in_order
 from autoregressive.decode_loop import compact_sizes, prepare
 from autoregressive.strategies import BeamSearch, Limits
 from autoregressive.translator import Translator
-from model import ModelConfig, build_model
-from model.kinds import adapter_of
+from model import ModelConfig, bind, build_model, params_of
 
 BATCH = 12
 ROWS = 8  # drop_finished=ROWS: the loop goes on with 8 rows once at most 8 are unfinished
@@ -27,9 +27,8 @@ def _model(kind='encoder_decoder', seed=0):
   # every loop, so one layer of it is enough and compiles faster.
   cfg = ModelConfig(kind=kind, vocab_size=20, num_encoder_layers=1, num_decoder_layers=2,
                     d_model=32, num_heads=4, d_ff=64, dropout_rate=0.0, max_len=24)
-  module = build_model(cfg)
-  params = module.init(jax.random.PRNGKey(seed), *adapter_of(module).example_inputs(4))['params']
-  return module, jax.tree.map(lambda x: x * 2.0, params)  # peakier than the init
+  params = params_of(build_model(cfg, rngs=nnx.Rngs(seed)))
+  return bind(cfg, jax.tree.map(lambda x: x * 2.0, params))  # peakier than the init
 
 
 def _sources(batch=BATCH, length=7, seed=0):
@@ -63,8 +62,8 @@ def _varied_eos(tokens) -> int:
   raise AssertionError(f'no id ends these outputs at varied steps: {np.asarray(tokens)}')
 
 
-def _greedy_eos(module, params, **inputs) -> int:
-  return _varied_eos(decoding.greedy_decode(module, params, max_new_tokens=MAX_LEN, eos_id=None,
+def _greedy_eos(model, **inputs) -> int:
+  return _varied_eos(decoding.greedy_decode(model, max_new_tokens=MAX_LEN, eos_id=None,
                                             drop_finished=False, **inputs))
 
 
@@ -81,46 +80,46 @@ def test_compact_sizes():
 
 
 def test_greedy_drops_finished_rows_with_the_same_tokens():
-  module, params = _model()
+  model = _model()
   src = _sources()
-  eos = _greedy_eos(module, params, inputs=src)
+  eos = _greedy_eos(model, inputs=src)
   # EOS allowed first: rows of this random model that end at once make the stages' case.
   kw = {'max_new_tokens': MAX_LEN, 'eos_id': eos, 'min_new_tokens': 0}
-  plain = np.asarray(decoding.greedy_decode(module, params, src, drop_finished=False, **kw))
+  plain = np.asarray(decoding.greedy_decode(model, src, drop_finished=False, **kw))
   assert _second_stage_runs(_steps(plain, eos))
   for drop in (ROWS, True, STAGES):  # True: compact_sizes(BATCH) rows
-    fast = decoding.greedy_decode(module, params, src, drop_finished=drop, **kw)
+    fast = decoding.greedy_decode(model, src, drop_finished=drop, **kw)
     np.testing.assert_array_equal(np.asarray(fast), plain)
 
 
 @pytest.mark.parametrize('beam_size', [1, 3])
 def test_beam_search_drops_finished_sentences_with_the_same_results(beam_size):
-  module, params = _model(seed=1)
-  src = _sources(seed=1)
-  eos = _greedy_eos(module, params, inputs=src)
+  model = _model(seed=0)
+  src = _sources(seed=0)
+  eos = _greedy_eos(model, inputs=src)
   kw = {'beam_size': beam_size, 'alpha': 0.6, 'max_new_tokens': MAX_LEN, 'eos_id': eos}
-  ref_tokens, ref_scores = decoding.beam_search_decode(module, params, src,
+  ref_tokens, ref_scores = decoding.beam_search_decode(model, src,
                                                        drop_finished=False, **kw)
   if beam_size == 1:  # beam 1 ends a sentence when greedy decoding ends it
     assert _second_stage_runs(_steps(ref_tokens[:, 0], eos))
   for drop in (ROWS, STAGES):
-    tokens, scores = decoding.beam_search_decode(module, params, src, drop_finished=drop, **kw)
+    tokens, scores = decoding.beam_search_decode(model, src, drop_finished=drop, **kw)
     np.testing.assert_array_equal(np.asarray(tokens), np.asarray(ref_tokens))
     # Fewer rows may round the matmuls differently (last bits); the tokens are the same.
     np.testing.assert_allclose(np.asarray(scores), np.asarray(ref_scores), rtol=1e-5, atol=1e-6)
 
 
 def test_decoder_only_prompts_of_different_lengths_drop_finished_rows():
-  module, params = _model('decoder_only', seed=2)
+  model = _model('decoder_only', seed=2)
   prompt = np.zeros((BATCH, 5), np.int32)
   for i in range(BATCH):
     prompt[i, :i % 6] = np.arange(4, 4 + i % 6)  # lengths 0..5, force-fed in the loop
-  eos = _greedy_eos(module, params, prompt=prompt)
+  eos = _greedy_eos(model, prompt=prompt)
   kw = {'prompt': prompt, 'max_new_tokens': MAX_LEN, 'eos_id': eos}
-  greedy = [decoding.greedy_decode(module, params, drop_finished=d, **kw) for d in (ROWS, False)]
+  greedy = [decoding.greedy_decode(model, drop_finished=d, **kw) for d in (ROWS, False)]
   assert _second_stage_runs(_steps(greedy[1], eos))
   np.testing.assert_array_equal(np.asarray(greedy[0]), np.asarray(greedy[1]))
-  beams = [decoding.beam_search_decode(module, params, beam_size=2, alpha=0.6, drop_finished=d,
+  beams = [decoding.beam_search_decode(model, beam_size=2, alpha=0.6, drop_finished=d,
                                        **kw) for d in (ROWS, False)]
   np.testing.assert_array_equal(np.asarray(beams[0][0]), np.asarray(beams[1][0]))
   np.testing.assert_allclose(np.asarray(beams[0][1]), np.asarray(beams[1][1]), rtol=1e-5,
@@ -128,39 +127,38 @@ def test_decoder_only_prompts_of_different_lengths_drop_finished_rows():
 
 
 def test_sampling_with_keys_per_row_drops_finished_rows_with_the_same_samples():
-  module, params = _model(seed=3)
+  model = _model(seed=3)
   keys = jax.random.split(jax.random.PRNGKey(7), BATCH)
   kw = {'inputs': _sources(seed=3), 'rng': keys, 'max_new_tokens': MAX_LEN, 'temperature': 0.7}
-  eos = _varied_eos(decoding.sample(module, params, eos_id=None, **kw))
-  fast = decoding.sample(module, params, eos_id=eos, drop_finished=ROWS, **kw)
-  plain = decoding.sample(module, params, eos_id=eos, drop_finished=False, **kw)
+  eos = _varied_eos(decoding.sample(model, eos_id=None, **kw))
+  fast = decoding.sample(model, eos_id=eos, drop_finished=ROWS, **kw)
+  plain = decoding.sample(model, eos_id=eos, drop_finished=False, **kw)
   assert _second_stage_runs(_steps(plain, eos))
   np.testing.assert_array_equal(np.asarray(fast), np.asarray(plain))
 
 
 def _window_case(kind, seed):
-  """(module, params, inputs, prompt, eos) for the first-window tests: an encoder-decoder's
+  """(model, inputs, prompt, eos) for the first-window tests: an encoder-decoder's
   sources, or a decoder-only model's prompts with a prefilled prefix (n0 > 1) and force-fed
   tokens."""
-  module, params = _model(kind, seed=seed)
+  model = _model(kind, seed=seed)
   if kind == 'encoder_decoder':
     inputs, prompt = _sources(seed=seed), None
   else:
     inputs, prompt = None, np.array([[4, 5, 6], [7, 8, 0], [9, 0, 0]] * 4, np.int32)
-  eos = _greedy_eos(module, params, **({'inputs': inputs} if prompt is None else
+  eos = _greedy_eos(model, **({'inputs': inputs} if prompt is None else
                                       {'prompt': prompt}))
-  return module, params, inputs, prompt, eos
+  return model, inputs, prompt, eos
 
 
 @pytest.mark.parametrize('kind', ['encoder_decoder', 'decoder_only'])
 def test_beam_search_first_window_gives_the_same_results(kind):
   """The slot layout's first steps on a shorter cache, then the whole one: same results."""
-  module, params, inputs, prompt, eos = _window_case(kind, seed=5)
-  args = prepare(module, inputs, prompt, MAX_LEN)
+  model, inputs, prompt, eos = _window_case(kind, seed=0)
+  args = prepare(model.config, inputs, prompt, MAX_LEN)
   kw = {'beam_size': 3, 'max_new_tokens': MAX_LEN, 'prefill_len': args[3], 'eos_id': eos}
-  found = [beam_search.search(module, params, *args[:3], jnp.float32(0.6), np.int32(1),
-                              first_window=w,
-                              compact_rows=rows, **kw)
+  found = [beam_search.search(model.config, params_of(model), *args[:3], jnp.float32(0.6),
+                              np.int32(1), first_window=w, compact_rows=rows, **kw)
            for w, rows in ((0, ()), (2, ()), (3, STAGES), (3, (2,)))]
   # After the short cache's calls, at most 8 rows are left (only they grow), and more than 2
   # (every row grows, then the loop goes on): both of window_then_whole's branches.
@@ -176,12 +174,13 @@ def test_greedy_and_sampling_first_window_give_the_same_tokens(kind):
   """Greedy decoding's (and sampling's) first loop calls on a shorter cache, then the whole
   one: the same tokens, with and without finished rows dropped, with keys per row. (Sampling
   shares greedy's loop: it is checked on the case that goes through every stage.)"""
-  module, params, inputs, prompt, eos = _window_case(kind, seed=6)
-  inputs, prompt, lengths, prefill_len = prepare(module, inputs, prompt, MAX_LEN)
+  model, inputs, prompt, eos = _window_case(kind, seed=0)
+  config, params = model.config, params_of(model)
+  inputs, prompt, lengths, prefill_len = prepare(config, inputs, prompt, MAX_LEN)
   keys = jax.random.split(jax.random.PRNGKey(3), BATCH)
   every = ((0, ()), (2, ()), (3, STAGES), (3, (2,)))
   for greedy, rng, cases in ((True, jax.random.PRNGKey(0), every), (False, keys, every[::2])):
-    found = [decoding._generate(module, params, inputs, prompt, lengths, rng, jnp.float32(0.8),
+    found = [decoding._generate(config, params, inputs, prompt, lengths, rng, jnp.float32(0.8),
                                 jnp.float32(1.0), np.int32(1), max_new_tokens=MAX_LEN,
                                 prefill_len=prefill_len, greedy=greedy, top_k=None,
                                 use_top_p=False, eos_id=eos, compact_rows=rows, first_window=w)
@@ -199,14 +198,14 @@ def test_beam_search_stopping_at_the_final_nbest_gives_the_same_nbest(alpha, reo
   """With `nbest` < beam size a sentence stops once its n best cannot be overtaken: the same
   n tokens and scores as the k-best search (any length penalty sign), and it does stop sooner.
   (Seed 0 and alpha 1.5: a bound that forgets the penalty can grow stops too soon here.)"""
-  module, params = _model(seed=0)
+  model = _model(seed=0)
   src = _sources(seed=0)
   kw = {'beam_size': 4, 'alpha': alpha, 'max_new_tokens': MAX_LEN, 'reorder_cache': reorder_cache,
-        'eos_id': _greedy_eos(module, params, inputs=src)}
-  full_tokens, full_scores = decoding.beam_search_decode(module, params, src, **kw)
+        'eos_id': _greedy_eos(model, inputs=src)}
+  full_tokens, full_scores = decoding.beam_search_decode(model, src, **kw)
   sooner = False
   for n in (1, 2):
-    tokens, scores = decoding.beam_search_decode(module, params, src, nbest=n, **kw)
+    tokens, scores = decoding.beam_search_decode(model, src, nbest=n, **kw)
     np.testing.assert_array_equal(np.asarray(tokens)[:, :n], np.asarray(full_tokens)[:, :n])
     np.testing.assert_allclose(np.asarray(scores)[:, :n], np.asarray(full_scores)[:, :n],
                                rtol=1e-5, atol=1e-6)
@@ -215,16 +214,16 @@ def test_beam_search_stopping_at_the_final_nbest_gives_the_same_nbest(alpha, reo
   if alpha <= 0:  # (with alpha > 0 the bound, at max_new_tokens' penalty, rarely stops early)
     assert sooner  # some sentence stopped before its 4 best were final
   with pytest.raises(ValueError, match='nbest must be in'):
-    decoding.beam_search_decode(module, params, src, nbest=5, **kw)
+    decoding.beam_search_decode(model, src, nbest=5, **kw)
 
 
 def test_translator_drop_finished_option_gives_the_same_hypotheses():
-  module, params = _model(seed=1)
+  model = _model(seed=1)
   src = _sources(seed=1)
-  eos = _greedy_eos(module, params, inputs=src)
+  eos = _greedy_eos(model, inputs=src)
   sources = [[int(t) for t in row if t] for row in src]
   limits = Limits(max_new_tokens=MAX_LEN, batch_size=BATCH, nbest=3)
-  found = [Translator(module, params, BeamSearch(beam_size=3, alpha=0.6), limits, eos_id=eos,
+  found = [Translator(model, BeamSearch(beam_size=3, alpha=0.6), limits, eos_id=eos,
                       drop_finished=d).search(sources)
            for d in (ROWS, False)]
   for fast, plain in zip(found[0], found[1], strict=True):
@@ -235,14 +234,14 @@ def test_translator_drop_finished_option_gives_the_same_hypotheses():
 def test_translator_workers_give_the_same_hypotheses_in_order():
   """Batches decoded two at a time (threads) come back as one at a time gives them: sources
   of two length buckets (two shapes, each compiled by its first batch)."""
-  module, params = _model(seed=2)
+  model = _model(seed=2)
   rng = np.random.RandomState(2)
   sources = [list(rng.randint(3, 20, size=n)) + [1] for n in (3, 20, 5, 18, 2, 7, 21, 4, 6)]
   sources.insert(4, None)  # an empty line stays None
   search = (BeamSearch(beam_size=2, alpha=0.6), Limits(max_new_tokens=MAX_LEN, batch_size=2,
                                                       nbest=2))
   done = []
-  found = [Translator(module, params, *search, workers=w).search(sources, progress=done.append)
+  found = [Translator(model, *search, workers=w).search(sources, progress=done.append)
            for w in (1, 2)]
   assert found[1][4] is None and sum(done) == 2 * 9
   for two, one in zip(found[1], found[0], strict=True):
@@ -255,7 +254,7 @@ def test_translator_workers_give_the_same_hypotheses_in_order():
 def test_translator_decodes_the_longest_sources_first(monkeypatch):
   """So that a pass does not end with one worker on the slowest batch while the others wait;
   a short batch's padding rows repeat its shortest source (an empty one may decode for long)."""
-  module, params = _model(seed=2)
+  model = _model(seed=2)
   batches = []
 
   def record(self, inputs, line_ids, scores):  # stands in for the search
@@ -264,7 +263,7 @@ def test_translator_decodes_the_longest_sources_first(monkeypatch):
 
   monkeypatch.setattr(Translator, '_batch', record)
   sources = [[5] * n + [1] for n in (3, 20, 5, 18, 2, 7, 4)]
-  Translator(module, params, BeamSearch(beam_size=2, alpha=0.6),
+  Translator(model, BeamSearch(beam_size=2, alpha=0.6),
              Limits(max_new_tokens=MAX_LEN, batch_size=3), workers=1).search(sources)
   assert [int(np.max(np.sum(b != 0, axis=1))) for b in batches] == [21, 6, 3]
   assert [b.shape[0] for b in batches] == [3, 3, 3]

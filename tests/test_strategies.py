@@ -79,8 +79,8 @@ class _Repeated(Greedy):
   HELP = 'greedy, repeated'
   times: int = setting(2, 'copies of the greedy output', low=1, high=3, in_config=False)
 
-  def search(self, module, params, inputs, limits, **kw):
-    found = super().search(module, params, inputs, limits, **kw)
+  def search(self, model, inputs, limits, **kw):
+    found = super().search(model, inputs, limits, **kw)
     return [hyps * self.times for hyps in found]
 
 
