@@ -10,12 +10,13 @@ import jax
 import numpy as np
 import optax
 import pytest
+from flax import nnx
 
 from autoregressive import decoding
 from configs import default
 from hf_export import ctranslate2 as ct2_export
-from model import build_model
-from model.kinds import adapter_of
+from model import bind, build_model, params_of
+from model.build import as_config
 
 ctranslate2 = pytest.importorskip('ctranslate2')  # the [ct2] extra, which [test] includes
 
@@ -64,9 +65,9 @@ _OPTIMIZER = optax.adam(3e-3)
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _train_step(module, params, opt_state, inputs, targets):
+def _train_step(config, params, opt_state, inputs, targets):
   def loss(p):
-    logits = module.apply({'params': p}, inputs, targets)
+    logits = bind(config, p)(inputs, targets)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
     return (ce * (targets > 0)).sum() / (targets > 0).sum()
   updates, opt_state = _OPTIMIZER.update(jax.grad(loss)(params), opt_state)
@@ -75,28 +76,28 @@ def _train_step(module, params, opt_state, inputs, targets):
 
 @functools.cache
 def _trained(seed: int, steps: int = 80):
-  """(module, params) of a tiny encoder-decoder trained `steps` Adam steps on `_pairs` (one
-  compile for every seed: the same module)."""
+  """A tiny encoder-decoder (an NNX model) trained `steps` Adam steps on `_pairs` (one compile
+  for every seed: the same config)."""
   config = default.get_config('tiny').model
   config.update(vocab_size=VOCAB, dropout_rate=0.0, max_len=32, logits_via_embedding=False)
-  module = build_model(config)
-  params = module.init(jax.random.PRNGKey(seed), *adapter_of(module).example_inputs(2))['params']
+  config = as_config(config)
+  params = params_of(build_model(config, rngs=nnx.Rngs(seed)))
   rng = np.random.default_rng(seed)
   opt_state = _OPTIMIZER.init(params)
   for _ in range(steps):
-    params, opt_state = _train_step(module, params, opt_state, *_batch(_pairs(rng, 32)))
+    params, opt_state = _train_step(config, params, opt_state, *_batch(_pairs(rng, 32)))
   # Pad is never a target, so training drives its probability to ~1e-4; raised here (P(pad) of
   # a few percent) so that a search that counted the mass of pad, which none can output, would
   # rank hypotheses otherwise than CTranslate2.
   logits = params['decoder']['logits']
   logits['bias'] = logits['bias'].at[0].add(PAD_BOOST)
-  return module, params
+  return bind(config, params)
 
 
 @pytest.mark.parametrize('seed', [0, 1, 2])
 def test_greedy_and_beam_search_equal_ctranslate2s(tmp_path, seed):
-  module, params = _trained(seed)
-  spec = ct2_export.model_spec(params, module.config, _Pieces())
+  model = _trained(seed)
+  spec = ct2_export.model_spec(params_of(model), model.config, _Pieces())
   spec.optimize(quantization=None)
   spec.save(str(tmp_path))
   translator = ctranslate2.Translator(str(tmp_path))
@@ -106,9 +107,9 @@ def test_greedy_and_beam_search_equal_ctranslate2s(tmp_path, seed):
   outputs, ties = {}, 0
   for beam in (1, 2, 4):
     if beam == 1:  # what the Translator runs for beam size 1
-      ours = decoding.greedy_decode(module, params, inputs, max_new_tokens=MAX_NEW)
+      ours = decoding.greedy_decode(model, inputs, max_new_tokens=MAX_NEW)
     else:
-      ours = decoding.beam_search_decode(module, params, inputs, beam_size=beam, alpha=0.0,
+      ours = decoding.beam_search_decode(model, inputs, beam_size=beam, alpha=0.0,
                                          max_new_tokens=MAX_NEW)[0][:, 0]
     ours = [[int(t) for t in row if t] for row in np.asarray(ours)]
     results = translator.translate_batch(pieces, beam_size=beam, length_penalty=0.0,
@@ -117,7 +118,7 @@ def test_greedy_and_beam_search_equal_ctranslate2s(tmp_path, seed):
     assert all(o and o != [EOS] for o in ours) and all(theirs)  # never an empty output
 
     def reference(i, beam=beam):
-      search = beam_reference.model_next_log_probs(module, params, inputs[i], MAX_NEW, beam)
+      search = beam_reference.model_next_log_probs(model, inputs[i], MAX_NEW, beam)
       return beam_reference.beam_search(search, k=beam, max_new_tokens=MAX_NEW)
     ties += beam_reference.differences_are_ties(ours, theirs, reference)
     outputs[beam] = ours
@@ -131,18 +132,18 @@ def test_greedy_and_beam_search_equal_ctranslate2s(tmp_path, seed):
 def test_no_empty_output_for_a_non_empty_source():
   """Greedy, beam search and sampling, and every hypothesis of their n-best lists, give at least
   `min_new_tokens` tokens before EOS (default 1: no empty output), on a model whose most
-  likely output is the empty one for many sources (and for greedy decoding too: seed 2); with
-  `min_new_tokens=0` those come back."""
+  likely output is the empty one for many sources (and for greedy decoding too: seed 2 after
+  60 steps); with `min_new_tokens=0` those come back."""
   from autoregressive.strategies import BeamSearch, Greedy, Limits, Sampling  # pylint: disable=import-outside-toplevel
   from autoregressive.translator import Translator  # pylint: disable=import-outside-toplevel
-  module, params = _trained(2)
+  model = _trained(2, steps=60)
   sources = [src for src, _ in _pairs(np.random.default_rng(102), 24)]
   searches = {'greedy': (Greedy(), 1), 'beam': (BeamSearch(beam_size=4, alpha=0.0), 4),
               'sampling': (Sampling(temperature=1.0, seed=1), 4)}
 
   def lengths(least, strategy, nbest):  # tokens before EOS, every hypothesis of every source
     limits = Limits(max_new_tokens=MAX_NEW, min_new_tokens=least, batch_size=8, nbest=nbest)
-    found = Translator(module, params, strategy, limits).search(sources)
+    found = Translator(model, strategy, limits).search(sources)
     assert all(len(h) == nbest for h in found)
     return [len([t for t in h.tokens if t != EOS]) for hyps in found for h in hyps]
   for name, search in searches.items():
