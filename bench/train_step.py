@@ -137,12 +137,12 @@ def flax_wmt(c, batch, args):
   same Adam."""
   wmt_dir = os.path.expanduser(args.flax_wmt_dir)
   sys.path.insert(0, wmt_dir)
-  import models  # noqa: E402  (peer checkout, not part of this project)
-  from flax import linen as nn  # noqa: E402
+  import models  # noqa: E402  (peer checkout, not part of this project; a Linen model)
   from flax.training import common_utils  # noqa: E402
+  # Its `nn.log_softmax` is flax.linen's re-export of jax.nn.log_softmax: the same function.
   cross_entropy = load_peer_function(
       os.path.join(wmt_dir, 'train.py'), 'compute_weighted_cross_entropy',
-      {'jnp': jnp, 'np': np, 'nn': nn, 'common_utils': common_utils})
+      {'jnp': jnp, 'np': np, 'nn': jax.nn, 'common_utils': common_utils})
   cfg = models.TransformerConfig(
       vocab_size=c['vocab'], output_vocab_size=c['vocab'], share_embeddings=True,
       logits_via_embedding=True, dtype=jnp.dtype(args.dtype), emb_dim=c['d'], num_heads=c['heads'],
