@@ -249,3 +249,9 @@ def gpt2_config(cfg, *, eos_id: int | None) -> dict:
       'scale_attn_weights': True, 'scale_attn_by_inverse_layer_idx': False,
       'reorder_and_upcast_attn': False, 'bos_token_id': 0, 'pad_token_id': 0,
       'eos_token_id': eos_id, 'tie_word_embeddings': True}
+
+
+def restored_params(restored):
+  """(ModelConfig, params) of an `inference.restore.Restored`: the restored (unrolled) model's
+  config and its parameters (`model.params_of`'s pure dict), on the host."""
+  return restored.module.config, jax.device_get(restored.params)

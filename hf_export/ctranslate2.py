@@ -250,10 +250,8 @@ class FORMAT:  # noqa: N801  # the format object `hf_export.writer` dispatches t
 
   @staticmethod
   def write(directory, restored, model_config, tokenizer, config, metadata):
-    from hf_export.writer import restored_params  # pylint: disable=import-outside-toplevel
-
     del model_config, metadata  # the restored (unrolled) model's config is the one to write
-    cfg, params = restored_params(restored)
+    cfg, params = convert.restored_params(restored)
     spec = model_spec(params, cfg, tokenizer)
     spec.optimize(quantization=None)
     spec.save(directory)

@@ -113,19 +113,12 @@ class _Transformers:
 
   @staticmethod
   def write(directory, restored, model_config, tokenizer, config, metadata):
+    from hf_export.convert import restored_params  # pylint: disable=import-outside-toplevel
     _, params = restored_params(restored)
     arch, tokenizer_class = write_export(directory, params, model_config, tokenizer,
                                          config.decode, metadata)
     return f'{arch} + {tokenizer_class}', {'model_class': arch, 'tokenizer_class':
                                            tokenizer_class}
-
-
-def restored_params(restored):
-  """(ModelConfig, params) of an `inference.restore.Restored`: the restored (unrolled) model's
-  config and its parameters (`model.params_of`'s pure dict), on the host."""
-  import jax  # pylint: disable=import-outside-toplevel
-
-  return restored.module.config, jax.device_get(restored.params)
 
 
 def _format(name: str):
