@@ -11,14 +11,14 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
+from flax import nnx
 
 import inference
 from autoregressive import strategies
 from autoregressive.scoring import forced_log_probs
 from autoregressive.session import Session
 from inference import streaming
-from model import ModelConfig, build_model
-from model.kinds import adapter_of
+from model import ModelConfig, bind, build_model, params_of
 
 ALPHABET = 'abcdefghijklmnopqrstuvwxyz '
 
@@ -43,12 +43,11 @@ def _session(kind='encoder_decoder', **decode):
   cfg = ModelConfig(kind=kind, vocab_size=3 + len(ALPHABET), num_encoder_layers=1,
                     num_decoder_layers=2, d_model=32, num_heads=4, d_ff=64, dropout_rate=0.0,
                     max_len=24)
-  module = build_model(cfg)
-  params = module.init(jax.random.PRNGKey(0), *adapter_of(module).example_inputs(4))['params']
+  params = params_of(build_model(cfg, rngs=nnx.Rngs(0)))
   params = jax.tree.map(lambda x: x * 2.0, params)  # peakier, more varied distributions
   settings = dict(beam_size=3, alpha=0.6, max_new_tokens=8, batch_size=4, temperature=1.0, top_k=0)
   config = ml_collections.ConfigDict({'decode': {**settings, **decode}})
-  return Session(module, params, _Tokenizer(), config, step=0, warn=lambda message: None)
+  return Session(bind(cfg, params), _Tokenizer(), config, step=0, warn=lambda message: None)
 
 
 @pytest.fixture(scope='module')
@@ -61,8 +60,7 @@ LINES = ['a dog runs', '', 'two men', 'x']
 
 def _forced(session, line, tokens):
   source = np.array([session.tokenizer.encode(line)], np.int32)
-  return float(forced_log_probs(session.module, session.params, source,
-                                          np.array([tokens], np.int32))[0])
+  return float(forced_log_probs(session.module, source, np.array([tokens], np.int32))[0])
 
 
 def test_public_names():
@@ -168,19 +166,19 @@ def test_score_references_on_two_workers_with_one_target_length_per_source_lengt
   encode = mt.tokenizer.encode
   sources = [encode(s) for s in ('a dog', 'two men run', 'a', 'the cat sat')]
   targets = [encode(t) for t in ('ein hund', 'zwei maenner laufen', 'x', 'die')]
-  one = scoring.score_references(mt.module, mt.params, sources, targets, batch_size=1, workers=1)
+  one = scoring.score_references(mt.module, sources, targets, batch_size=1, workers=1)
   shapes, forced = [], scoring.forced_log_probs
 
-  def recording(module, params, inputs, padded):
+  def recording(model, inputs, padded):
     shapes.append((inputs.shape, padded.shape))
-    return forced(module, params, inputs, padded)
+    return forced(model, inputs, padded)
 
   monkeypatch.setattr(scoring, 'forced_log_probs', recording)
-  two = scoring.score_references(mt.module, mt.params, sources, targets, batch_size=1, workers=2)
+  two = scoring.score_references(mt.module, sources, targets, batch_size=1, workers=2)
   assert two == one
   assert set(shapes) == {((1, 16), (1, 24))}  # targets of 9, 20, 2 and 4 tokens; max_len 24
   for i in range(4):  # each pair alone, unpadded
-    alone = forced(mt.module, mt.params, np.array([sources[i]]), np.array([targets[i]]))[0]
+    alone = forced(mt.module, np.array([sources[i]]), np.array([targets[i]]))[0]
     assert one[i] == pytest.approx(float(alone), rel=1e-5)
 
 
@@ -272,14 +270,14 @@ def test_attention_plots_have_token_labels_and_report_progress(mt, tmp_path):
   tok = mt.tokenizer
   items = [(0, tok.encode('a dog'), tok.encode('ein hund')), (4, tok.encode('x'), [5, 1])]
   done = []
-  written = plotting.plot_lines(mt.module, mt.params, tok.id_to_piece, items, str(tmp_path),
+  written = plotting.plot_lines(mt.module, tok.id_to_piece, items, str(tmp_path),
                                 heads='average', progress=done.append)
   # Per sentence: the overview, then the head average of 1 encoder and 2 x 2 decoder modules.
   assert done == [1, 1] and written == 2 * (1 + 1 + 2 * 2)
   names = sorted(os.listdir(tmp_path / 'line_00005'))
   assert 'overview.png' in names and 'decoder_layer_1_cross_attention_average.png' in names
   # The overview's average column carries the tokens: queries on the left, keys below.
-  maps = plotting.collect_attention(mt.module, mt.params, np.array([items[0][1]]),
+  maps = plotting.collect_attention(mt.module, np.array([items[0][1]]),
                                     np.array([items[0][2]]))
   pieces = lambda ids: [tok.id_to_piece(i) for i in ids]  # noqa: E731
   panels = list(plotting._panels(maps, 0, pieces(items[0][1]), pieces(items[0][2])))

@@ -32,15 +32,16 @@ SENTENCES = b'abcdef\nhello\n\nzyx\n'
 
 
 def _model(kind: str):
-  """A tiny model (4 heads: split over 'tensor') with weights x2: peakier distributions than
-  the near-uniform init, so that float reduction order cannot flip a choice."""
+  """(config, params) of a tiny model (4 heads: split over 'tensor') with weights x2: peakier
+  distributions than the near-uniform init, so that float reduction order cannot flip a
+  choice."""
   import jax  # pylint: disable=import-outside-toplevel
 
-  from model import build_model  # pylint: disable=import-outside-toplevel
+  from model.build import as_config  # pylint: disable=import-outside-toplevel
   from training import state  # pylint: disable=import-outside-toplevel
-  module = build_model(syn.tiny_config(kind, **{'model.num_heads': 4}).model)
-  params = state.init_params(module, jax.random.PRNGKey(SEED))
-  return module, jax.tree.map(lambda x: x * 2.0, params)
+  config = as_config(syn.tiny_config(kind, **{'model.num_heads': 4}).model)
+  params = state.init_params(config, jax.random.PRNGKey(SEED))
+  return config, jax.tree.map(lambda x: x * 2.0, params)
 
 
 def _inputs(kind: str) -> np.ndarray:
@@ -61,26 +62,28 @@ def decode_all(mesh=None) -> dict[str, np.ndarray]:
   import jax  # pylint: disable=import-outside-toplevel
 
   from autoregressive import decoding  # pylint: disable=import-outside-toplevel
+  from model import bind  # pylint: disable=import-outside-toplevel
   from training import (
     mesh as mesh_lib,  # pylint: disable=import-outside-toplevel
     state,  # pylint: disable=import-outside-toplevel
   )
   out = {}
   for kind in KINDS:
-    module, params = _model(kind)
+    config, params = _model(kind)
     if mesh is not None:
-      params = jax.device_put(params, state.param_shardings(module, mesh, mesh_lib.rules()))
+      params = jax.device_put(params, state.param_shardings(config, mesh, mesh_lib.rules()))
       # How finely the parameters are split: fsdp x tensor for the largest ones.
       out[f'{kind}/most_shards'] = max(x.size // x.addressable_shards[0].data.size
                                        for x in jax.tree.leaves(params))
+    module = bind(config, params)  # the model holding the (sharded) parameters
     x = _inputs(kind)
     given = {'inputs': x} if kind == 'encoder_decoder' else {'prompt': x}
-    out[f'{kind}/greedy'] = decoding.greedy_decode(module, params, **given, max_new_tokens=8)
+    out[f'{kind}/greedy'] = decoding.greedy_decode(module, **given, max_new_tokens=8)
     if kind == 'encoder_decoder':
       out[f'{kind}/beam'], out[f'{kind}/beam_scores'] = decoding.beam_search_decode(
-          module, params, **given, beam_size=3, alpha=0.6, max_new_tokens=8)
+          module, **given, beam_size=3, alpha=0.6, max_new_tokens=8)
     else:
-      out[f'{kind}/sample'] = decoding.sample(module, params, **given, max_new_tokens=8, top_k=12,
+      out[f'{kind}/sample'] = decoding.sample(module, **given, max_new_tokens=8, top_k=12,
                                               rng=jax.random.PRNGKey(1), temperature=0.9)
   return {k: np.asarray(v) for k, v in out.items()}
 
