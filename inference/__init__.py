@@ -12,7 +12,7 @@ Modules (imported on first use, so `import inference` is cheap):
                config, model, tokenizer and parameters of a workdir (params only; a
                `scan_layers` model unrolled once), `RestoreError`, `mesh_from_flag`
   streaming    lines from a pipe as they arrive, batched without waiting (decode.py)
-  plotting     attention heatmaps (PNG) from the weights the model sows
+  plotting     attention heatmaps (PNG) from the weights the model keeps
   decode_cli, decode_runs   decode.py's flag checks and its three runs
 """
 
