@@ -46,9 +46,13 @@ def make_layers(config: ModelConfig, make, num_layers: int):
 def run_layers(config: ModelConfig, layers, x: Array, call, dropout_rng: Array | None):
   """`x` through the stack: `call(layer, x, layer_dropout_rng)` -> x per layer. Layer i's
   dropout key is `fold(dropout_rng, i + 1)` either way (0 is the embeddings')."""
+  if not config.scan_layers and not config.remat:  # the layers themselves (plots keep weights)
+    for i, layer in enumerate(layers):
+      x = call(layer, x, fold(dropout_rng, i + 1))
+    return x
   graphdef = nnx.graphdef(layers if config.scan_layers else layers[0])  # one per stack
 
-  def body(state, x, rng):
+  def body(state, x, rng):  # a pure function of the layer's arrays, for checkpoint and scan
     return call(nnx.merge(graphdef, state), x, rng)
   if config.remat:  # trades compute for activation memory in the backward pass
     body = jax.checkpoint(body)
