@@ -13,9 +13,11 @@ TensorStore's wake-ups of the closed loop are reported as unraisable `RuntimeErr
 loop is closed`. The event loops that Orbax creates inside our calls are recorded (weakly);
 asyncio's reports from those loops once they are closed are dropped, and so are closed-loop
 wake-ups once Orbax failed in one of our calls (`note_failure`) or one of its loops closed
-with work pending. Everything else is shown as usual.
-Checksums (verified before Orbax reads) keep a damaged checkpoint from being read at all, so
-this is for checkpoints without them (older versions, several processes).
+with work pending, and wake-ups of a closed loop of those at any time (a background save that
+failed on a full disk closes its loop before our code hears of it). Everything else is shown
+as usual. Checksums (verified before Orbax reads) keep a damaged checkpoint from being read
+at all, so reads that fail are those of checkpoints without them (older versions, several
+processes).
 """
 
 from __future__ import annotations
@@ -70,11 +72,25 @@ def _record_orbax_loops() -> None:
   policy.new_event_loop = new_event_loop
 
 
+def _wakes_a_closed_orbax_loop(error, tb) -> bool:
+  """`Event loop is closed` raised in a wake-up (`call_soon_threadsafe`, from a TensorStore
+  thread) of a loop that Orbax created in our calls and closed: a background save that failed
+  closes its loop at once, before our code hears of the failure (its wait raises it later)."""
+  while tb is not None:
+    loop = tb.tb_frame.f_locals.get('self')
+    if isinstance(loop, asyncio.AbstractEventLoop) and loop in _orbax_loops:
+      return loop.is_closed()
+    tb = tb.tb_next
+  return False
+
+
 def _is_orbax_leftover(unraisable) -> bool:
-  """A wake-up of a closed loop after Orbax abandoned work, or an abandoned Orbax coroutine
-  finalised by the garbage collector (its error is the damage already reported)."""
-  if (_state['abandoned'] and isinstance(unraisable.exc_value, RuntimeError)
-      and str(unraisable.exc_value) == 'Event loop is closed'):
+  """A wake-up of a closed loop after Orbax abandoned work (or of a closed loop of Orbax's),
+  or an abandoned Orbax coroutine finalised by the garbage collector (its error is the damage
+  already reported)."""
+  error = unraisable.exc_value
+  if isinstance(error, RuntimeError) and str(error) == 'Event loop is closed' and (
+      _state['abandoned'] or _wakes_a_closed_orbax_loop(error, unraisable.exc_traceback)):
     return True
   code = getattr(getattr(unraisable, 'object', None), 'cr_code', None)  # a coroutine's
   return code is not None and _ORBAX_DIR in code.co_filename
