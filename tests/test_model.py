@@ -25,6 +25,12 @@ def init(module, *args, **kwargs):
   return jax.jit(functools.partial(module.init, **kwargs))(jax.random.key(0), *args)
 
 
+def apply(module, **static):
+  """`module.apply` (with `static` keyword arguments) under jit: one compile per shape instead
+  of an op-by-op run, each op compiled on its own."""
+  return jax.jit(functools.partial(module.apply, **static))
+
+
 @pytest.fixture(scope='module')
 def encdec():
   module = build_model(TINY)
@@ -40,21 +46,22 @@ def lm():
 
 def test_shapes(encdec, lm):
   module, variables = encdec
-  assert module.apply(variables, tokens(2, (3, 5)), tokens(3, (3, 6))).shape == (3, 6, 40)
+  assert apply(module)(variables, tokens(2, (3, 5)), tokens(3, (3, 6))).shape == (3, 6, 40)
   module, variables = lm
-  assert module.apply(variables, tokens(2, (3, 6))).shape == (3, 6, 40)
+  assert apply(module)(variables, tokens(2, (3, 6))).shape == (3, 6, 40)
   enc_only = build_model({**TINY, 'kind': 'encoder_only'})
-  out = enc_only.apply(init(enc_only, tokens(0, (2, 5))), tokens(0, (2, 5)))
+  out = apply(enc_only)(init(enc_only, tokens(0, (2, 5))), tokens(0, (2, 5)))
   assert out.shape == (2, 5, 32)
 
 
 def test_decoder_is_causal(encdec):
   module, variables = encdec
   src, tgt = tokens(4, (2, 7)), tokens(5, (2, 9))
-  base = module.apply(variables, src, tgt)
+  run = apply(module)
+  base = run(variables, src, tgt)
   for t in range(tgt.shape[1]):
     changed = tgt.at[:, t:].set(tokens(6 + t, (2, tgt.shape[1] - t)))
-    out = module.apply(variables, src, changed)
+    out = run(variables, src, changed)
     # logits[:, t] predicts targets[:, t] from targets[:, :t]: positions <= t are unchanged.
     np.testing.assert_allclose(out[:, :t + 1], base[:, :t + 1], atol=1e-5)
     if t + 1 < tgt.shape[1]:
@@ -64,31 +71,32 @@ def test_decoder_is_causal(encdec):
 def test_decoder_only_is_causal(lm):
   module, variables = lm
   x = tokens(7, (2, 9))
-  base = module.apply(variables, x)
+  run = apply(module)
+  base = run(variables, x)
   for t in range(9):
-    out = module.apply(variables, x.at[:, t:].set(tokens(8 + t, (2, 9 - t))))
+    out = run(variables, x.at[:, t:].set(tokens(8 + t, (2, 9 - t))))
     np.testing.assert_allclose(out[:, :t + 1], base[:, :t + 1], atol=1e-5)
 
 
 def test_padding_invariance(encdec, lm):
   module, variables = encdec
   src, tgt = tokens(9, (2, 6)), tokens(10, (2, 5))
-  base = module.apply(variables, src, tgt)
+  base = apply(module)(variables, src, tgt)
   padded_src = jnp.pad(src, ((0, 0), (0, 4)))
   padded_tgt = jnp.pad(tgt, ((0, 0), (0, 3)))
-  out = module.apply(variables, padded_src, padded_tgt)
+  out = apply(module)(variables, padded_src, padded_tgt)
   np.testing.assert_allclose(out[:, :5], base, atol=1e-5)
   module, variables = lm
-  out = module.apply(variables, jnp.pad(tgt, ((0, 0), (0, 3))))
-  np.testing.assert_allclose(out[:, :5], module.apply(variables, tgt), atol=1e-5)
+  out = apply(module)(variables, jnp.pad(tgt, ((0, 0), (0, 3))))
+  np.testing.assert_allclose(out[:, :5], apply(module)(variables, tgt), atol=1e-5)
 
 
 def test_encoder_only_is_bidirectional():
   module = build_model({**TINY, 'kind': 'encoder_only'})
   x = tokens(11, (1, 6))
   variables = init(module, x)
-  base = module.apply(variables, x)
-  out = module.apply(variables, x.at[:, -1].set((x[0, -1] + 1) % 37 + 3))
+  base = apply(module)(variables, x)
+  out = apply(module)(variables, x.at[:, -1].set((x[0, -1] + 1) % 37 + 3))
   assert not np.allclose(out[:, 0], base[:, 0])
 
 
@@ -99,9 +107,9 @@ def test_packed_examples_equal_examples_alone(positional_encoding):
   src_a, tgt_a = tokens(12, (1, 4)), tokens(13, (1, 5))
   src_b, tgt_b = tokens(14, (1, 3)), tokens(15, (1, 3))
   variables = init(module, src_a, tgt_a)
-  alone_a = module.apply(variables, src_a, tgt_a)
-  alone_b = module.apply(variables, src_b, tgt_b)
-  packed = module.apply(
+  alone_a = apply(module)(variables, src_a, tgt_a)
+  alone_b = apply(module)(variables, src_b, tgt_b)
+  packed = apply(module)(
       variables, jnp.concatenate([src_a, src_b, jnp.zeros((1, 2), jnp.int32)], 1),
       jnp.concatenate([tgt_a, tgt_b, jnp.zeros((1, 1), jnp.int32)], 1),
       inputs_segmentation=jnp.array([[1] * 4 + [2] * 3 + [0] * 2]),
@@ -114,10 +122,10 @@ def test_packed_examples_equal_examples_alone(positional_encoding):
   lm_module = build_model({**TINY, 'kind': 'decoder_only',
                            'positional_encoding': positional_encoding})
   lm_vars = init(lm_module, tgt_a)
-  packed_lm = lm_module.apply(lm_vars, jnp.concatenate([tgt_a, tgt_b], 1),
-                              segment_ids=jnp.array([[1] * 5 + [2] * 3]),
-                              positions=jnp.array([[0, 1, 2, 3, 4, 0, 1, 2]]))
-  np.testing.assert_allclose(packed_lm[:, 5:], lm_module.apply(lm_vars, tgt_b), atol=1e-5)
+  packed_lm = apply(lm_module)(lm_vars, jnp.concatenate([tgt_a, tgt_b], 1),
+                               segment_ids=jnp.array([[1] * 5 + [2] * 3]),
+                               positions=jnp.array([[0, 1, 2, 3, 4, 0, 1, 2]]))
+  np.testing.assert_allclose(packed_lm[:, 5:], apply(lm_module)(lm_vars, tgt_b), atol=1e-5)
 
 
 def zero_cache(module, *args, **kwargs):
@@ -154,17 +162,16 @@ def test_kv_cache_matches_full_forward_decoder_only(positional_encoding):
                         'positional_encoding': positional_encoding})
   x = tokens(18, (2, 10))
   variables = init(module, x)
-  full = module.apply(variables, x)
+  full = apply(module)(variables, x)
   cache = zero_cache(module, x)
   inputs = jnp.pad(x, ((0, 0), (1, 0)))[:, :-1]
+  step = apply(module, use_cache=True, mutable=['cache'])
   # A 4-token prefill, then one token at a time.
-  logits, mutated = module.apply({'params': variables['params'], 'cache': cache}, inputs[:, :4],
-                                 use_cache=True, mutable=['cache'])
+  logits, mutated = step({'params': variables['params'], 'cache': cache}, inputs[:, :4])
   steps = [logits]
   cache = mutated['cache']
   for t in range(4, 10):
-    logits, mutated = module.apply({'params': variables['params'], 'cache': cache},
-                                   inputs[:, t:t + 1], use_cache=True, mutable=['cache'])
+    logits, mutated = step({'params': variables['params'], 'cache': cache}, inputs[:, t:t + 1])
     cache = mutated['cache']
     steps.append(logits)
   np.testing.assert_allclose(jnp.concatenate(steps, 1), full, atol=1e-4)
@@ -210,9 +217,9 @@ def test_bfloat16_compute_keeps_float32_params():
   src, tgt = tokens(21, (2, 6)), tokens(22, (2, 7))
   variables = init(module, src, tgt)
   assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(variables['params']))
-  logits = module.apply(variables, src, tgt)
+  logits = apply(module)(variables, src, tgt)
   assert logits.dtype == jnp.float32
-  ref = build_model(TINY).apply(variables, src, tgt)
+  ref = apply(build_model(TINY))(variables, src, tgt)
   np.testing.assert_allclose(logits, ref, atol=0.15)
 
 
