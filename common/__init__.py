@@ -4,7 +4,8 @@
   atomic_file   the one way to write: atomic_write(path, data) for the project's own files;
                 check_destination, OutputFile, write_output, make_output_dir, OutputLock for
                 the commands' outputs (no symlink/FIFO/device/workdir file, temp + rename,
-                one writer at a time, a full disk in one line)
+                one writer at a time, a killed writer's leftovers removed by the next, a
+                full disk in one line)
   dtype_limits  INT32_MAX, UINT32_MAX, FLOAT32_MAX, FLOAT32_TINY: what numbers are checked against
   tokens        PAD_ID, EOS_ID, UNK_ID and `truncate` (a cut sequence keeps its EOS)
   messages      first_few(items): "a; b; c (+N more)" for one-line errors

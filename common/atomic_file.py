@@ -21,9 +21,12 @@ An output is first checked (`check_destination`, one `OutputError` line):
   any ancestor of the destination holding config.json beside checkpoints/ or tokenizer/.
 While an output is written, `.NAME.lock` beside it is held (`OutputLock`: flock, not
 waiting): a second writer of the same file is refused at once instead of interleaving with the
-first; the lock file goes when the writer is done. A failed write (ENOSPC: a full disk) is one
-`OutputError` line naming the file: the temporary file is removed and the destination is as
-it was.
+first; the lock file goes when the writer is done. A writer killed outright (SIGKILL, a power
+cut: no cleanup runs) leaves its `.NAME.tmp-*` temporary file, or export.py's staging
+directory of that name, and `.NAME.lock`: the next writer of NAME removes them once it holds
+the lock (`remove_leftovers`; no writer of NAME is alive then). A failed write (ENOSPC: a
+full disk) is one `OutputError` line naming the file: the temporary file is removed and the
+destination is as it was.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import stat
 import tempfile
 import weakref
@@ -199,6 +203,7 @@ class OutputLock:
         raise OutputError(f'{what} {shown} is being written by another process (it holds '
                           f'{self.path}): refusing to mix two outputs in one file') from None
       if still_linked(self.fd, self.path):
+        remove_leftovers(path)
         return
       os.close(self.fd)  # its holder removed it as we opened it: lock the new one
 
@@ -215,6 +220,44 @@ class OutputLock:
 
   def __exit__(self, *exc) -> None:
     self.release()
+
+
+def remove_leftovers(path: str) -> list[str]:
+  """Removes what writers of `path` killed outright left beside it: `.NAME.tmp-XXXXXXXX`
+  (mkstemp's and mkdtemp's names) temporary files, and export.py's staging directories of
+  that name, which hold regular files only. For a caller holding `OutputLock(path)`: every
+  such entry is then a dead writer's. Another user's entries, links, and directories holding
+  anything else are left as they are. -> the paths removed."""
+  parent, name = os.path.split(path)
+  leftover = re.compile(re.escape(f'.{name}.tmp-') + '[a-z0-9_]{8}')
+  try:
+    names = [n for n in os.listdir(parent) if leftover.fullmatch(n)]
+  except OSError:
+    return []
+  removed = []
+  for entry in (os.path.join(parent, n) for n in names):
+    with contextlib.suppress(OSError):  # gone meanwhile, or not ours to remove: left as it is
+      if _remove_leftover(entry):
+        removed.append(entry)
+  return removed
+
+
+def _remove_leftover(path: str) -> bool:
+  info = os.lstat(path)
+  if info.st_uid != os.getuid():
+    return False
+  if stat.S_ISREG(info.st_mode):
+    os.unlink(path)
+    return True
+  if not stat.S_ISDIR(info.st_mode):
+    return False
+  files = [os.path.join(path, n) for n in os.listdir(path)]
+  if not all(stat.S_ISREG(os.lstat(f).st_mode) for f in files):
+    return False
+  for file in files:
+    os.unlink(file)
+  os.rmdir(path)
+  return True
 
 
 def _abandon(file, tmp: str, lock: OutputLock) -> None:

@@ -13,7 +13,7 @@ import types
 import export_workdirs
 import pytest
 
-from common import interrupts
+from common import atomic_file, interrupts
 from hf_export import ExportError, output_dir, writer
 
 ROOT = export_workdirs.ROOT
@@ -172,3 +172,29 @@ def test_an_interrupt_python_dropped_still_stops_before_publishing(tmp_path, mon
     writer._write(types.SimpleNamespace(name='test', write=write), str(tmp_path / 'out'), None,
                   (), {})
   assert os.listdir(tmp_path) == []
+
+
+def test_the_next_export_removes_what_a_killed_one_left(workdir, tmp_path):
+  """SIGKILL during the write (no cleanup can run) leaves the `.NAME.tmp-*` staging directory
+  and `.NAME.lock` beside the output; the next export to that output, holding the lock (no
+  writer of it is alive), removes them, and nothing else of a similar name."""
+  out = tmp_path / 'out'
+  prelude = ('import os, signal\nfrom hf_export import output_dir\n'
+             'def killed(*a, **k):\n'
+             '  os.kill(os.getpid(), signal.SIGKILL)  # while the export is being written\n'
+             'output_dir.write_marker = killed\n')
+  proc = _export(f'--workdir={workdir}', f'--output_dir={out}', '--format=ctranslate2',
+                 prelude=prelude)
+  assert proc.returncode == -9, proc.stderr
+  left = sorted(os.listdir(tmp_path))
+  assert len(left) == 2 and left[0] == '.out.lock' and left[1].startswith('.out.tmp-'), left
+  assert os.listdir(tmp_path / left[1])  # the files written before the kill
+  kept = [tmp_path / '.out.tmp-deep1234', tmp_path / '.out.tmp-link1234', tmp_path / 'x.tmp']
+  (kept[0] / 'sub').mkdir(parents=True)  # not an export's staging: it holds a folder
+  kept[1].symlink_to(out)
+  kept[2].write_text('mine')
+  writer.export_workdir(workdir, str(out), format='ctranslate2')
+  assert output_dir.is_previous_export(str(out))
+  assert sorted(os.listdir(tmp_path)) == sorted(['out', *(p.name for p in kept)])
+  assert atomic_file.remove_leftovers(str(out)) == []
+

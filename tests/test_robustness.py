@@ -263,49 +263,70 @@ def test_tokenizer_is_not_retrained_next_to_checkpoints(tmp_path):
 
 # -- 5/6. decode.py flags -----------------------------------------------------------------------
 
-def test_decode_rejects_non_finite_floats(trained):
-  """One line naming the flag (its wording is decode.py's: tests/test_decode_modes.py); the
-  command lines run in one interpreter (`decode_mains`)."""
-  flags = ['--alpha=nan', '--temperature=nan', '--temperature=inf', '--top_p=nan',
-           '--alpha=1e308', '--temperature=1e308']
-  results = decode_mains.run_mains([[f'--workdir={trained[0]}', flag, '--compilation_cache=']
-                                    for flag in flags])
-  for flag, (code, _, err) in zip(flags, results, strict=True):
-    assert code == 2 and len(err.strip().splitlines()) == 1, (flag, err)
-    assert err.startswith(f'decode.py: error: {flag.split("=")[0]}=') and 'must be' in err, err
+NON_FINITE = ['--alpha=nan', '--temperature=nan', '--temperature=inf', '--top_p=nan',
+              '--alpha=1e308', '--temperature=1e308']
 
 
-def test_a_damaged_tokenizer_stops_decode_in_one_line(trained, tmp_path):
-  """Issue 27 item 3: a changed tokenizer file (here the character vocabulary, still valid
-  JSON) is one line naming the file, exit 1, instead of silently other tokens."""
-  workdir = _copy(trained, tmp_path)
+@pytest.fixture(scope='module')
+def decode_runs(trained, tmp_path_factory) -> dict:
+  """The decode.py command lines of the tests below, all in one interpreter (`decode_mains`; a
+  process each spent ~1.5 s of CPU on start-up): name -> (exit status, stdout, stderr); and
+  the files they were given ('files': name -> path)."""
+  folder = tmp_path_factory.mktemp('decode_runs')
+  runs = {('non_finite', flag): [f'--workdir={trained[0]}', flag, '--compilation_cache=']
+          for flag in NON_FINITE}
+  # An output that is an input (itself, or through a symlink).
+  source, other, link = folder / 'src.txt', folder / 'other.txt', folder / 'link.txt'
+  source.write_text('abc\n')
+  other.write_text('abc\n')
+  link.symlink_to(source)
+  for inputs, output, flag in ((source, source, '--input_file'), (source, link, '--input_file'),
+                               (other, link, '--reference')):
+    runs['output_is_input', flag, output.name] = [
+        f'--workdir={trained[0]}', f'--input_file={inputs}', f'--reference={source}',
+        f'--output_file={output}', '--compilation_cache=']
+  # A changed tokenizer file (the character vocabulary, still valid JSON).
+  workdir = str(folder / 'w')
+  shutil.copytree(trained[0], workdir)
   meta = os.path.join(workdir, 'tokenizer', 'tokenizer.json')
   with open(meta) as f:
     text = f.read()
   with open(meta, 'w') as f:
     f.write(text.replace('"b"', '"B"'))
-  proc = _run_cli('decode.py', f'--workdir={workdir}', '--compilation_cache=', timeout=120)
-  line = _one_error_line(proc, 'decode.py: error: ', code=1)
-  assert line == (f'decode.py: error: tokenizer file {meta} does not match its checksum in '
-                  f'{workdir}/tokenizer/checksums.json: it was changed or damaged (restore it '
-                  'from a backup, or use a new workdir)')
+  runs['damaged_tokenizer'] = [f'--workdir={workdir}', '--compilation_cache=']
+  results = dict(zip(runs, decode_mains.run_mains(list(runs.values())), strict=True))
+  results['files'] = {'source': source, 'damaged_workdir': workdir, 'tokenizer.json': meta}
+  return results
 
 
-def test_output_file_may_not_be_an_input(trained, tmp_path):
-  source, other = tmp_path / 'src.txt', tmp_path / 'other.txt'
-  source.write_text('abc\n')
-  other.write_text('abc\n')
-  link = tmp_path / 'link.txt'
-  link.symlink_to(source)
-  cases = ((source, source, '--input_file'), (source, link, '--input_file'),
-           (other, link, '--reference'))
-  results = decode_mains.run_mains([[f'--workdir={trained[0]}', f'--input_file={inputs}',
-                                     f'--reference={source}', f'--output_file={output}',
-                                     '--compilation_cache='] for inputs, output, _ in cases])
-  for (_, _, flag), (code, _, err) in zip(cases, results, strict=True):
+def test_decode_rejects_non_finite_floats(decode_runs):
+  """One line naming the flag (its wording is decode.py's: tests/test_decode_modes.py)."""
+  for flag in NON_FINITE:
+    code, _, err = decode_runs['non_finite', flag]
+    assert code == 2 and len(err.strip().splitlines()) == 1, (flag, err)
+    assert err.startswith(f'decode.py: error: {flag.split("=")[0]}=') and 'must be' in err, err
+
+
+def test_a_damaged_tokenizer_stops_decode_in_one_line(decode_runs):
+  """Issue 27 item 3: a changed tokenizer file (here the character vocabulary, still valid
+  JSON) is one line naming the file, exit 1, instead of silently other tokens."""
+  code, out, err = decode_runs['damaged_tokenizer']
+  workdir, meta = decode_runs['files']['damaged_workdir'], decode_runs['files']['tokenizer.json']
+  lines = [line for line in err.strip().splitlines() if not _TFDS_NOTICE.match(line)]
+  assert code == 1 and out == '', err[-3000:]
+  assert lines == [f'decode.py: error: tokenizer file {meta} does not match its checksum in '
+                   f'{workdir}/tokenizer/checksums.json: it was changed or damaged (restore it '
+                   'from a backup, or use a new workdir)'], err[-3000:]
+
+
+def test_output_file_may_not_be_an_input(decode_runs):
+  found = [(key[1], result) for key, result in decode_runs.items()
+           if key[0] == 'output_is_input']
+  assert len(found) == 3
+  for flag, (code, _, err) in found:
     assert code == 2 and err.startswith('decode.py: error: --output_file '), err
     assert f'is the same file as {flag}' in err, err
-  assert source.read_text() == 'abc\n'
+  assert decode_runs['files']['source'].read_text() == 'abc\n'
 
 
 # -- issue 27: deleted checksums, symlinked steps, garbage Orbax metadata --------------------------

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import test_train_synthetic as syn
+import train_mains
 
 TRAIN = os.path.join(syn.REPO, 'train.py')
 
@@ -16,7 +17,7 @@ def _train(*args, timeout=300):
                         capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.parametrize('args,message', [
+BAD_CONFIGS = [
     (['--config.model.num_headz=2'],
      'unknown config field --config.model.num_headz; did you mean config.model.num_heads?'),
     (['--config.trian.num_steps=2'], 'unknown config field --config.trian.num_steps'),
@@ -32,15 +33,39 @@ def _train(*args, timeout=300):
     (['--config.mesh.fsdp=0'], 'config.mesh.fsdp=0 must be a positive integer or -1'),
     (['--config.mesh.rules.embed=model'],
      "config.mesh.rules.embed='model': ['model'] are not mesh axes"),
-])
-def test_bad_config_is_one_line_before_anything_runs(tmp_path, args, message):
-  workdir = str(tmp_path / 'w')
-  proc = _train('--config=configs/default.py:tiny', f'--workdir={workdir}', *args)
-  assert proc.returncode == 2
-  lines = proc.stderr.strip().splitlines()
-  assert len(lines) == 1, proc.stderr
-  assert lines[0].startswith('train.py: error: ') and message in lines[0], lines[0]
-  assert 'Traceback' not in proc.stdout + proc.stderr
+]
+# Also run as processes of their own (exit status, nothing else on stderr): a bad literal
+# (absl's parser) and a mesh the devices do not divide (JAX started).
+OWN_PROCESS = ('--config.train.num_steps=abc', '--config.mesh.tensor=2')
+
+
+@pytest.fixture(scope='module')
+def refusals(tmp_path_factory) -> dict:
+  """BAD_CONFIGS' command lines, all in one interpreter (`train_mains`), and those of
+  OWN_PROCESS as their own processes too: args[0] -> (workdir, [(exit status, stdout,
+  stderr)...])."""
+  root = tmp_path_factory.mktemp('refusals')
+  workdirs = {args[0]: str(root / f'w{i}') for i, (args, _) in enumerate(BAD_CONFIGS)}
+  runs = {name: ['--config=configs/default.py:tiny', f'--workdir={workdirs[name]}', name]
+          for name in workdirs}
+  found = {name: (workdirs[name], [result]) for name, result in
+           zip(runs, train_mains.run_mains(list(runs.values())), strict=True)}
+  for name in OWN_PROCESS:
+    proc = _train(*runs[name])
+    found[name][1].append((proc.returncode, proc.stdout, proc.stderr))
+  return found
+
+
+@pytest.mark.parametrize('args,message', BAD_CONFIGS)
+def test_bad_config_is_one_line_before_anything_runs(refusals, args, message):
+  workdir, results = refusals[args[0]]
+  assert len(results) == (2 if args[0] in OWN_PROCESS else 1)
+  for code, out, err in results:
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith('train.py: error: ') and message in lines[0], lines[0]
+    assert 'Traceback' not in out + err
   assert not os.path.exists(workdir)
 
 

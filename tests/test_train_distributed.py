@@ -1,4 +1,7 @@
-"""Data parallelism: 1 vs 8 simulated devices, checkpoints across device counts, 2 processes."""
+"""Data parallelism: 1 vs 8 simulated devices, checkpoints across device counts, 2 processes.
+
+The runs on 8 devices share one process, and so do the runs on 2 processes x 2 devices (the
+synthetic runner's 'then': one interpreter and JAX start-up for several runs)."""
 
 import json
 import os
@@ -40,15 +43,34 @@ def one_device_run(tmp_path_factory):
   return workdir, syn.run(workdir, 'encoder_decoder', OVERRIDES)
 
 
+SHARDED = {**OVERRIDES, 'model.num_heads': 4, 'mesh.data': 2, 'mesh.fsdp': 4}
+
+
 @pytest.fixture(scope='module')
-def eight_device_run(one_device_run, tmp_path_factory):
-  """Same config, same global batch on 8 devices; also restores the 1-device checkpoint."""
-  workdir = str(tmp_path_factory.mktemp('eight'))
-  proc, result = syn.run_subprocess(
-      workdir, {'overrides': OVERRIDES, 'restore_from': one_device_run[0]}, num_devices=8)
+def eight_device_runs(one_device_run, tmp_path_factory):
+  """The runs on 8 devices, in one process: OVERRIDES (same config, same global batch as
+  `one_device_run`; also restores its checkpoint), then
+  `test_fsdp_checkpoint_restores_on_any_mesh_and_resumes_bitwise`'s three runs. -> (stdout,
+  {name: workdir})."""
+  dirs = {name: str(tmp_path_factory.mktemp(name)) for name in ('eight', 'whole', 'split')}
+  then = [[dirs['whole'], {'overrides': SHARDED}],
+          [dirs['split'], {'overrides': {**SHARDED, 'train.num_steps': 3}}],
+          [dirs['split'], {'overrides': SHARDED, 'restore_from': dirs['whole'],
+                           'restore_mesh': {'data': 1, 'fsdp': 2, 'tensor': 4}}]]
+  proc, _ = syn.run_subprocess(
+      dirs['eight'], {'overrides': OVERRIDES, 'restore_from': one_device_run[0], 'then': then},
+      num_devices=8)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  assert 'mesh (data=8, fsdp=1, tensor=1) over 8 cpu device(s)' in proc.stdout
-  return workdir, result
+  return proc.stdout, dirs
+
+
+@pytest.fixture(scope='module')
+def eight_device_run(eight_device_runs):
+  """Same config, same global batch on 8 devices; also restores the 1-device checkpoint."""
+  stdout, dirs = eight_device_runs
+  assert 'mesh (data=8, fsdp=1, tensor=1) over 8 cpu device(s)' in stdout
+  with open(os.path.join(dirs['eight'], 'result.json')) as f:
+    return dirs['eight'], json.load(f)
 
 
 def test_one_and_eight_devices_give_the_same_loss_curve(one_device_run, eight_device_run):
@@ -85,13 +107,15 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _run_two_processes(workdir: str, overrides: dict) -> list[str]:
-  """jax.distributed on 127.0.0.1 with gloo CPU collectives; 2 processes x 2 devices."""
+def _run_two_processes(runs: list[tuple[str, dict]]) -> list[str]:
+  """jax.distributed on 127.0.0.1 with gloo CPU collectives; 2 processes x 2 devices, which
+  make the runs `[(workdir, overrides), ...]` one after the other. -> each process's output."""
   port = _free_port()
   procs = []
+  (workdir, overrides), *later = runs
   for i in range(2):
     spec = {'overrides': overrides, 'coordinator': f'127.0.0.1:{port}', 'num_processes': 2,
-            'process_id': i}
+            'process_id': i, 'then': [[w, {'overrides': o}] for w, o in later]}
     procs.append(subprocess.Popen(
         [sys.executable, syn.__file__, workdir, json.dumps(spec)], env=syn.subprocess_env(2),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=syn.REPO))
@@ -107,15 +131,21 @@ def _run_two_processes(workdir: str, overrides: dict) -> list[str]:
   return outputs
 
 
+FSDP_OVER_PROCESSES = {**OVERRIDES, 'mesh.data': 1, 'mesh.fsdp': 4}
+
+
 @pytest.fixture(scope='module')
 def two_process_run(tmp_path_factory, one_device_run):
-  """Data parallelism over 2 processes x 2 devices (each process makes its own data)."""
-  workdir = str(tmp_path_factory.mktemp('two'))
-  return workdir, _run_two_processes(workdir, OVERRIDES)
+  """Data parallelism over 2 processes x 2 devices (each process makes its own data); then, in
+  the same processes, `test_two_processes_train_with_fsdp_across_them`'s run. -> (workdir,
+  outputs, the FSDP run's workdir)."""
+  workdir, fsdp = (str(tmp_path_factory.mktemp(name)) for name in ('two', 'two_fsdp'))
+  outputs = _run_two_processes([(workdir, OVERRIDES), (fsdp, FSDP_OVER_PROCESSES)])
+  return workdir, outputs, fsdp
 
 
 def test_two_processes_agree_on_the_loss(two_process_run):
-  workdir, outputs = two_process_run
+  workdir, outputs, _ = two_process_run
   results = []
   for i in range(2):
     with open(os.path.join(workdir, f'result.{i}.json')) as f:
@@ -138,24 +168,14 @@ def test_two_processes_agree_on_the_loss(two_process_run):
 
 # -- FSDP and tensor parallelism: checkpoints across meshes, two processes --------------------
 
-SHARDED = {**OVERRIDES, 'model.num_heads': 4, 'mesh.data': 2, 'mesh.fsdp': 4}
-
-
-def _run_8(workdir: str, overrides: dict, **spec):
-  proc, result = syn.run_subprocess(workdir, {'overrides': overrides, **spec}, num_devices=8)
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  return proc, result
-
-
-def test_fsdp_checkpoint_restores_on_any_mesh_and_resumes_bitwise(tmp_path):
+def test_fsdp_checkpoint_restores_on_any_mesh_and_resumes_bitwise(eight_device_runs):
   """A (2,4,1) run's checkpoint restores on 1 device and on (1,2,4); a run stopped at step 3
-  and resumed on (2,4,1) ends bitwise equal to the uninterrupted one (CPU)."""
-  whole, split = str(tmp_path / 'whole'), str(tmp_path / 'split')
-  proc, _ = _run_8(whole, SHARDED)
-  assert 'mesh (data=2, fsdp=4, tensor=1) over 8 cpu device(s)' in proc.stdout
-  assert 'parameters and optimizer state sharded over fsdp' in proc.stdout
-  _run_8(split, {**SHARDED, 'train.num_steps': 3})
-  _run_8(split, SHARDED, restore_from=whole, restore_mesh={'data': 1, 'fsdp': 2, 'tensor': 4})
+  and resumed on (2,4,1) ends bitwise equal to the uninterrupted one (CPU). (The three runs
+  are `eight_device_runs`': whole, split to step 3, split resumed with whole restored.)"""
+  stdout, dirs = eight_device_runs
+  whole, split = dirs['whole'], dirs['split']
+  assert 'mesh (data=2, fsdp=4, tensor=1) over 8 cpu device(s)' in stdout
+  assert 'parameters and optimizer state sharded over fsdp' in stdout
   trained = syn.load_npz(os.path.join(whole, 'params.npz'))
   _assert_same(syn.load_npz(os.path.join(split, 'params.npz')), trained)
   _assert_same(syn.load_npz(os.path.join(split, 'restored.npz')), trained)
@@ -167,13 +187,11 @@ def test_fsdp_checkpoint_restores_on_any_mesh_and_resumes_bitwise(tmp_path):
   _assert_same(_flat(params), trained)
 
 
-def test_two_processes_train_with_fsdp_across_them(tmp_path, two_process_run):
+def test_two_processes_train_with_fsdp_across_them(two_process_run):
   """2 processes x 2 devices, mesh (1, 4, 1): each parameter is split over both processes'
   devices. Same losses as data parallelism on the same processes (the same global batches);
-  the checkpoint restores in one process."""
-  workdir = str(tmp_path)
-  overrides = {**OVERRIDES, 'mesh.data': 1, 'mesh.fsdp': 4}
-  outputs = _run_two_processes(workdir, overrides)
+  the checkpoint restores in one process. (The run is `two_process_run`'s second.)"""
+  _, outputs, workdir = two_process_run
   assert 'mesh (data=1, fsdp=4, tensor=1) over 4 cpu device(s) in 2 process(es)' in outputs[0]
   losses = []
   for run in (workdir, two_process_run[0]):

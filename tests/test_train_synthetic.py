@@ -5,7 +5,8 @@ counting (decoder-only: each token is the previous one + 1). Batches depend only
 (seed, batch index, process index), so the iterator state is just the batch index.
 
   python tests/test_train_synthetic.py WORKDIR '{"kind": ..., "overrides": {...}}'
-runs `train_and_evaluate` on it and writes WORKDIR/result.json and WORKDIR/params.npz.
+runs `train_and_evaluate` on it and writes WORKDIR/result.json and WORKDIR/params.npz (and
+the runs of the spec's "then" after it, in the same process).
 """
 
 from __future__ import annotations
@@ -251,6 +252,8 @@ def restore_full_state(workdir: str, kind: str = 'encoder_decoder', overrides=No
 
 
 def main(argv: list[str]) -> None:
+  """`WORKDIR SPEC`: one run; SPEC's 'then' ([[workdir, spec], ...]) are more runs after it, in
+  the same interpreter (one start-up for all)."""
   workdir, spec = argv[1], json.loads(argv[2])
   enable_compilation_cache()
   if spec.get('coordinator'):
@@ -258,6 +261,12 @@ def main(argv: list[str]) -> None:
     jax.config.update('jax_cpu_collectives_implementation', 'gloo')
     jax.distributed.initialize(coordinator_address=spec['coordinator'],
                                num_processes=spec['num_processes'], process_id=spec['process_id'])
+  for run_workdir, run_spec in [(workdir, spec), *spec.get('then', ())]:
+    _run_and_write(run_workdir, run_spec)
+
+
+def _run_and_write(workdir: str, spec: dict) -> None:
+  """One run of `main`: WORKDIR/result.json, params.npz (and restored.npz)."""
   summary = run(workdir, spec.get('kind', 'encoder_decoder'), spec.get('overrides'),
                 spec.get('nan_at'))
   import jax  # pylint: disable=import-outside-toplevel

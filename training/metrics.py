@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import errno
 import sys
 import time
 from collections.abc import Mapping
@@ -89,13 +91,51 @@ def config_line(name: str, changes: list[str]) -> str:
 
 
 class MetricsWriter:
-  """TensorBoard scalars (tensorboardX) in `workdir` on process 0; a no-op elsewhere."""
+  """TensorBoard scalars (tensorboardX) in `workdir` on process 0; a no-op elsewhere.
+
+  The event file is a record of the run, not its state: the first error writing it (a full
+  disk) stops the file, not the run. tensorboardX writes it from its own thread too (where an
+  error is a traceback) and at exit, so every write goes through `_guard`. The failure is in
+  `unsaved`: said at once, except a full disk, which the checkpoint that meets it next says in
+  the run's one error line (`warn_unsaved` says it if the run finishes anyway)."""
 
   def __init__(self, workdir: str):
     self._writer = None
+    self.unsaved: str | None = None  # why the file stopped
+    self._said = False
     if is_main_process():
       from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
       self._writer = SummaryWriter(logdir=workdir, flush_secs=30)
+      self._guard(self._writer.file_writer.event_writer._ev_writer)  # pylint: disable=protected-access
+
+  def _guard(self, events) -> None:
+    """Wraps the file's record writer (tensorboardX's EventsWriter._py_recordio_writer)."""
+    records, path = events._py_recordio_writer, events._file_name  # pylint: disable=protected-access
+    for name in ('write', 'flush', 'close'):
+      setattr(records, name, self._guarded(getattr(records, name), path, name == 'close'))
+
+  def _guarded(self, call, path: str, closing: bool):
+    def guarded(*args):
+      if self.unsaved is not None and not closing:
+        return None  # the file stopped at its first error: later events are dropped
+      try:
+        return call(*args)
+      except OSError as e:
+        if self.unsaved is None:
+          self.unsaved = f'cannot write {path}: {e.strerror or e}; its scalars stop there'
+          if e.errno != errno.ENOSPC:
+            self.warn_unsaved()
+        if closing:  # the file object is closed even when its last flush failed
+          with contextlib.suppress(OSError):
+            call(*args)
+        return None
+    return guarded
+
+  def warn_unsaved(self) -> None:
+    """Warns (once) if the event file stopped at an error."""
+    if self.unsaved is not None and not self._said:
+      self._said = True
+      warn(self.unsaved)
 
   def scalars(self, step: int, prefix: str, metrics: Mapping[str, Any]) -> None:
     if self._writer is None:

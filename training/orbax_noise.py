@@ -13,9 +13,12 @@ TensorStore's wake-ups of the closed loop are reported as unraisable `RuntimeErr
 loop is closed`. The event loops that Orbax creates inside our calls are recorded (weakly);
 asyncio's reports from those loops once they are closed are dropped, and so are closed-loop
 wake-ups once Orbax failed in one of our calls (`note_failure`) or one of its loops closed
-with work pending. Everything else is shown as usual.
-Checksums (verified before Orbax reads) keep a damaged checkpoint from being read at all, so
-this is for checkpoints without them (older versions, several processes).
+with work pending, and wake-ups of a closed loop of those at any time (a background save that
+failed on a full disk closes its loop before our code hears of it); so are Orbax's warnings and
+errors from its own threads once it abandoned work (a failed save's other threads report the
+same failure late). Everything else is shown as usual. Checksums (verified before Orbax
+reads) keep a damaged checkpoint from being read at all, so reads that fail are those of
+checkpoints without them (older versions, several processes).
 """
 
 from __future__ import annotations
@@ -70,11 +73,25 @@ def _record_orbax_loops() -> None:
   policy.new_event_loop = new_event_loop
 
 
+def _wakes_a_closed_orbax_loop(error, tb) -> bool:
+  """`Event loop is closed` raised in a wake-up (`call_soon_threadsafe`, from a TensorStore
+  thread) of a loop that Orbax created in our calls and closed: a background save that failed
+  closes its loop at once, before our code hears of the failure (its wait raises it later)."""
+  while tb is not None:
+    loop = tb.tb_frame.f_locals.get('self')
+    if isinstance(loop, asyncio.AbstractEventLoop) and loop in _orbax_loops:
+      return loop.is_closed()
+    tb = tb.tb_next
+  return False
+
+
 def _is_orbax_leftover(unraisable) -> bool:
-  """A wake-up of a closed loop after Orbax abandoned work, or an abandoned Orbax coroutine
-  finalised by the garbage collector (its error is the damage already reported)."""
-  if (_state['abandoned'] and isinstance(unraisable.exc_value, RuntimeError)
-      and str(unraisable.exc_value) == 'Event loop is closed'):
+  """A wake-up of a closed loop after Orbax abandoned work (or of a closed loop of Orbax's),
+  or an abandoned Orbax coroutine finalised by the garbage collector (its error is the damage
+  already reported)."""
+  error = unraisable.exc_value
+  if isinstance(error, RuntimeError) and str(error) == 'Event loop is closed' and (
+      _state['abandoned'] or _wakes_a_closed_orbax_loop(error, unraisable.exc_traceback)):
     return True
   code = getattr(getattr(unraisable, 'object', None), 'cr_code', None)  # a coroutine's
   return code is not None and _ORBAX_DIR in code.co_filename
@@ -125,10 +142,21 @@ def _not_from_a_closed_orbax_loop(record: logging.LogRecord) -> bool:
   return loop is None or not loop.is_closed() or loop not in _orbax_loops
 
 
-def _install_asyncio_filter() -> None:
-  asyncio_logger = logging.getLogger('asyncio')
-  if _not_from_a_closed_orbax_loop not in asyncio_logger.filters:
-    asyncio_logger.addFilter(_not_from_a_closed_orbax_loop)
+def _not_a_late_report_of_abandoned_work(record: logging.LogRecord) -> bool:
+  """False for an Orbax warning or error logged in a thread of its own once Orbax abandoned
+  work in our calls: the other threads of a failed save report the failure again, late, after
+  our code has reported it (`_SignalingThread.run() raised an exception` and its traceback)."""
+  return not (_state['abandoned'] and record.levelno >= logging.WARNING
+              and _ORBAX_DIR in (record.pathname or '')
+              and record.thread != threading.main_thread().ident)
+
+
+def _install_log_filters() -> None:
+  for name, keep in (('asyncio', _not_from_a_closed_orbax_loop),
+                     ('absl', _not_a_late_report_of_abandoned_work)):  # Orbax logs through absl
+    logger = logging.getLogger(name)
+    if keep not in logger.filters:
+      logger.addFilter(keep)
 
 
 def note_failure() -> None:
@@ -152,7 +180,7 @@ def quiet_orbax_logs():
   with _lock:
     _record_orbax_loops()
     _install_unraisable_hook()
-    _install_asyncio_filter()
+    _install_log_filters()
     _state['active'] += 1
   hide = _Hide()
   handlers = [h for name in ('', 'absl') for h in logging.getLogger(name).handlers]

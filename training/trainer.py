@@ -343,6 +343,7 @@ class _Run:
     """The run's summary dict, and its last log line. The best figures count the evaluations
     of earlier runs in this workdir up to the checkpoint this one resumed from."""
     self.best.warn_unsaved()
+    self.writer.warn_unsaved()
     best_loss, best_loss_step = self.best.get('loss')
     best_bleu, best_bleu_step = self.best.get('bleu')
     spent = dict(self.progress.spent)
