@@ -9,7 +9,6 @@ kind's adapter (`model.kinds`).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any, NamedTuple
 
@@ -18,11 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from common.tokens import PAD_ID
-from model.build import params_of
+from model.build import params_of, unrolled
 from model.config import ModelConfig
 from model.kinds import adapter_of
 from model.layers import CACHE_POSITION_AXIS
-from model.stacks import unstack_layer_params
 
 Array = jax.Array
 
@@ -81,11 +79,8 @@ def decoding_model(model) -> Decodable:
   decoding functions' own call is then a no-op."""
   if isinstance(model, Decodable):
     return model
-  config, params = model.config, params_of(model)
-  if config.scan_layers:
-    config = dataclasses.replace(config, scan_layers=False)
-    params = unstack_layer_params(params)
-  return Decodable(config, params)
+  model = unrolled(model)
+  return Decodable(model.config, params_of(model))
 
 
 def prompt_lengths(prompt):

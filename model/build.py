@@ -89,3 +89,9 @@ def with_options(model: nnx.Module, **changes) -> nnx.Module:
   if new.scan_layers != config.scan_layers:
     params = (stacks.stack_layer_params if new.scan_layers else stacks.unstack_layer_params)(params)
   return bind(new, params)
+
+
+def unrolled(model: nnx.Module) -> nnx.Module:
+  """A `scan_layers` model -> the same model unrolled (the same arrays, unstacked); decoding and
+  attention plots need a KV cache and weights per layer."""
+  return with_options(model, scan_layers=False)

@@ -3,13 +3,12 @@ parameters carry a leading `[N]` axis (logical name 'layers') run under `jax.lax
 compiles one layer instead of N; `remat` wraps each layer's call in `jax.checkpoint`.
 
 The two layouts convert both ways (`stack_layer_params`, `unstack_layer_params` on the pure
-parameter dict; `unrolled` on a model): decoding and attention plots run unrolled, since
-their KV caches and kept weights are per layer.
+parameter dict; `model.build.unrolled` on a model): decoding and attention plots run unrolled,
+since their KV caches and kept weights are per layer.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING
 
 import jax
@@ -92,20 +91,3 @@ def unstack_layer_params(pure: dict) -> dict:
       count = jax.tree.leaves(layers)[0].shape[0]
       stack['layers'] = {i: jax.tree.map(lambda x, i=i: x[i], layers) for i in range(count)}
   return pure
-
-
-def with_params(model_class, config: ModelConfig, pure: dict) -> nnx.Module:
-  """A `model_class(config)` holding the parameters `pure` (no initialisation is computed)."""
-  model = nnx.eval_shape(lambda: model_class(config, rngs=nnx.Rngs(0)))
-  state = nnx.state(model, nnx.Param)
-  nnx.replace_by_pure_dict(state, pure)
-  nnx.update(model, state)
-  return model
-
-
-def unrolled(model: nnx.Module) -> nnx.Module:
-  """A `scan_layers` model -> the same model unrolled (the same arrays, unstacked)."""
-  if not model.config.scan_layers:
-    return model
-  pure = unstack_layer_params(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
-  return with_params(type(model), dataclasses.replace(model.config, scan_layers=False), pure)

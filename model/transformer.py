@@ -61,13 +61,16 @@ def shift_right(tokens: Array, segment_ids: Array | None = None) -> Array:
 
 def residual(config: ModelConfig, norm: nnx.LayerNorm, x: Array, fn, dropout_rng) -> Array:
   """LayerNorm(x + Dropout(fn(x))) ('post', the paper) or x + Dropout(fn(LayerNorm(x))) ('pre')."""
-  def dropout(y):
-    if dropout_rng is None or config.dropout_rate == 0.0:
-      return y
-    return attn.dropout(y, config.dropout_rate, dropout_rng, rng_impl=config.dropout_rng_impl)
   if config.norm_position == 'post':  # the norm's output is the stream
-    return norm(x + dropout(fn(x))).astype(config.residual_stream_dtype)
-  return x + dropout(fn(norm(x).astype(config.compute_dtype)))
+    return norm(x + _dropout(config, fn(x), dropout_rng)).astype(config.residual_stream_dtype)
+  return x + _dropout(config, fn(norm(x).astype(config.compute_dtype)), dropout_rng)
+
+
+def _dropout(config: ModelConfig, x: Array, rng: Array | None) -> Array:
+  """P_drop dropout with `rng` (None: none)."""
+  if rng is None or config.dropout_rate == 0.0:
+    return x
+  return attn.dropout(x, config.dropout_rate, rng, rng_impl=config.dropout_rng_impl)
 
 
 def _attention(config: ModelConfig, num_layers: int, rngs: nnx.Rngs, *, cross: bool = False):
@@ -157,13 +160,6 @@ def _embed(config: ModelConfig, rngs: nnx.Rngs) -> Embed:
                rngs=rngs)
 
 
-def _embed_dropout(config: ModelConfig, x: Array, dropout_rng: Array | None) -> Array:
-  if dropout_rng is None or config.dropout_rate == 0.0:
-    return x
-  return attn.dropout(x, config.dropout_rate, fold(dropout_rng, 0),
-                      rng_impl=config.dropout_rng_impl)
-
-
 class Encoder(nnx.Module):
   """Embedding + positions + N encoder layers (+ final LayerNorm for pre-norm). The embedding
   is the model's (`embed`), passed to each call: a module is not held by two parents."""
@@ -185,7 +181,7 @@ class Encoder(nnx.Module):
     valid = tokens > 0
     mask = attn.FactoredMask(query_valid=valid, key_valid=valid,
                              query_segment_ids=segment_ids, key_segment_ids=segment_ids)
-    x = _embed_dropout(cfg, self.positions(embed(tokens), positions), dropout_rng)
+    x = _dropout(cfg, self.positions(embed(tokens), positions), fold(dropout_rng, 0))
     x = run_layers(cfg, self.layers, x, lambda layer, x, rng: layer(x, mask, positions, rng),
                    dropout_rng)
     if cfg.norm_position == 'pre':
@@ -227,7 +223,7 @@ class Decoder(nnx.Module):
         query_segment_ids=segment_ids if packed else None,
         key_segment_ids=encoder_segment_ids if packed else None)
     x = self.positions(embed(shift_right(tokens, segment_ids)), positions)
-    x = _embed_dropout(self.config, x, dropout_rng)
+    x = _dropout(self.config, x, fold(dropout_rng, 0))
     x = run_layers(self.config, self.layers, x,
                    lambda layer, x, rng: layer(x, encoded, self_mask, cross_mask, positions,
                                                rng)[0], dropout_rng)

@@ -12,8 +12,9 @@ from flax import nnx
 
 from autoregressive import decoding
 from model import ModelConfig, bind, build_model, params_of
+from model.build import unrolled
 from model.kinds import adapter_of
-from model.stacks import stack_layer_params, unrolled
+from model.stacks import stack_layer_params
 
 EOS = 1
 

@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from configs import wmt14_base, wmt14_big
-from model import ConfigError, build_model, layers, params_of, stacks
+from model import ConfigError, bind, build_model, layers, params_of, stacks
 from model.build import param_shapes
 from model.config import ModelConfig
 
@@ -180,7 +180,7 @@ def test_variants_train_one_step_without_nan(kind, positional_encoding, norm_pos
 
 def with_params(config, params):
   """`config`'s model holding `params` (another model's, same shapes)."""
-  return stacks.with_params(type(build_model(config)), ModelConfig.from_config(config), params)
+  return bind(ModelConfig.from_config(config), params)
 
 
 def test_bfloat16_compute_keeps_float32_params():
