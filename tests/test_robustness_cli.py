@@ -77,36 +77,6 @@ def test_a_refused_run_writes_no_config_and_a_missing_split_is_found_at_start(te
   assert os.listdir(os.path.join(workdir, 'tokenizer')) == []
 
 
-def test_disk_full_through_train_py(text_files, tmp_path):
-  """The issue's case: a small tmpfs as the workdir; one line, exit 1, earlier steps intact,
-  and the run resumes once there is space."""
-  mount = _tmpfs(tmp_path / 'fs', '2m')
-  try:
-    workdir = str(mount / 'w')
-    args = _text_args(text_files, workdir, '--config.train.num_steps=30')
-    proc = _run_cli('train.py', *args)
-    where = checkpoint.checkpoint_dir(workdir)
-    # Which checkpoint meets the full disk depends on the compressed sizes (20 or 30 here);
-    # every earlier one must be intact and named.
-    line = _one_error_line(proc, 'train.py: error: ', code=1)
-    failed = int(re.search(r'writing checkpoint (\d+) in', line).group(1))
-    intact = list(range(10, failed, 10))
-    assert intact, line
-    names = (f'checkpoint {intact[0]} is intact' if len(intact) == 1 else
-             f'checkpoints {", ".join(map(str, intact))} are intact')
-    assert line == (f'train.py: error: no space left on device writing checkpoint {failed} in '
-                    f'{where}; {names}')
-    assert checkpoint.list_steps(workdir) == intact
-    assert sorted(os.listdir(where)) == sorted(map(str, intact))
-    subprocess.run(['mount', '-o', 'remount,size=16m', str(mount)], check=True)
-    proc = _run_cli('train.py', *args)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f'resumed from the checkpoint at step {intact[-1]}' in proc.stdout
-    assert checkpoint.list_steps(workdir) == [10, 20, 30]
-  finally:
-    subprocess.run(['umount', '-l', str(mount)], check=False)  # -l: an open event file
-
-
 def test_a_write_failing_inside_orbax_is_one_line(tmp_path, monkeypatch, capfd):
   """A disk that fills during the write (the free-space check passed): Orbax's failure in its
   background thread becomes the same line, and its logs and pending work stay silent."""
@@ -164,29 +134,49 @@ def _params_equal(workdir_a, workdir_b):
   return step_a == step_b and all(np.array_equal(x, y) for x, y in pairs)
 
 
-def test_a_disk_filling_during_an_async_write_is_one_line(text_files, tmp_path):
-  """Issue 45 item 13: the disk fills while Orbax writes checkpoint 4 in the background (the
-  free-space check passed): one line, exit 1, where ~1,000 lines of 'Event loop is closed'
-  tracebacks (TensorStore waking Orbax's closed loop) came before it; with the space back, the
-  run resumes from checkpoint 2 and ends bitwise equal to a run that was never stopped."""
+def _fill(mount, leave: int = 0) -> None:
+  """Another program takes the free space of `mount` but `leave` bytes (a file `filler`)."""
+  stat = os.statvfs(mount)
+  fd = os.open(os.path.join(mount, 'filler'), os.O_WRONLY | os.O_CREAT)
+  os.posix_fallocate(fd, 0, stat.f_bavail * stat.f_frsize - leave)
+  os.close(fd)
+
+
+def test_a_full_disk_during_or_before_a_write_is_one_line_and_the_run_resumes(text_files,
+                                                                                tmp_path):
+  """Issues 17 and 45 (item 13) through train.py, checkpoints every 2 steps on a tmpfs:
+  1. the disk fills while Orbax writes checkpoint 4 in the background (the free-space check
+     passed): one line, exit 1, where ~1,000 lines of 'Event loop is closed' tracebacks
+     (TensorStore waking Orbax's closed loop) came before it; checkpoint 2 intact;
+  2. resumed with less space than a checkpoint needs: the free-space check refuses
+     checkpoint 4 before writing it, the same line;
+  3. with the space back, the run resumes from checkpoint 2 and ends bitwise equal to a run
+     that was never stopped."""
   mount = _tmpfs(tmp_path / 'fs', '4m')
   try:
     workdir = str(mount / 'w')
     args = _text_args(text_files, workdir, '--config.train.num_steps=6',
                       '--config.train.checkpoint_every_steps=2',
                       '--config.train.eval_every_steps=3')
+    where = checkpoint.checkpoint_dir(workdir)
+    line = (f'train.py: error: no space left on device writing checkpoint 4 in {where}; '
+            'checkpoint 2 is intact')
     proc = subprocess.run([sys.executable, '-c', _FILLS_UP, *args], cwd=syn.REPO,
                           env=syn.subprocess_env(1), capture_output=True, text=True, timeout=300,
                           check=False)
-    where = checkpoint.checkpoint_dir(workdir)
-    assert _one_error_line(proc, 'train.py: error: ', code=1) == (
-        f'train.py: error: no space left on device writing checkpoint 4 in {where}; '
-        'checkpoint 2 is intact')
+    assert _one_error_line(proc, 'train.py: error: ', code=1) == line
     assert checkpoint.list_steps(workdir) == [2]
+    os.remove(mount / 'filler')
+    _fill(mount, leave=checkpoint_files.tree_size(checkpoint.step_dir(workdir, 2)) // 2)
+    proc = _run_cli('train.py', *args)
+    assert 'resumed from the checkpoint at step 2' in proc.stdout
+    assert _one_error_line(proc, 'train.py: error: ', code=1) == line
+    assert sorted(os.listdir(where)) == ['2'] and checkpoint.list_steps(workdir) == [2]
     os.remove(mount / 'filler')
     proc = _run_cli('train.py', *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert 'resumed from the checkpoint at step 2' in proc.stdout
+    assert checkpoint.list_steps(workdir) == [2, 4, 6]
     reference = str(tmp_path / 'reference')
     proc = _run_cli('train.py', *_text_args(text_files, reference, *args[-3:]))
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -104,8 +104,8 @@ class MetricsWriter:
     self.unsaved: str | None = None  # why the file stopped
     self._said = False
     if is_main_process():
-      from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
-      self._writer = SummaryWriter(logdir=workdir, flush_secs=30)
+      from common.tensorboardx import tensorboardx  # pylint: disable=import-outside-toplevel
+      self._writer = tensorboardx().SummaryWriter(logdir=workdir, flush_secs=30)
       self._guard(self._writer.file_writer.event_writer._ev_writer)  # pylint: disable=protected-access
 
   def _guard(self, events) -> None:

@@ -29,6 +29,7 @@ from absl import app, flags
 
 from common.atomic_file import make_output_dir, write_output
 from common.files import read_regular
+from common.tensorboardx import tensorboardx
 from training import cli
 
 PANELS = (('train/loss', 'train loss'), ('train/learning_rate', 'learning rate'),
@@ -57,7 +58,7 @@ def read_records(path: str, warn: Callable[[str], None] | None = None):
   stops quietly at a truncated last record (a run killed while writing), and at the first
   record whose length or data fails its CRC, with a `warn` naming the file and the offset
   (a flipped bit would otherwise read as another step, loss or wall time)."""
-  from tensorboardX.record_writer import masked_crc32c  # pylint: disable=import-outside-toplevel
+  masked_crc32c = tensorboardx().record_writer.masked_crc32c
   data = read_regular(path)  # a FIFO planted there would block an open() forever
   pos = 0
   while pos + 12 <= len(data):
@@ -85,7 +86,7 @@ def read_events(path: str, warn: Callable[[str], None] | None = None
                 ) -> list[tuple[float, int, str, object]]:
   """-> [(wall_time, step, tag, float value or str text)] of one event file (`warn`: as
   `read_records`)."""
-  from tensorboardX.proto import event_pb2  # pylint: disable=import-outside-toplevel
+  event_pb2 = tensorboardx().proto.event_pb2
   out = []
   for record in read_records(path, warn):
     event = event_pb2.Event()
