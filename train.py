@@ -168,7 +168,9 @@ def main(argv: list[str]) -> None:
     preset = _load_preset(sys.argv)  # for the run's first line: the preset and what differs
     trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir,
                                preset=None if preset is None else (_config_name(), preset),
-                               on_second_interrupt=_interrupted_now)
+                               on_second_interrupt=_interrupted_now,
+                               overridden=frozenset(config_flags.get_override_values(
+                                   FLAGS['config'])))
   except checkpoint.CheckpointWriteError as e:  # ran, then failed to save
     print(f'train.py: error: {" ".join(str(e).split())}', file=sys.stderr, flush=True)
     sys.stdout.flush()

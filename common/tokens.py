@@ -21,6 +21,8 @@ DEFAULT_MIN_NEW_TOKENS = 1
 # config.data.tokenizer: the tokenizers the input pipeline trains, and the sentencepiece model
 # types (config.data.tokenizer_model_type; 'bpe' is the paper's).
 TOKENIZERS = ('sentencepiece', 'char')
+# config.data.tokenizer of an imported model (import.py): read from its files, never trained.
+PRETRAINED_TOKENIZERS = ('marian', 'huggingface')
 SENTENCEPIECE_MODEL_TYPES = ('bpe', 'unigram')
 
 

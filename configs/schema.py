@@ -27,7 +27,7 @@ from common.schema import (
   is_number,
   require,
 )
-from common.tokens import SENTENCEPIECE_MODEL_TYPES, TOKENIZERS
+from common.tokens import PRETRAINED_TOKENIZERS, SENTENCEPIECE_MODEL_TYPES, TOKENIZERS
 from model.config import ModelConfig
 from model.kinds import adapter_of
 from model.partitioning import DEFAULT_RULES, LOGICAL_AXES, Rules
@@ -65,8 +65,9 @@ class DataConfig(Schema):
                                     '~/tensorflow_datasets)')
   source_lang: str = documented('en', "the source side's feature (translation)")
   target_lang: str = documented('de', "the target side's feature (translation)")
-  tokenizer: str = documented('sentencepiece', 'trained on the train split, saved in the workdir',
-                              choices=TOKENIZERS)
+  tokenizer: str = documented('sentencepiece', 'trained on the train split and saved in the '
+                              "workdir; marian, huggingface: an imported model's",
+                              choices=TOKENIZERS + PRETRAINED_TOKENIZERS)
   vocab_size: int = documented(8000, 'sentencepiece pieces (at most model.vocab_size)')
   max_length: int = documented(64, 'tokens per example (per packed row when packing)')
   packing: bool = documented(True, 'several examples per row, apart by segment ids')
@@ -171,6 +172,8 @@ class TrainConfig(Schema):
                                   'DIR/profile')
   dry_run: bool = documented(False, 'print the per-device memory of the train step and exit '
                              '(no data)')
+  init_from: str = documented('', "a workdir (import.py's, or a trained one) whose model, "
+                              'tokenizer and newest parameters start this run')
 
   def validate(self) -> None:
     super().validate()

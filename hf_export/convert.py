@@ -19,10 +19,11 @@ Exactness:
 - Positions: `position_count` rows. A sinusoidal encoder-decoder gets more than max_len (the
   sinusoid is defined everywhere), so a line past max_len runs instead of failing; its first
   max_len rows are the model's own, so shorter lines give the same logits.
-- LayerNorm epsilon: ours is 1e-6. GPT-2's is a config field (set to 1e-6); Marian and
-  Pegasus hard-code torch's 1e-5. That is the one difference this conversion cannot remove:
-  each LayerNorm output changes by a factor sqrt((var + 1e-6) / (var + 1e-5)), about
-  1 - 4.5e-6 / var of its input's variance (see the README).
+- LayerNorm epsilon: ours is config.model.layer_norm_epsilon (1e-6 by default). GPT-2's is a
+  config field; Marian and Pegasus hard-code torch's 1e-5. With another epsilon that is the
+  one difference this conversion cannot remove: each LayerNorm output changes by a factor
+  sqrt((var + eps) / (var + 1e-5)), about 1 - (1e-5 - eps) / (2 var) (see the README); an
+  imported Marian model has 1e-5 and exports exactly.
 
 A params tree here is `model.params_of(model)`: nested dicts of arrays (`layers/0`, ... or the
 scan_layers layout; `layers_of` reads either).
@@ -36,9 +37,10 @@ import numpy as np
 from common.tokens import PAD_ID
 from model import attention as attn
 from model.kinds import adapter_of
-from model.layers import LAYER_NORM_EPS
 
-GELU = 'gelu_new'  # flax's nn.gelu is the tanh approximation; HF's name for that is gelu_new
+# ModelConfig.activation -> transformers' activation_function (flax's gelu is the tanh form,
+# transformers' 'gelu_new'; transformers' 'gelu' is the erf form).
+HF_ACTIVATIONS = {'relu': 'relu', 'gelu': 'gelu_new', 'gelu_exact': 'gelu', 'silu': 'swish'}
 NEVER = -1e9  # output bias of tokens that are never generated (exp underflows to exactly 0)
 # CTranslate2's default max_input_length; its max_decoding_length (256) is within it and
 # neither engine offsets positions, so a sinusoidal translation model runs any line the
@@ -176,7 +178,8 @@ def seq2seq_state_dict(params, cfg) -> dict[str, np.ndarray]:
           np.asarray(attn.sinusoidal_positions(position_count(cfg), cfg.d_model))[:, order])
   vocab = cfg.vocab_size
   if cfg.logits_via_embedding:
-    sd['final_logits_bias'] = np.zeros((1, vocab), np.float32)
+    sd['final_logits_bias'] = (np.asarray(params['decoder']['logits_bias']).reshape(1, vocab)
+                               if cfg.final_logits_bias else np.zeros((1, vocab), np.float32))
   else:
     kernel, bias = _reader(params['decoder']['logits'], order)  # [d_model, vocab], [vocab]
     sd['lm_head.weight'] = kernel.T
@@ -195,7 +198,7 @@ def seq2seq_config(cfg, *, eos_id: int | None) -> dict:
       'encoder_layers': cfg.num_encoder_layers, 'decoder_layers': cfg.num_decoder_layers,
       'encoder_attention_heads': cfg.num_heads, 'decoder_attention_heads': cfg.num_heads,
       'encoder_ffn_dim': cfg.d_ff, 'decoder_ffn_dim': cfg.d_ff,
-      'activation_function': GELU if cfg.activation == 'gelu' else 'relu',
+      'activation_function': HF_ACTIVATIONS[cfg.activation],
       'dropout': cfg.dropout_rate, 'attention_dropout': cfg.attention_dropout_rate,
       'activation_dropout': 0.0, 'scale_embedding': cfg.scale_embeddings, 'pad_token_id': 0,
       'decoder_start_token_id': 0, 'eos_token_id': eos_id, 'forced_eos_token_id': None,
@@ -243,9 +246,9 @@ def gpt2_config(cfg, *, eos_id: int | None) -> dict:
   return {
       'vocab_size': cfg.vocab_size, 'n_positions': position_count(cfg), 'n_embd': cfg.d_model,
       'n_layer': cfg.num_decoder_layers, 'n_head': cfg.num_heads, 'n_inner': cfg.d_ff,
-      'activation_function': GELU if cfg.activation == 'gelu' else 'relu',
+      'activation_function': HF_ACTIVATIONS[cfg.activation],
       'resid_pdrop': cfg.dropout_rate, 'embd_pdrop': cfg.dropout_rate,
-      'attn_pdrop': cfg.attention_dropout_rate, 'layer_norm_epsilon': LAYER_NORM_EPS,
+      'attn_pdrop': cfg.attention_dropout_rate, 'layer_norm_epsilon': cfg.layer_norm_epsilon,
       'scale_attn_weights': True, 'scale_attn_by_inverse_layer_idx': False,
       'reorder_and_upcast_attn': False, 'bos_token_id': 0, 'pad_token_id': 0,
       'eos_token_id': eos_id, 'tie_word_embeddings': True}

@@ -18,8 +18,9 @@ starts from token 0's learned embedding. The spec here says what our model compu
   position encodings are defined for positions >= N") unless export_info.json's options
   are passed;
 - embeddings times sqrt(d_model) (or not: config.model.scale_embeddings), pre/post LayerNorm,
-  the final LayerNorm of a pre-LN stack, LayerNorm epsilon 1e-6 as ours, GELU = tanh form;
-- shared embeddings / tied output as the config says; the output bias is -1e9 at `<pad>`
+  the final LayerNorm of a pre-LN stack, the model's LayerNorm epsilon, its activation;
+- shared embeddings / tied output as the config says (with `final_logits_bias`, the output
+  bias is the model's); the output bias is -1e9 at `<pad>`
   (and at an added `<unk>`), so they are never generated, and CTranslate2 normalises over the
   vocabulary without them: the distribution our searches and scores use
   (`autoregressive.decode_loop.log_normalizer`), so both engines rank hypotheses alike.
@@ -46,7 +47,6 @@ from configs.schema import DecodeConfig
 from hf_export import convert, targets
 from model import attention as attn
 from model.kinds import adapter_of
-from model.layers import LAYER_NORM_EPS
 
 UNK = '<unk>'
 
@@ -58,6 +58,10 @@ def check(cfg, tokenizer_name=None) -> None:
     raise targets.UnsupportedConfig(
         f'config.model.kind={cfg.kind} cannot be exported to CTranslate2: it has no '
         'generation head (Translator and Generator need a decoder)')
+  if cfg.embedding_norm:
+    raise targets.UnsupportedConfig(
+        'config.model.embedding_norm=True cannot be exported to CTranslate2: the exporter '
+        'writes no LayerNorm on the embeddings')
 
 
 def vocabulary(tokenizer, vocab_size: int) -> list[str]:
@@ -145,6 +149,8 @@ def _projection(spec, params, embedding, cfg, never: list[int]) -> None:
   n = len(embedding)
   if cfg.logits_via_embedding:
     spec.weight, bias = embedding, np.zeros(n, np.float32)
+    if cfg.final_logits_bias:
+      bias[:cfg.vocab_size] = _np(params['decoder']['logits_bias'])
   else:
     dense = params['decoder']['logits']
     spec.weight = _rows(np.asarray(dense['kernel']).T, n)
@@ -158,8 +164,9 @@ def _projection(spec, params, embedding, cfg, never: list[int]) -> None:
 def _layer_kwargs(cfg) -> dict:
   from ctranslate2.specs import common_spec  # pylint: disable=import-outside-toplevel
 
-  activation = {'relu': common_spec.Activation.RELU,
-                'gelu': common_spec.Activation.GELUTanh}[cfg.activation]  # flax's gelu: tanh
+  activation = {'relu': common_spec.Activation.RELU, 'gelu': common_spec.Activation.GELUTanh,
+                'gelu_exact': common_spec.Activation.GELU,
+                'silu': common_spec.Activation.SWISH}[cfg.activation]
   kwargs = {'pre_norm': cfg.norm_position == 'pre', 'activation': activation}
   if cfg.positional_encoding == 'rope':  # model.attention.rotary_embedding: rotate halves
     kwargs.update(rotary_dim=0, rotary_interleave=False, rotary_base=10000.0)
@@ -197,7 +204,7 @@ def model_spec(params, cfg, tokenizer):
   _projection(spec.decoder.projection, params, target, cfg, never)
   eos = tokens[tokenizer.eos_id] if tokenizer.eos_id is not None else '</s>'  # '</s>': none
   spec.config.bos_token, spec.config.eos_token, spec.config.unk_token = tokens[0], eos, UNK
-  spec.config.layer_norm_epsilon = LAYER_NORM_EPS
+  spec.config.layer_norm_epsilon = cfg.layer_norm_epsilon
   spec.validate()
   return spec
 

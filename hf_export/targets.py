@@ -27,7 +27,14 @@ def _refuse(feature: str, why: str):
   raise UnsupportedConfig(f'config.model.{feature} cannot be exported: {why}')
 
 
+def _check_common(cfg) -> None:
+  if cfg.embedding_norm:
+    _refuse('embedding_norm=True', 'MarianMTModel, PegasusForConditionalGeneration and '
+            'GPT2LMHeadModel have no LayerNorm on the embeddings')
+
+
 def _check_seq2seq(cfg) -> None:
+  _check_common(cfg)
   if cfg.positional_encoding != 'sinusoidal':
     _refuse(f'positional_encoding={cfg.positional_encoding}', 'MarianMTModel and '
             'PegasusForConditionalGeneration add fixed sinusoidal positions only')
@@ -37,6 +44,10 @@ def _check_seq2seq(cfg) -> None:
 
 
 def _check_gpt2(cfg) -> None:
+  _check_common(cfg)
+  if cfg.final_logits_bias:
+    _refuse('final_logits_bias=True (decoder_only)', "GPT2LMHeadModel's output layer has no "
+            'bias')
   if cfg.positional_encoding == 'rope':
     _refuse('positional_encoding=rope (decoder_only)', 'GPT2LMHeadModel adds absolute '
             'position embeddings; it has no rotary embeddings')

@@ -1,4 +1,5 @@
-"""Tokenizers: sentencepiece (trained on the train split) and characters.
+"""Tokenizers: sentencepiece (trained on the train split) and characters; and the imported
+checkpoints' (input_pipeline.pretrained_tokenizers: loaded from the workdir, never trained).
 
 Both are saved in `workdir/tokenizer/` (`tokenizer.json` + `spm.model`) so a
 resumed run and `decode.py` reuse them with nothing but the workdir. `checksums.json` beside
@@ -8,7 +9,8 @@ tokenizer whose checksums are gone (saved before checksums existed, or a damaged
 `check_vocabulary` checks a workdir's tokenizer against the config its model was built from.
 
 Common interface:
-  encode(text) -> list[int]     sentencepiece appends EOS (1); char does not
+  encode(text, target=False)    -> list[int]; sentencepiece appends EOS (1), char does not;
+                                `target`: the target side's segmentation (Marian's own)
   decode(ids) -> str            stops at the first EOS, drops pad (0)
   vocab_size: int               including pad
   id_to_piece(i) -> str         for attention-plot labels
@@ -30,8 +32,8 @@ import numpy as np
 import sentencepiece as spm
 
 from common.files import read_regular
-from common.tokens import EOS_ID, PAD_ID, TOKENIZERS, UNK_ID
-from input_pipeline import tokenizer_files
+from common.tokens import EOS_ID, PAD_ID, PRETRAINED_TOKENIZERS, TOKENIZERS, UNK_ID
+from input_pipeline import pretrained_tokenizers, tokenizer_files
 from input_pipeline.errors import DataError, DataFileError
 from input_pipeline.tokenizer_files import TokenizerChecksumError  # noqa: F401  (public)
 
@@ -60,10 +62,12 @@ class SentencePieceTokenizer:
     self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
     self.vocab_size = int(self._sp.get_piece_size())
 
-  def encode(self, text: str) -> list[int]:
+  def encode(self, text: str, target: bool = False) -> list[int]:
+    del target  # one model for both sides
     return self._sp.encode(text) + [EOS_ID]
 
-  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+  def encode_batch(self, texts: Sequence[str], target: bool = False) -> list[list[int]]:
+    del target
     return [ids + [EOS_ID] for ids in self._sp.encode(list(texts))]
 
   def decode(self, ids: Iterable[int]) -> str:
@@ -97,7 +101,8 @@ class CharTokenizer:
     self._ids = {c: i + 1 for i, c in enumerate(self.chars)}
     self.vocab_size = len(self.chars) + 1
 
-  def encode(self, text: str) -> list[int]:
+  def encode(self, text: str, target: bool = False) -> list[int]:
+    del target  # one vocabulary for both sides
     try:
       return [self._ids[c] for c in text]
     except KeyError as e:
@@ -118,7 +123,15 @@ class CharTokenizer:
                           'chars': self.chars})
 
 
-Tokenizer = SentencePieceTokenizer | CharTokenizer
+Tokenizer = (SentencePieceTokenizer | CharTokenizer | pretrained_tokenizers.MarianTokenizer
+             | pretrained_tokenizers.HuggingFaceTokenizer)
+
+
+def save_pretrained(tokenizer, directory: str) -> None:
+  """An imported tokenizer (pretrained_tokenizers) into `directory`, as `save` does ours."""
+  tokenizer_files.save(directory, _META, {_META_NAME_KEY: tokenizer.name,
+                                          'vocab_size': tokenizer.vocab_size,
+                                          **tokenizer.meta()}, tokenizer.files)
 
 
 def _model_path(directory: str, meta_path: str, name) -> str:
@@ -195,18 +208,22 @@ def load_tokenizer(workdir: str) -> Tokenizer:
     name = meta[_META_NAME_KEY]
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise DataFileError(f'cannot read tokenizer {meta_path}: {type(e).__name__}: {e}') from None
-  if name == 'sentencepiece':
-    model_path = _model_path(directory, meta_path, meta.get('model_file'))
+  names = ([meta.get('model_file')] if name == 'sentencepiece' else
+           list(pretrained_tokenizers.FILES.get(name, ())))
+  for file_name in names:
+    path = _model_path(directory, meta_path, file_name)
     try:
-      files[os.path.basename(model_path)] = read_regular(model_path)
+      files[file_name] = read_regular(path)
     except OSError as e:
       raise DataFileError(f'cannot read tokenizer {meta_path}: {type(e).__name__}: {e}') from None
   tokenizer_files.check(directory, meta, files, _META)
   try:
+    if name in PRETRAINED_TOKENIZERS:
+      return pretrained_tokenizers.from_files(name, meta, files)
     if name == 'char':
       return CharTokenizer(meta['chars'])
     if name == 'sentencepiece':
-      return SentencePieceTokenizer(files[os.path.basename(model_path)])
+      return SentencePieceTokenizer(files[names[0]])
   except (ValueError, KeyError, TypeError, RuntimeError) as e:
     raise DataFileError(f'cannot read tokenizer {meta_path}: {type(e).__name__}: {e}') from None
   raise DataError(f'unknown tokenizer {name!r} in {meta_path}')
@@ -283,7 +300,7 @@ def get_tokenizer(data_config, workdir: str | None, model_vocab_size: int | None
   split (ids 1..N). With `workdir=None` nothing is saved.
   """
   name = data_config.get('tokenizer', 'sentencepiece')
-  if name not in TOKENIZERS:  # callers from Python may pass a config that was never validated
+  if name not in TOKENIZERS + PRETRAINED_TOKENIZERS:  # a config from Python, never validated
     raise DataError(f"config.data.tokenizer must be 'sentencepiece' or 'char', got {name!r}")
   if workdir is None:
     return _train(data_config, name)
@@ -294,6 +311,10 @@ def get_tokenizer(data_config, workdir: str | None, model_vocab_size: int | None
                        'the workdir was trained with another config; use a new workdir')
       return tokenizer
     _refuse_retraining(workdir)
+    if name in PRETRAINED_TOKENIZERS:
+      raise DataError(f'config.data.tokenizer={name!r} comes with an imported model and is never '
+                      f'trained; {workdir} has none: start from the imported workdir '
+                      '(--config.train.init_from=DIR)')
     tokenizer = _train(data_config, name)
     tokenizer.save(os.path.join(workdir, TOKENIZER_DIR))
     log.info('Saved %s tokenizer (vocab %d) in %s', name, tokenizer.vocab_size, workdir)

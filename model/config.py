@@ -11,10 +11,10 @@ from common.errors import ConfigError
 from common.schema import Schema, documented
 from model.attention import DROPOUT_RNGS, IMPLEMENTATIONS
 from model.kinds import ADAPTERS
+from model.layers import ACTIVATIONS, LAYER_NORM_EPS
 
 POSITIONAL_ENCODINGS = ('sinusoidal', 'learned', 'rope')
 NORM_POSITIONS = ('post', 'pre')
-ACTIVATIONS = ('relu', 'gelu')
 # Parameter initialisation (ModelConfig.init_stds): 'paper' = T2T / the Flax WMT example
 # (Glorot uniform kernels, embeddings normal(d_model^-0.5)); 'gpt2' = GPT-2 / nanoGPT.
 INIT_SCHEMES = ('paper', 'gpt2')
@@ -73,8 +73,15 @@ class ModelConfig(Schema):
                                         choices=POSITIONAL_ENCODINGS)
   norm_position: str = documented('post', "LayerNorm(x + Sublayer(x)) (the paper's 'post') or "
                                   "x + Sublayer(LayerNorm(x)) ('pre')", choices=NORM_POSITIONS)
-  activation: str = documented('relu', 'feed-forward activation (the paper: relu)',
-                               choices=ACTIVATIONS)
+  activation: str = documented('relu', 'feed-forward activation (the paper: relu; gelu is '
+                               'the tanh form, gelu_exact the erf form, silu = swish)',
+                               choices=tuple(ACTIVATIONS))
+  layer_norm_epsilon: float = documented(LAYER_NORM_EPS, "every LayerNorm's epsilon (1e-5: "
+                                         "torch's, Marian's and GPT-2's; BERT's 1e-12)")
+  final_logits_bias: bool = documented(
+      False, 'a learned [vocab] bias added to the tied logits (Marian)')
+  embedding_norm: bool = documented(
+      False, 'LayerNorm on the embeddings + positions, before the first layer (BERT)')
   dtype: str = documented('float32', 'compute dtype; parameters stay float32', choices=DTYPES)
   residual_dtype: str = documented('compute', "the residual stream's dtype ('compute': dtype)",
                                    choices=RESIDUAL_DTYPES)
@@ -120,9 +127,15 @@ class ModelConfig(Schema):
 
   def validate(self) -> None:
     super().validate()  # the choices, in field order
-    if not isinstance(self.scale_embeddings, bool):
-      raise ConfigError(f'config.model.scale_embeddings={self.scale_embeddings!r} must be '
-                        f'True or False')
+    for field in ('scale_embeddings', 'final_logits_bias', 'embedding_norm'):
+      if not isinstance(getattr(self, field), bool):
+        raise ConfigError(f'config.model.{field}={getattr(self, field)!r} must be True or False')
+    eps = self.layer_norm_epsilon
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 < eps < 1.0:
+      raise ConfigError(f'config.model.layer_norm_epsilon={eps!r} must be in (0, 1)')
+    if self.final_logits_bias and not self.logits_via_embedding:
+      raise ConfigError('config.model.final_logits_bias=True needs logits_via_embedding=True '
+                        '(an untied output layer has a bias of its own)')
     for field in ('vocab_size', 'd_model', 'num_heads', 'd_ff', 'max_len'):
       value = getattr(self, field)
       if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

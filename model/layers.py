@@ -31,8 +31,13 @@ Array = jax.Array
 Dtype = Any
 Cache = dict[str, Array]
 
-# The Flax WMT example's (and T2T's); the exports write it into their configs (hf_export).
+# The Flax WMT example's (and T2T's): ModelConfig.layer_norm_epsilon's default.
 LAYER_NORM_EPS = 1e-6
+# ModelConfig.activation: the feed-forward's nonlinearity. 'gelu' is flax's default, the tanh
+# approximation (transformers' 'gelu_new', GPT-2's); 'gelu_exact' the erf form (transformers'
+# 'gelu', BERT's); 'silu' = swish, x * sigmoid(x) (OPUS-MT's Marian models).
+ACTIVATIONS = {'relu': jax.nn.relu, 'gelu': jax.nn.gelu,
+               'gelu_exact': lambda x: jax.nn.gelu(x, approximate=False), 'silu': jax.nn.silu}
 
 # Each cache's axes, as a permutation of `[batch, len, heads, head_dim]`: keys
 # `[batch, heads, head_dim, len]` and values `[batch, heads, len, head_dim]`. With values also
@@ -242,7 +247,7 @@ def _write_self_cache(cache: Cache, key, value, mask, index):
 
 
 class FeedForward(nnx.Module):
-  """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (GELU optionally)."""
+  """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (another of `ACTIVATIONS` optionally)."""
 
   def __init__(self, d_model: int, d_ff: int, *, activation: str = 'relu',
                dtype: Dtype = jnp.float32, init_std: float | None = None,
@@ -254,14 +259,14 @@ class FeedForward(nnx.Module):
                     matmul=matmul, rngs=rngs)
 
   def __call__(self, x: Array) -> Array:
-    act = {'relu': jax.nn.relu, 'gelu': jax.nn.gelu}[self.activation]
+    act = ACTIVATIONS[self.activation]
     return self.wo(constrain(act(self.wi(x)), ('batch', None, 'mlp')))
 
 
-def layer_norm(d_model: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
+def layer_norm(d_model: int, rngs: nnx.Rngs, epsilon: float = LAYER_NORM_EPS) -> nnx.LayerNorm:
   """LayerNorm with float32 statistics and parameters (scale, bias; replicated)."""
-  return nnx.LayerNorm(d_model, epsilon=LAYER_NORM_EPS, dtype=jnp.float32,
-                       param_dtype=jnp.float32, rngs=rngs)
+  return nnx.LayerNorm(d_model, epsilon=epsilon, dtype=jnp.float32, param_dtype=jnp.float32,
+                       rngs=rngs)
 
 
 class Embed(nnx.Module):

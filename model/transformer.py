@@ -66,6 +66,10 @@ def residual(config: ModelConfig, norm: nnx.LayerNorm, x: Array, fn, dropout_rng
   return x + _dropout(config, fn(norm(x).astype(config.compute_dtype)), dropout_rng)
 
 
+def _norm(config: ModelConfig, rngs: nnx.Rngs) -> nnx.LayerNorm:
+  return layer_norm(config.d_model, rngs, config.layer_norm_epsilon)
+
+
 def _dropout(config: ModelConfig, x: Array, rng: Array | None) -> Array:
   """P_drop dropout with `rng` (None: none)."""
   if rng is None or config.dropout_rate == 0.0:
@@ -98,9 +102,9 @@ class EncoderLayer(nnx.Module):
     n = config.num_encoder_layers
     self.config = config
     self.self_attention = _attention(config, n, rngs)
-    self.self_attention_norm = layer_norm(config.d_model, rngs)
+    self.self_attention_norm = _norm(config, rngs)
     self.ffn = _ffn(config, n, rngs)
-    self.ffn_norm = layer_norm(config.d_model, rngs)
+    self.ffn_norm = _norm(config, rngs)
 
   def __call__(self, x: Array, mask: attn.FactoredMask, positions: Array | None,
                dropout_rng: Array | None = None) -> Array:
@@ -120,12 +124,12 @@ class DecoderLayer(nnx.Module):
     n = config.num_decoder_layers
     self.config = config
     self.self_attention = _attention(config, n, rngs)
-    self.self_attention_norm = layer_norm(config.d_model, rngs)
+    self.self_attention_norm = _norm(config, rngs)
     if cross:
       self.cross_attention = _attention(config, n, rngs, cross=True)
-      self.cross_attention_norm = layer_norm(config.d_model, rngs)
+      self.cross_attention_norm = _norm(config, rngs)
     self.ffn = _ffn(config, n, rngs)
-    self.ffn_norm = layer_norm(config.d_model, rngs)
+    self.ffn_norm = _norm(config, rngs)
     self.cross = cross
 
   def __call__(self, x: Array, encoded: Array | None, self_mask, cross_mask,
@@ -153,6 +157,15 @@ class DecoderLayer(nnx.Module):
     return constrain(x, RESIDUAL_AXES), new_cache
 
 
+def _input(stack, embed: Embed, tokens: Array, positions: Array | None) -> Array:
+  """A stack's input: token embeddings + positions (`[batch, len, d_model]`), LayerNormed with
+  `embedding_norm`."""
+  x = stack.positions(embed(tokens), positions)
+  if stack.config.embedding_norm:
+    x = stack.embedding_norm(x).astype(x.dtype)
+  return x
+
+
 def _embed(config: ModelConfig, rngs: nnx.Rngs) -> Embed:
   """The token embedding of `config` (init and sqrt(d_model) scaling included)."""
   return Embed(config.vocab_size, config.d_model, dtype=config.residual_stream_dtype,
@@ -168,10 +181,12 @@ class Encoder(nnx.Module):
     self.config = config
     self.positions = AddPositions(config.positional_encoding, config.max_len, config.d_model,
                                   rngs=rngs)
+    if config.embedding_norm:
+      self.embedding_norm = _norm(config, rngs)
     self.layers = make_layers(config, lambda: EncoderLayer(config, rngs),
                               config.num_encoder_layers)
     if config.norm_position == 'pre':
-      self.final_norm = layer_norm(config.d_model, rngs)
+      self.final_norm = _norm(config, rngs)
 
   def __call__(self, embed: Embed, tokens: Array, *, segment_ids: Array | None = None,
                positions: Array | None = None, dropout_rng: Array | None = None) -> Array:
@@ -181,7 +196,7 @@ class Encoder(nnx.Module):
     valid = tokens > 0
     mask = attn.FactoredMask(query_valid=valid, key_valid=valid,
                              query_segment_ids=segment_ids, key_segment_ids=segment_ids)
-    x = _dropout(cfg, self.positions(embed(tokens), positions), fold(dropout_rng, 0))
+    x = _dropout(cfg, _input(self, embed, tokens, positions), fold(dropout_rng, 0))
     x = run_layers(cfg, self.layers, x, lambda layer, x, rng: layer(x, mask, positions, rng),
                    dropout_rng)
     if cfg.norm_position == 'pre':
@@ -197,14 +212,18 @@ class Decoder(nnx.Module):
     self.config = config
     self.positions = AddPositions(config.positional_encoding, config.max_len, config.d_model,
                                   rngs=rngs)
+    if config.embedding_norm:
+      self.embedding_norm = _norm(config, rngs)
     self.layers = make_layers(config, lambda: DecoderLayer(config, rngs, cross=cross),
                               config.num_decoder_layers)
     if config.norm_position == 'pre':
-      self.final_norm = layer_norm(config.d_model, rngs)
+      self.final_norm = _norm(config, rngs)
     if not config.logits_via_embedding:
       self.logits = Dense(config.d_model, config.vocab_size, ('embed', 'vocab'),
                           init_std=config.init_stds(config.num_decoder_layers).kernel,
                           matmul='general', rngs=rngs)
+    elif config.final_logits_bias:
+      self.logits_bias = nnx.Param(jnp.zeros((config.vocab_size,), jnp.float32), axes=('vocab',))
 
   def __call__(self, embed: Embed, tokens: Array, encoded: Array | None = None,
                encoder_valid: Array | None = None, *, segment_ids: Array | None = None,
@@ -222,7 +241,7 @@ class Decoder(nnx.Module):
         query_valid=valid, key_valid=encoder_valid,
         query_segment_ids=segment_ids if packed else None,
         key_segment_ids=encoder_segment_ids if packed else None)
-    x = self.positions(embed(shift_right(tokens, segment_ids)), positions)
+    x = _input(self, embed, shift_right(tokens, segment_ids), positions)
     x = _dropout(self.config, x, fold(dropout_rng, 0))
     x = run_layers(self.config, self.layers, x,
                    lambda layer, x, rng: layer(x, encoded, self_mask, cross_mask, positions,
@@ -248,7 +267,7 @@ class Decoder(nnx.Module):
       positions = index + jnp.arange(tokens.shape[1])[None, :]
     cross_mask = None if encoder_valid is None else attn.FactoredMask(
         query_valid=jnp.ones(tokens.shape, jnp.bool_), key_valid=encoder_valid)
-    x = self.positions(embed(tokens), positions)
+    x = _input(self, embed, tokens, positions)
     layer_caches = []
     for layer, layer_cache in zip(self.layers, cache['layers'], strict=True):
       x, layer_cache = layer(x, None, cache_mask, cross_mask, positions, cache=layer_cache,
@@ -274,9 +293,10 @@ class Decoder(nnx.Module):
     if cfg.norm_position == 'pre':
       x = self.final_norm(x)
     x = x.astype(cfg.compute_dtype)  # a float32 stream (residual_dtype) leaves in `dtype`
-    if cfg.logits_via_embedding:
-      return embed.attend(x)
-    return self.logits(x)
+    if not cfg.logits_via_embedding:
+      return self.logits(x)
+    logits = embed.attend(x)
+    return logits + self.logits_bias[...] if cfg.final_logits_bias else logits
 
 
 class EncoderDecoder(nnx.Module):

@@ -70,11 +70,19 @@ def param_shardings(config: ModelConfig, mesh: Mesh, rules: Rules | None = None)
 
 
 def create_train_state(config: ModelConfig, tx: optax.GradientTransformation, seed: int, mesh: Mesh,
-                       rules: Rules | None = None) -> TrainState:
+                       rules: Rules | None = None, params: Any = None) -> TrainState:
   """A fresh state laid out by `state_shardings` (every process computes the same values;
-  each device materialises only its shards)."""
+  each device materialises only its shards). `params` (a pure dict, e.g. another workdir's:
+  config.train.init_from) start it instead of an initialisation; the dropout key is the
+  seed's either way."""
   shardings = state_shardings(config, tx, mesh, rules)
-  return jax.jit(make_init_fn(config, tx, seed), out_shardings=shardings)()
+  init = make_init_fn(config, tx, seed)
+  if params is None:
+    return jax.jit(init, out_shardings=shardings)()
+
+  def start(params):
+    return init().replace(params=params, opt_state=tx.init(params))
+  return jax.jit(start, out_shardings=shardings)(params)
 
 
 def abstract_train_state(config: ModelConfig, tx: optax.GradientTransformation, seed: int,

@@ -29,6 +29,7 @@ from training import (
   checkpoint as ckpt_lib,
   config_io,
   evaluation,
+  init_from,
   memory,
   mesh as mesh_lib,
   metrics as metrics_lib,
@@ -99,7 +100,9 @@ def _get_datasets(config, workdir: str):
 class _Run:
   """State of one call to `train_and_evaluate` (kept small: the loop lives in `run`)."""
 
-  def __init__(self, config, workdir: str, datasets=None, preset=None, on_second_interrupt=None):
+  def __init__(self, config, workdir: str, datasets=None, preset=None, on_second_interrupt=None,
+               overridden=frozenset()):
+    init_from.configure(config, overridden)
     self.config, self.workdir, self.preset = config, workdir, preset
     self.on_second_interrupt = on_second_interrupt
     self.model_config = config_io.validate_config(
@@ -122,6 +125,8 @@ class _Run:
     log(self.config_summary[0])
     changes = config_io.check_compatible(config, workdir)
     self.had_config = os.path.exists(config_io.config_path(workdir))
+    if metrics_lib.is_main_process():
+      init_from.copy_tokenizer(config, workdir)
     self.datasets = datasets if datasets is not None else _get_datasets(config, workdir)
     vocab = getattr(self.datasets.tokenizer, 'vocab_size', None)
     if vocab is not None and vocab > self.model_config.vocab_size:
@@ -175,7 +180,12 @@ class _Run:
       if self.had_config:  # checkpoints deleted, or a run stopped before its first one
         metrics_lib.warn(f'{self.workdir} has a config.json but no checkpoint in '
                          f'{ckpt_lib.checkpoint_dir(self.workdir)}: training starts from step 0')
-      return state_lib.create_train_state(self.model_config, self.tx, t.seed, self.mesh, self.rules)
+      params = None
+      if init_from.source(self.config):
+        params, step = init_from.params(self.config)
+        log(f'starting from the parameters of {init_from.source(self.config)} (its step {step})')
+      return state_lib.create_train_state(self.model_config, self.tx, t.seed, self.mesh, self.rules,
+                                          params=params)
     state, data_state, step = restored
     if data_state is not None:
       self.datasets.train_iter.set_state(data_state)
@@ -368,7 +378,8 @@ class _Run:
 
 
 def train_and_evaluate(config, workdir: str, *, datasets=None, preset=None,
-                       on_second_interrupt: Callable[[], None] | None = None) -> dict[str, Any]:
+                       on_second_interrupt: Callable[[], None] | None = None,
+                       overridden=frozenset()) -> dict[str, Any]:
   """Trains `config` in `workdir` (resuming from its newest good checkpoint) -> summary dict
   with 'step', 'interrupted', 'total_time', best eval loss/BLEU and the final 'state'.
 
@@ -377,14 +388,16 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, preset=None,
   `configs/base.py`). `datasets` (tests) replaces `input_pipeline.get_datasets(config,
   workdir=...)`. A second Ctrl-C during the loop (the first saves and stops) calls
   `on_second_interrupt()` from the signal handler, which should end the process (default:
-  KeyboardInterrupt, which a signal landing in a gc callback can swallow). Raises
+  KeyboardInterrupt, which a signal landing in a gc callback can swallow). With
+  `config.train.init_from`, the model fields named in `overridden` ('model.dropout_rate', ...)
+  are kept, the others taken from that workdir (training.init_from). Raises
   `model.ConfigError` (bad config, incompatible workdir),
   `CheckpointError`, `NonFiniteLossError`.
   """
   t = config.train
   accelerator.check_deterministic(t.deterministic)
   with accelerator.matmul_precision(t.matmul_precision):
-    run = _Run(config, workdir, datasets, preset, on_second_interrupt)
+    run = _Run(config, workdir, datasets, preset, on_second_interrupt, overridden)
     try:
       return run.run()
     finally:

@@ -1,0 +1,155 @@
+"""The `transformers` classes import.py reads: one `Architecture` per class, in one table.
+
+  MarianMTModel    -> encoder_decoder, post-LN, sinusoidal, scaled embeddings  + 'marian' tokenizer
+  GPT2LMHeadModel  -> decoder_only, pre-LN, learned positions, tied output     + 'huggingface'
+  BertModel        -> encoder_only, post-LN, learned positions, embedding_norm + 'huggingface'
+
+Each row turns the checkpoint's config.json (a dict) and state dict into `config.model` fields
+and our parameters. A config field or value our modules cannot express is refused with one
+line naming it (`Unsupported`), never approximated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+
+from hf_export.convert import HF_ACTIVATIONS
+from hf_import import convert
+
+ACTIVATIONS = {hf: ours for ours, hf in HF_ACTIVATIONS.items()} | {
+    'silu': 'silu', 'gelu_pytorch_tanh': 'gelu'}
+# Marian and Pegasus hard-code torch's LayerNorm default.
+TORCH_LAYER_NORM_EPS = 1e-5
+
+
+class Unsupported(ValueError):
+  """The checkpoint uses something our model cannot express; the message names it."""
+
+
+def _refuse(field: str, value, why: str):
+  raise Unsupported(f'config.json {field}={value!r} cannot be imported: {why}')
+
+
+def _get(hf: dict, field: str, default=None):
+  return hf.get(field, default)
+
+
+def _require(hf: dict, field: str, allowed: tuple, why: str, default=None):
+  value = hf.get(field, default)
+  if value not in allowed:
+    _refuse(field, value, why)
+  return value
+
+
+def _activation(hf: dict, field: str) -> str:
+  value = hf.get(field, 'gelu')
+  if value not in ACTIVATIONS:
+    _refuse(field, value, f'the feed-forward activations are {", ".join(sorted(ACTIVATIONS))}')
+  return ACTIVATIONS[value]
+
+
+def _same(hf: dict, a: str, b: str, what: str):
+  if hf.get(a) != hf.get(b):
+    _refuse(b, hf.get(b), f'{what} must equal {a}={hf.get(a)!r} (one value for both stacks)')
+  return hf.get(a)
+
+
+def _bias_needed(bias: np.ndarray, pad: int) -> bool:
+  """Whether Marian's final_logits_bias adds anything but a mask on pad (never generated)."""
+  rest = np.delete(bias.reshape(-1), pad)
+  return bool(np.any(rest != 0))
+
+
+def marian_model(hf: dict, sd: dict) -> dict:
+  """MarianConfig -> `config.model` fields."""
+  pad = hf.get('pad_token_id')
+  start = hf.get('decoder_start_token_id', pad)
+  if start != pad:
+    _refuse('decoder_start_token_id', start, f'the decoder starts from pad ({pad}) here')
+  vocab = hf['vocab_size']
+  if hf.get('decoder_vocab_size') not in (None, vocab):
+    _refuse('decoder_vocab_size', hf['decoder_vocab_size'], f'one vocabulary of {vocab} ids '
+            'serves source and target here')
+  _require(hf, 'normalize_before', (False,), 'Marian layers are post-LN', default=False)
+  _require(hf, 'add_bias_logits', (False,), 'only final_logits_bias is carried', default=False)
+  shared = bool(hf.get('share_encoder_decoder_embeddings', True))
+  tied = bool(hf.get('tie_word_embeddings', True))
+  heads = _same(hf, 'encoder_attention_heads', 'decoder_attention_heads', 'the head count')
+  ffn = _same(hf, 'encoder_ffn_dim', 'decoder_ffn_dim', 'the feed-forward width')
+  return dict(
+      kind='encoder_decoder', vocab_size=vocab, d_model=hf['d_model'], num_heads=heads,
+      d_ff=ffn, num_encoder_layers=hf['encoder_layers'], num_decoder_layers=hf['decoder_layers'],
+      max_len=hf['max_position_embeddings'], positional_encoding='sinusoidal',
+      norm_position='post', activation=_activation(hf, 'activation_function'),
+      scale_embeddings=bool(hf.get('scale_embedding', False)),
+      share_embeddings=shared, logits_via_embedding=tied and shared,
+      final_logits_bias=tied and shared and _bias_needed(sd['final_logits_bias'], pad),
+      layer_norm_epsilon=TORCH_LAYER_NORM_EPS, dropout_rate=float(hf.get('dropout', 0.1)),
+      attention_dropout_rate=float(hf.get('attention_dropout', 0.0)))
+
+
+def gpt2_model(hf: dict, sd: dict) -> dict:
+  """GPT2Config -> `config.model` fields."""
+  del sd
+  d = hf['n_embd']
+  _require(hf, 'scale_attn_weights', (True,), 'attention scores are divided by sqrt(d_k)',
+           default=True)
+  _require(hf, 'scale_attn_by_inverse_layer_idx', (False,), 'every layer scales alike',
+           default=False)
+  _require(hf, 'tie_word_embeddings', (True,), 'the output layer is the embedding here',
+           default=True)
+  return dict(
+      kind='decoder_only', vocab_size=hf['vocab_size'], d_model=d, num_heads=hf['n_head'],
+      d_ff=hf.get('n_inner') or 4 * d, num_encoder_layers=0, num_decoder_layers=hf['n_layer'],
+      max_len=hf['n_positions'], positional_encoding='learned', norm_position='pre',
+      activation=_activation(hf, 'activation_function'), scale_embeddings=False,
+      share_embeddings=True, logits_via_embedding=True, init='gpt2',
+      layer_norm_epsilon=float(hf.get('layer_norm_epsilon', 1e-5)),
+      dropout_rate=float(hf.get('resid_pdrop', 0.1)),
+      attention_dropout_rate=float(hf.get('attn_pdrop', 0.1)))
+
+
+def bert_model(hf: dict, sd: dict) -> dict:
+  """BertConfig -> `config.model` fields."""
+  del sd
+  _require(hf, 'position_embedding_type', ('absolute',), 'positions are absolute here',
+           default='absolute')
+  _require(hf, 'is_decoder', (False,), 'this is the encoder-only import', default=False)
+  return dict(
+      kind='encoder_only', vocab_size=hf['vocab_size'], d_model=hf['hidden_size'],
+      num_heads=hf['num_attention_heads'], d_ff=hf['intermediate_size'],
+      num_encoder_layers=hf['num_hidden_layers'], num_decoder_layers=0,
+      max_len=hf['max_position_embeddings'], positional_encoding='learned',
+      norm_position='post', activation=_activation(hf, 'hidden_act'), scale_embeddings=False,
+      embedding_norm=True, layer_norm_epsilon=float(hf.get('layer_norm_eps', 1e-12)),
+      dropout_rate=float(hf.get('hidden_dropout_prob', 0.1)),
+      attention_dropout_rate=float(hf.get('attention_probs_dropout_prob', 0.1)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Architecture:
+  """One `transformers` class and how it becomes our model."""
+  name: str  # config.architectures[0]
+  model: Callable  # (config.json dict, state dict) -> config.model fields
+  params: Callable  # (state dict, ModelConfig, vocab order) -> our params
+  prefix: str  # the state dict's prefix of our weights in the class's checkpoints
+  tokenizer: str  # the tokenizer kind it comes with (input_pipeline.tokenizers)
+
+
+ARCHITECTURES = {a.name: a for a in (
+    Architecture('MarianMTModel', marian_model, convert.marian_params, '', 'marian'),
+    Architecture('GPT2LMHeadModel', gpt2_model, convert.gpt2_params, '', 'huggingface'),
+    Architecture('BertModel', bert_model, convert.bert_params, '', 'huggingface'),
+)}
+
+
+def architecture(hf: dict) -> Architecture:
+  """The row of config.json's `architectures`, or `Unsupported` naming it."""
+  names = hf.get('architectures') or []
+  for name in names:
+    if name in ARCHITECTURES:
+      return ARCHITECTURES[name]
+  _refuse('architectures', names, f'import.py reads {", ".join(ARCHITECTURES)}')

@@ -1,0 +1,81 @@
+"""Small random `transformers` checkpoints saved as the Hub's are (save_pretrained), built
+here with transformers' own classes (no download): OPUS-MT-style Marian with sentencepiece
+models trained on Multi30k, GPT-2 with a byte-level BPE trained on Tiny Shakespeare, BERT with
+a WordPiece vocabulary."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def multi30k(split: str, lang: str, count: int | None = None) -> list[str]:
+  with gzip.open(os.path.join(ROOT, 'data', 'multi30k', f'{split}.{lang}.gz'), 'rt') as f:
+    lines = [line.rstrip('\n') for line in f]
+  return lines[:count] if count else lines
+
+
+def shakespeare() -> str:
+  with open(os.path.join(ROOT, 'data', 'tinyshakespeare', 'input.txt'), 'rt') as f:
+    return f.read()
+
+
+def _spm(lines: list[str], vocab_size: int) -> bytes:
+  import sentencepiece as spm  # pylint: disable=import-outside-toplevel
+  out = io.BytesIO()
+  spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=out,
+                                 vocab_size=vocab_size, model_type='unigram',
+                                 character_coverage=1.0, minloglevel=2,
+                                 pad_id=-1, bos_id=-1, eos_id=1, unk_id=0)
+  return out.getvalue()
+
+
+def marian(directory: str, **config) -> str:
+  """An OPUS-MT-like en-de Marian model: swish, scaled embeddings, eos 0, unk 1, pad last,
+  separate source/target sentencepiece models with one joint vocab.json."""
+  import sentencepiece as spm  # pylint: disable=import-outside-toplevel
+  import torch  # pylint: disable=import-outside-toplevel
+  from transformers import MarianConfig, MarianMTModel, MarianTokenizer  # pylint: disable=import-outside-toplevel
+  os.makedirs(directory, exist_ok=True)
+  models = {'source.spm': _spm(multi30k('train', 'en', 3000), 300),
+            'target.spm': _spm(multi30k('train', 'de', 3000), 300)}
+  pieces = []
+  for data in models.values():
+    sp = spm.SentencePieceProcessor(model_proto=data)
+    pieces += [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+  vocab = {'</s>': 0, '<unk>': 1}
+  for piece in pieces:
+    vocab.setdefault(piece, len(vocab))
+  vocab['<pad>'] = len(vocab)
+  for name, data in models.items():
+    with open(os.path.join(directory, name), 'wb') as f:
+      f.write(data)
+  with open(os.path.join(directory, 'vocab.json'), 'w') as f:
+    json.dump(vocab, f)
+  MarianTokenizer(os.path.join(directory, 'source.spm'), os.path.join(directory, 'target.spm'),
+                  os.path.join(directory, 'vocab.json')).save_pretrained(directory)
+  fields = dict(vocab_size=len(vocab), d_model=32, encoder_layers=2, decoder_layers=2,
+                encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                decoder_ffn_dim=64, max_position_embeddings=64, activation_function='swish',
+                pad_token_id=len(vocab) - 1, decoder_start_token_id=len(vocab) - 1,
+                eos_token_id=0, scale_embedding=True, dropout=0.1, attention_dropout=0.0)
+  fields.update(config)
+  torch.manual_seed(0)
+  model = MarianMTModel(MarianConfig(**fields)).eval()
+  with torch.no_grad():  # random non-zero biases, LayerNorms and logits bias
+    for name, p in model.named_parameters():
+      if 'embed_positions' not in name and (name.endswith('bias') or 'layer_norm' in name):
+        p.add_(0.1 * torch.randn_like(p))
+    model.final_logits_bias.add_(0.5 * torch.randn_like(model.final_logits_bias))
+  model.save_pretrained(directory)
+  return directory
+
+
+def random_ids(count: int, length: int, vocab: int, seed: int = 0, low: int = 2) -> np.ndarray:
+  return np.random.default_rng(seed).integers(low, vocab, (count, length))

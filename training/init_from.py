@@ -1,0 +1,72 @@
+"""`config.train.init_from=DIR`: a run that starts from another workdir's model.
+
+DIR is an imported checkpoint (import.py) or any trained workdir. The new run takes DIR's
+model section (the fields not set on the command line: dropout, dtype, attention_impl, remat
+and the like may be; the shape fields may not), its tokenizer (copied into the new workdir)
+and, at step 0, its newest parameters; the optimizer, schedule, data and steps are the run's
+own. Once the new workdir has a checkpoint, a rerun resumes from it as any run does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+
+from common.errors import ConfigError
+from model.config import ModelConfig
+from training import config_io
+
+# The data fields that belong to the tokenizer, so to DIR.
+TOKENIZER_FIELDS = ('tokenizer', 'vocab_size')
+
+
+def source(config) -> str | None:
+  return config.train.get('init_from') or None
+
+
+def configure(config, overridden: frozenset[str] = frozenset()) -> None:
+  """DIR's model section and tokenizer fields into `config` (in place), but the model fields
+  named in `overridden` (dotted, e.g. 'model.dropout_rate'); refuses a shape field there."""
+  directory = source(config)
+  if directory is None:
+    return
+  if not os.path.isfile(config_io.config_path(directory)):
+    raise ConfigError(f'config.train.init_from={directory!r} is not a workdir (no config.json '
+                      'there): give import.py\'s or a trained run\'s workdir')
+  start = config_io.load_config(directory)
+  clashes = sorted(f for f in overridden if f in config_io.SHAPE_FIELDS and
+                   f.startswith('model.'))
+  if clashes:
+    raise ConfigError(f'--config.{clashes[0]} cannot be set with config.train.init_from: the '
+                      f'parameters of {directory} fix it ({start.model.get(clashes[0][6:])!r})')
+  for field in dataclasses.fields(ModelConfig):
+    if f'model.{field.name}' not in overridden:
+      config.model[field.name] = start.model.get(field.name, field.default)
+  for field in TOKENIZER_FIELDS:
+    config.data[field] = start.data[field]
+
+
+def copy_tokenizer(config, workdir: str) -> None:
+  """DIR's tokenizer into `workdir`, unless it has one (a resumed run)."""
+  from input_pipeline import tokenizers  # pylint: disable=import-outside-toplevel
+  directory = source(config)
+  if directory is None or tokenizers.has_tokenizer(workdir):
+    return
+  if not tokenizers.has_tokenizer(directory):
+    raise ConfigError(f'config.train.init_from={directory!r} has no tokenizer '
+                      f'({os.path.join(directory, tokenizers.TOKENIZER_DIR)})')
+  tokenizers.load_tokenizer(directory)  # its checksums: a damaged one is not copied
+  target = os.path.join(workdir, tokenizers.TOKENIZER_DIR)
+  partial = target + '.copying'
+  shutil.rmtree(partial, ignore_errors=True)
+  shutil.copytree(os.path.join(directory, tokenizers.TOKENIZER_DIR), partial,
+                  ignore=shutil.ignore_patterns('.lock'))
+  os.replace(partial, target)
+
+
+def params(config):
+  """DIR's newest parameters (a pure dict on the first local device)."""
+  from training import checkpoint  # pylint: disable=import-outside-toplevel
+  found, step = checkpoint.restore_params(source(config))
+  return found, step
