@@ -85,8 +85,11 @@ class MarianTokenizer(_Reordered):
     return self.to_ours([self._vocab.get(p, self._unk) for p in pieces] + [self._eos])
 
   def decode(self, ids: Iterable[int]) -> str:
-    return self._target.decode_pieces([self._pieces.get(i, '') for i in self.to_theirs(ids)
-                                       if self._pieces.get(i) not in self.specials.values()])
+    """MarianTokenizer.decode(skip_special_tokens=True): the target model joins the pieces; a
+    piece it lacks (the joint vocabulary's source pieces) keeps its '▁' as a space."""
+    pieces = [self._pieces.get(i, '') for i in self.to_theirs(ids)]
+    text = self._target.decode_pieces([p for p in pieces if p not in self.specials.values()])
+    return text.replace('\u2581', ' ').strip()
 
   def id_to_piece(self, i: int) -> str:
     return self._pieces.get(int(self.order[int(i)]), f'<extra_id_{int(i)}>')

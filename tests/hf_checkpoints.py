@@ -79,3 +79,66 @@ def marian(directory: str, **config) -> str:
 
 def random_ids(count: int, length: int, vocab: int, seed: int = 0, low: int = 2) -> np.ndarray:
   return np.random.default_rng(seed).integers(low, vocab, (count, length))
+
+
+def gpt2(directory: str, **config) -> str:
+  """A GPT-2: byte-level BPE of 400 ids trained on Tiny Shakespeare (<|endoftext|> last, as
+  GPT-2's 50256), pre-LN, learned positions, gelu_new, tied output."""
+  import torch  # pylint: disable=import-outside-toplevel
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # pylint: disable=import-outside-toplevel
+  from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast  # pylint: disable=import-outside-toplevel
+  os.makedirs(directory, exist_ok=True)
+  bpe = Tokenizer(models.BPE())
+  bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  bpe.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(vocab_size=399, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                show_progress=False)
+  bpe.train_from_iterator(shakespeare().splitlines()[:6000], trainer)
+  bpe.add_special_tokens(['<|endoftext|>'])
+  tokenizer = GPT2TokenizerFast(tokenizer_object=bpe, bos_token='<|endoftext|>',
+                                eos_token='<|endoftext|>', unk_token='<|endoftext|>')
+  tokenizer.save_pretrained(directory)
+  end = bpe.token_to_id('<|endoftext|>')
+  fields = dict(vocab_size=bpe.get_vocab_size(), n_positions=64, n_embd=32, n_layer=2, n_head=4,
+                bos_token_id=end, eos_token_id=end, activation_function='gelu_new')
+  fields.update(config)
+  torch.manual_seed(0)
+  model = GPT2LMHeadModel(GPT2Config(**fields)).eval()
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if name.endswith('bias') or '.ln_' in name:
+        p.add_(0.1 * torch.randn_like(p))
+    model.transformer.wte.weight.mul_(10.0)  # peakier logits: clear greedy choices
+  model.save_pretrained(directory)
+  return directory
+
+
+def bert(directory: str, **config) -> str:
+  """A BERT encoder with a WordPiece vocabulary trained on Multi30k English."""
+  import torch  # pylint: disable=import-outside-toplevel
+  from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers  # pylint: disable=import-outside-toplevel
+  from transformers import BertConfig, BertModel, BertTokenizerFast  # pylint: disable=import-outside-toplevel
+  os.makedirs(directory, exist_ok=True)
+  wordpiece = Tokenizer(models.WordPiece(unk_token='[UNK]'))
+  wordpiece.normalizer = normalizers.BertNormalizer(lowercase=True)
+  wordpiece.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+  trainer = trainers.WordPieceTrainer(vocab_size=300, show_progress=False, special_tokens=[
+      '[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'])
+  wordpiece.train_from_iterator(multi30k('train', 'en', 3000), trainer)
+  cls, sep = wordpiece.token_to_id('[CLS]'), wordpiece.token_to_id('[SEP]')
+  wordpiece.post_processor = processors.TemplateProcessing(
+      single='[CLS] $A [SEP]', pair='[CLS] $A [SEP] $B:1 [SEP]:1',
+      special_tokens=[('[CLS]', cls), ('[SEP]', sep)])
+  BertTokenizerFast(tokenizer_object=wordpiece).save_pretrained(directory)
+  fields = dict(vocab_size=wordpiece.get_vocab_size(), hidden_size=32, num_hidden_layers=2,
+                num_attention_heads=4, intermediate_size=64, max_position_embeddings=64,
+                pad_token_id=0)
+  fields.update(config)
+  torch.manual_seed(0)
+  model = BertModel(BertConfig(**fields)).eval()
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if name.endswith('bias') or 'LayerNorm' in name:
+        p.add_(0.1 * torch.randn_like(p))
+  model.save_pretrained(directory)
+  return directory
