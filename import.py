@@ -20,8 +20,6 @@ extra: pip install -e '.[hf]'.
 
 from __future__ import annotations
 
-import sys
-
 from absl import app, flags, logging
 
 FLAGS = flags.FLAGS

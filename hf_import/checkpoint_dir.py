@@ -10,7 +10,6 @@ import re
 
 import numpy as np
 
-
 WEIGHTS = ('model.safetensors', 'model.safetensors.index.json', 'pytorch_model.bin')
 # A Hub id (`--from=Helsinki-NLP/opus-mt-en-de`): owner/name, no path of this machine.
 _HUB_ID = re.compile(r'^[A-Za-z0-9][\w.-]*/[\w.-]+$')

@@ -115,11 +115,19 @@ class HuggingFaceTokenizer(_Reordered):
 
   def encode(self, text: str, target: bool = False) -> list[int]:
     del target  # one model for both sides
-    return self.to_ours(self._tok.encode(text).ids)
+    return self._text_ids(self._tok.encode(text).ids)
 
   def encode_batch(self, texts: Sequence[str], target: bool = False) -> list[list[int]]:
     del target
-    return [self.to_ours(e.ids) for e in self._tok.encode_batch(list(texts))]
+    return [self._text_ids(e.ids) for e in self._tok.encode_batch(list(texts))]
+
+  def _text_ids(self, ids: list[int]) -> list[int]:
+    """Ours, without a leading start token: the tokenizer of a language model this project
+    exported prepends it (as GPT-2's BOS), and our decoder reads it before the text anyway."""
+    ours = self.to_ours(ids)
+    while ours and ours[0] == PAD_ID:
+      ours.pop(0)
+    return ours
 
   def decode(self, ids: Iterable[int]) -> str:
     return self._tok.decode(self.to_theirs(ids), skip_special_tokens=True)

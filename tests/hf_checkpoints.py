@@ -22,7 +22,7 @@ def multi30k(split: str, lang: str, count: int | None = None) -> list[str]:
 
 
 def shakespeare() -> str:
-  with open(os.path.join(ROOT, 'data', 'tinyshakespeare', 'input.txt'), 'rt') as f:
+  with open(os.path.join(ROOT, 'data', 'tinyshakespeare', 'input.txt')) as f:
     return f.read()
 
 
@@ -72,13 +72,42 @@ def marian(directory: str, **config) -> str:
     for name, p in model.named_parameters():
       if 'embed_positions' not in name and (name.endswith('bias') or 'layer_norm' in name):
         p.add_(0.1 * torch.randn_like(p))
-    model.final_logits_bias.add_(0.5 * torch.randn_like(model.final_logits_bias))
+    model.final_logits_bias.add_(0.2 * torch.randn_like(model.final_logits_bias))
   model.save_pretrained(directory)
   return directory
 
 
-def random_ids(count: int, length: int, vocab: int, seed: int = 0, low: int = 2) -> np.ndarray:
-  return np.random.default_rng(seed).integers(low, vocab, (count, length))
+def opus_layout(exported: str, directory: str) -> str:
+  """A MarianMTModel this project exported (pad 0, EOS 1, unk 2), renumbered as OPUS-MT
+  numbers its tokens (EOS 0, unk 1, pad last, the decoder starting from pad): the same
+  trained translation model, its rows and vocab.json rotated."""
+  import shutil  # pylint: disable=import-outside-toplevel
+
+  import torch  # pylint: disable=import-outside-toplevel
+  from transformers import MarianMTModel  # pylint: disable=import-outside-toplevel
+  shutil.copytree(exported, directory)
+  model = MarianMTModel.from_pretrained(exported).eval()
+  size = model.config.vocab_size
+  old = (np.arange(size) + 1) % size  # new id j is old id j + 1; old 0 (pad) is the last
+  with torch.no_grad():
+    model.model.shared.weight.copy_(model.model.shared.weight[old])
+    model.final_logits_bias.copy_(model.final_logits_bias[:, old])
+  model.config.update(dict(pad_token_id=size - 1, decoder_start_token_id=size - 1,
+                           eos_token_id=0))
+  model.generation_config.update(pad_token_id=size - 1, decoder_start_token_id=size - 1,
+                                 eos_token_id=0, suppress_tokens=[size - 1])
+  model.save_pretrained(directory)
+  with open(os.path.join(directory, 'vocab.json')) as f:
+    vocab = json.load(f)
+  with open(os.path.join(directory, 'vocab.json'), 'w') as f:
+    json.dump({piece: (i - 1) % size for piece, i in vocab.items()}, f)
+  for name in ('tokenizer_config.json', 'special_tokens_map.json'):  # their ids are the old
+    if os.path.exists(os.path.join(directory, name)):
+      os.remove(os.path.join(directory, name))
+  from transformers import MarianTokenizer  # pylint: disable=import-outside-toplevel
+  paths = [os.path.join(directory, name) for name in ('source.spm', 'target.spm', 'vocab.json')]
+  MarianTokenizer(*paths).save_pretrained(directory)
+  return directory
 
 
 def gpt2(directory: str, **config) -> str:
@@ -91,8 +120,8 @@ def gpt2(directory: str, **config) -> str:
   bpe = Tokenizer(models.BPE())
   bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
   bpe.decoder = decoders.ByteLevel()
-  trainer = trainers.BpeTrainer(vocab_size=399, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                show_progress=False)
+  trainer = trainers.BpeTrainer(vocab_size=399, show_progress=False,
+                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
   bpe.train_from_iterator(shakespeare().splitlines()[:6000], trainer)
   bpe.add_special_tokens(['<|endoftext|>'])
   tokenizer = GPT2TokenizerFast(tokenizer_object=bpe, bos_token='<|endoftext|>',

@@ -1,0 +1,233 @@
+"""Issue 44: transformers checkpoints in (import.py, hf_import). Small random Marian, GPT-2
+and BERT checkpoints built here with transformers' own classes (tests/hf_checkpoints.py):
+logits equal to transformers', tokenizer ids equal on a few hundred real sentences, greedy and
+beam outputs equal to generate(), and our exports imported back to identical parameters."""
+
+import os
+import subprocess
+import sys
+
+import hf_checkpoints as ckpts
+import jax
+import numpy as np
+import pytest
+import test_train_synthetic as syn
+import torch
+import transformers
+
+import inference
+from autoregressive import decoding
+from hf_import import import_checkpoint, importer
+from hf_import.architectures import Unsupported
+from hf_import.checkpoint_dir import ImportProblem
+
+compilation_cache = pytest.fixture(scope='module', autouse=True)(syn.compilation_cache_fixture)
+ROOT = ckpts.ROOT
+
+
+@pytest.fixture(scope='module')
+def built(tmp_path_factory):
+  """{name: (checkpoint dir, imported workdir)} for marian, gpt2 and bert."""
+  root = tmp_path_factory.mktemp('hf_import')
+  out = {}
+  for name, build in (('marian', ckpts.marian), ('gpt2', ckpts.gpt2), ('bert', ckpts.bert)):
+    source, workdir = str(root / name), str(root / f'{name}_workdir')
+    build(source)
+    import_checkpoint(source, workdir)
+    out[name] = (source, workdir)
+  return out
+
+
+def _padded(rows: list[list[int]]) -> np.ndarray:
+  out = np.zeros((len(rows), max(map(len, rows))), np.int32)
+  for i, row in enumerate(rows):
+    out[i, :len(row)] = row
+  return out
+
+
+def _until(ids, stop) -> list[int]:
+  ids = list(ids)
+  return ids[:ids.index(stop)] if stop in ids else ids
+
+
+def test_marian_equals_transformers(built):
+  """Tokenizer ids (source and target side) and decoded text, logits to 1e-5, greedy and beam
+  outputs (length_penalty 0) of an OPUS-MT-style model: swish, a final_logits_bias, pad last."""
+  source, workdir = built['marian']
+  session = inference.load(workdir)
+  ours, theirs = session.tokenizer, transformers.MarianTokenizer.from_pretrained(source)
+  src, tgt = (ckpts.multi30k('test_2016_flickr', lang, 300) for lang in ('en', 'de'))
+  eos = theirs.eos_token_id
+  for s, t in zip(src, tgt, strict=True):
+    assert ours.to_theirs(ours.encode(s)) + [eos] == theirs(s).input_ids
+    ids = ours.encode(t, target=True)
+    assert ours.to_theirs(ids) + [eos] == theirs(text_target=t).input_ids
+    assert ours.decode(ids) == theirs.decode(ours.to_theirs(ids), skip_special_tokens=True)
+  model = transformers.MarianMTModel.from_pretrained(source).eval()
+  assert session.module.config.final_logits_bias and session.module.config.activation == 'silu'
+  inputs = _padded([ours.encode(s) for s in src[:6]])
+  targets = _padded([ours.encode(t, target=True) for t in tgt[:6]])
+  with torch.no_grad():
+    hf = model(input_ids=torch.tensor(ours.order[inputs]), attention_mask=torch.tensor(inputs > 0),
+               decoder_input_ids=torch.tensor(ours.order[np.pad(targets, ((0, 0), (1, 0)))[:, :-1]])
+               ).logits.numpy()[..., ours.order]
+  np.testing.assert_allclose(np.asarray(session.module(inputs, targets))[targets > 0],
+                             hf[targets > 0], atol=1e-5, rtol=0)
+
+
+def test_a_trained_model_in_opus_layout_searches_as_generate(tmp_path_factory):
+  """The trained Multi30k model (tests/export_workdirs.py), exported and renumbered as OPUS-MT
+  numbers tokens (EOS 0, pad last), imported: greedy and beam search (length_penalty 0) give
+  generate()'s translations."""
+  import export_workdirs  # pylint: disable=import-outside-toplevel
+
+  from hf_export import export_workdir  # pylint: disable=import-outside-toplevel
+  root = tmp_path_factory.mktemp('opus')
+  export_workdir(export_workdirs.trained(tmp_path_factory, 'mt'), str(root / 'exported'))
+  source = ckpts.opus_layout(str(root / 'exported'), str(root / 'opus'))
+  import_checkpoint(source, str(root / 'workdir'))
+  session = inference.load(str(root / 'workdir'))
+  assert session.tokenizer.order[:3].tolist() == [session.module.config.vocab_size - 1, 0, 1]
+  model = transformers.MarianMTModel.from_pretrained(source).eval()
+  theirs = transformers.MarianTokenizer.from_pretrained(source)
+  src = ckpts.multi30k('test_2016_flickr', 'en', 8)
+  batch = theirs(src, return_tensors='pt', padding=True)
+  for beam in (1, 4):
+    settings = {'alpha': 0.0} if beam > 1 else {}
+    found = session.translator(beam_size=beam, max_new_tokens=32, batch_size=8,
+                               **settings)(session.encode(src))
+    generated = model.generate(**batch, num_beams=beam, length_penalty=0.0, max_new_tokens=32,
+                               early_stopping='never', min_new_tokens=1, do_sample=False,
+                               forced_eos_token_id=None)
+    assert [_until(row[1:], 0) for row in generated.tolist()] == [
+        session.tokenizer.to_theirs(ids) for ids in found]
+    assert sum(ids[-1] == session.tokenizer.eos_id for ids in found) >= 4  # most end
+    assert theirs.batch_decode(generated, skip_special_tokens=True) == [
+        session.tokenizer.decode(ids) for ids in found]
+
+
+def test_gpt2_equals_transformers(built):
+  """Byte-level BPE ids and text on Tiny Shakespeare, logits to 1e-5, greedy and beam
+  continuations; <|endoftext|> is our start token (pad 0), so generation runs to the limit."""
+  source, workdir = built['gpt2']
+  session = inference.load(workdir)
+  ours, theirs = session.tokenizer, transformers.AutoTokenizer.from_pretrained(source)
+  lines = [line for line in ckpts.shakespeare().splitlines()[:400] if line][:300]
+  for line in lines:
+    assert ours.to_theirs(ours.encode(line)) == theirs(line).input_ids
+    assert ours.decode(ours.encode(line)) == line
+  model = transformers.GPT2LMHeadModel.from_pretrained(source).eval()
+  start = theirs.bos_token_id
+  tokens = _padded([ours.encode(line) for line in lines[:6]])
+  with torch.no_grad():  # GPT-2 reads our decoder input: the start token, then the text
+    hf = model(input_ids=torch.tensor(ours.order[np.pad(tokens, ((0, 0), (1, 0)))[:, :-1]]),
+               attention_mask=torch.tensor(tokens > 0)).logits.numpy()[..., ours.order]
+  np.testing.assert_allclose(np.asarray(session.module(tokens))[tokens > 0], hf[tokens > 0],
+                             atol=1e-5, rtol=0)
+  prompt = np.array([ours.encode('ROMEO: But soft, what light')], np.int32)
+  hf_prompt = torch.tensor([[start] + ours.to_theirs(prompt[0])])
+  greedy = decoding.greedy_decode(session.model, prompt=prompt, max_new_tokens=10, eos_id=None)
+  beams, _ = decoding.beam_search_decode(session.model, prompt=prompt, beam_size=4, alpha=0.0,
+                                         max_new_tokens=10, eos_id=None)
+  for beam, found in ((1, np.asarray(greedy)[0]), (4, np.asarray(beams)[0, 0])):
+    generated = model.generate(hf_prompt, num_beams=beam, length_penalty=0.0, do_sample=False,
+                               max_new_tokens=10, suppress_tokens=[start], pad_token_id=start,
+                               early_stopping='never')
+    assert generated[0, hf_prompt.shape[1]:].tolist() == ours.to_theirs(found)
+
+
+def test_bert_equals_transformers(built):
+  """WordPiece ids ([CLS] ... [SEP]) and the contextual embeddings to 1e-5."""
+  source, workdir = built['bert']
+  session = inference.Restored(workdir)  # an encoder: no decoding Session
+  ours, theirs = session.tokenizer, transformers.AutoTokenizer.from_pretrained(source)
+  src = ckpts.multi30k('test_2016_flickr', 'en', 300)
+  for line in src:
+    assert ours.to_theirs(ours.encode(line)) == theirs(line).input_ids
+  model = transformers.BertModel.from_pretrained(source).eval()
+  tokens = _padded([ours.encode(line) for line in src[:6]])
+  with torch.no_grad():
+    hf = model(input_ids=torch.tensor(ours.order[tokens]),
+               attention_mask=torch.tensor(tokens > 0)).last_hidden_state.numpy()
+  np.testing.assert_allclose(np.asarray(session.module(tokens))[tokens > 0], hf[tokens > 0],
+                             atol=1e-5, rtol=0)
+
+
+def _params_equal(a, b) -> bool:
+  pairs = zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+  return (jax.tree.structure(a) == jax.tree.structure(b)
+          and all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in pairs))
+
+
+@pytest.mark.parametrize('name', ['mt', 'lm'])
+def test_our_export_imports_back_to_the_same_parameters(workdirs, name, tmp_path):
+  """ours -> export.py (MarianMTModel; GPT2LMHeadModel) -> import.py: identical parameters,
+  the same token ids. GPT-2 never scales its embeddings: a language model trained with
+  `scale_embeddings` (the char LM here) comes back with them scaled into `wte` (and the final
+  LayerNorm divided by as much, hf_export.convert), the same logits; all else identical."""
+  from hf_export import export_workdir  # pylint: disable=import-outside-toplevel
+  from training import checkpoint  # pylint: disable=import-outside-toplevel
+  exported, again = str(tmp_path / 'hf'), str(tmp_path / 'again')
+  export_workdir(workdirs[name], exported)
+  import_checkpoint(exported, again)
+  params, _ = checkpoint.restore_params(workdirs[name])
+  back, step = checkpoint.restore_params(again)
+  assert step == 0
+  if name == 'lm':
+    tokens = np.array([inference.load(workdirs[name]).tokenizer.encode('ROMEO: so')], np.int32)
+    np.testing.assert_allclose(np.asarray(inference.load(again).module(tokens)),
+                               np.asarray(inference.load(workdirs[name]).module(tokens)),
+                               atol=1e-5, rtol=0)
+    for tree in (params, back):
+      del tree['embed'], tree['decoder']['final_norm']
+  assert _params_equal(params, back)
+  first, second = inference.load(workdirs[name]).tokenizer, inference.load(again).tokenizer
+  text = 'ROMEO: A man in an orange hat.'
+  assert second.encode(text) == first.encode(text)
+  assert second.decode(first.encode(text)) == first.decode(first.encode(text))
+
+
+def _copy(source: str, target: str, drop=(), **config) -> str:
+  import json  # pylint: disable=import-outside-toplevel
+  import shutil  # pylint: disable=import-outside-toplevel
+  shutil.copytree(source, target, ignore=shutil.ignore_patterns(*drop))
+  if config:
+    path = os.path.join(target, 'config.json')
+    with open(path) as f:
+      fields = json.load(f)
+    with open(path, 'w') as f:
+      json.dump({**fields, **config}, f)
+  return target
+
+
+def test_bad_checkpoints_are_one_line_and_write_nothing(built, tmp_path):
+  """Not a checkpoint, an unsupported architecture or field, a missing tokenizer file, weights
+  that do not fit their config, an existing workdir: one line each, nothing written."""
+  marian = built['marian'][0]
+  cases = [
+      (str(tmp_path), 'is not a transformers checkpoint: config.json not found'),
+      (_copy(marian, str(tmp_path / 'arch'), architectures=['T5ForConditionalGeneration']),
+       "architectures=['T5ForConditionalGeneration'] cannot be imported"),
+      (_copy(marian, str(tmp_path / 'act'), activation_function='quick_gelu'),
+       "activation_function='quick_gelu' cannot be imported"),
+      (_copy(marian, str(tmp_path / 'heads'), decoder_attention_heads=2),
+       'decoder_attention_heads=2 cannot be imported'),
+      (_copy(marian, str(tmp_path / 'spm'), drop=('target.spm',)), 'has no target.spm'),
+      (_copy(marian, str(tmp_path / 'shape'), d_model=48), 'the weights do not fit'),
+  ]
+  for source, message in cases:
+    workdir = str(tmp_path / 'new')
+    with pytest.raises((ImportProblem, Unsupported), match='.') as caught:
+      import_checkpoint(source, workdir)
+    assert message in str(caught.value) and '\n' not in str(caught.value)
+    assert not os.path.exists(workdir) and not os.path.exists(workdir + '.importing')
+  existing = built['marian'][1]
+  before = sorted(os.listdir(existing))
+  proc = subprocess.run([sys.executable, 'import.py', f'--from={marian}',
+                         f'--workdir={existing}'], cwd=ROOT, env=syn.subprocess_env(1),
+                        capture_output=True, text=True, check=False)
+  assert proc.returncode == 2 and proc.stderr.strip() == (
+      f'import.py: error: --workdir={existing} exists; give a new directory (nothing was '
+      'written)')
+  assert sorted(os.listdir(existing)) == before
+  assert importer.load(marian).architecture == 'MarianMTModel'
