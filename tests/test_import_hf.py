@@ -231,3 +231,57 @@ def test_bad_checkpoints_are_one_line_and_write_nothing(built, tmp_path):
       'written)')
   assert sorted(os.listdir(existing)) == before
   assert importer.load(marian).architecture == 'MarianMTModel'
+
+
+def _guide_lines() -> list[str]:
+  """The command lines of docs/guide.md's offline block under 'Start from a pretrained model'."""
+  import re  # pylint: disable=import-outside-toplevel
+  with open(os.path.join(ROOT, 'docs', 'guide.md'), encoding='utf-8') as f:
+    text = f.read()
+  section = text[text.index('## Start from a pretrained model'):]
+  block = re.search(r'```bash\n(.*?)```', section, re.S).group(1)
+  return [line for line in block.splitlines() if line.strip()]
+
+
+TINY_RUN = ('--config.train.batch_size=16', '--config.train.checkpoint_every_steps=2',
+            '--config.train.eval_every_steps=4', '--config.train.num_eval_batches=1',
+            '--config.decode.num_eval_sentences=0')
+
+
+def test_the_guides_offline_lines_run_and_the_fine_tuning_resumes(workdirs, tmp_path):
+  """The guide's offline block as printed, run where `runs/default` is the suite's tiny
+  translation workdir: export, import, decode, fine-tune from the import, decode. Made cheap:
+  decoding reads 16 lines of test2016, the fine-tuning takes 4 steps of 16 rows (then 6: it
+  resumes from its own checkpoint, not from the import)."""
+  import shlex  # pylint: disable=import-outside-toplevel
+  import shutil  # pylint: disable=import-outside-toplevel
+  shutil.copytree(workdirs['mt'], tmp_path / 'runs' / 'default')
+  small = {}
+  for lang in ('en', 'de'):
+    small[f'data/multi30k/test_2016_flickr.{lang}.gz'] = str(tmp_path / f'test.{lang}')
+    (tmp_path / f'test.{lang}').write_text(
+        '\n'.join(ckpts.multi30k('test_2016_flickr', lang, 16)) + '\n')
+  outputs = []
+  lines = _guide_lines()
+  assert [shlex.split(line)[1] for line in lines] == [
+      'export.py', 'import.py', 'decode.py', 'train.py', 'decode.py']
+  for line in [*lines[:4], lines[3], lines[4]]:
+    args = shlex.split(line)[2:]
+    for old, new in small.items():
+      args = [arg.replace(old, new) for arg in args]
+    script = shlex.split(line)[1]
+    if script == 'train.py':
+      steps = 6 if any('train.py' in o[0] for o in outputs) else 4
+      args = [a for a in args if not a.startswith('--config.train.num_steps')]
+      args += [*TINY_RUN, f'--config.train.num_steps={steps}']
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=tmp_path,
+                          env=syn.subprocess_env(1), capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert proc.returncode == 0, f'{line}\n{proc.stderr[-3000:]}'
+    outputs.append((script, proc.stdout, proc.stderr))
+  assert 'imported MarianMTModel' in outputs[1][1]
+  assert 'BLEU' in outputs[2][2] or 'BLEU' in outputs[2][1]
+  first, again = outputs[3][1], outputs[4][1]
+  assert 'starting from the parameters of runs/imported (its step 0)' in first
+  assert 'resumed from the checkpoint at step 4' in again and 'starting from' not in again
+  assert len(outputs[5][1].splitlines()) == 16
