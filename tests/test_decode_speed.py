@@ -192,8 +192,10 @@ def test_greedy_and_sampling_first_window_give_the_same_tokens(kind):
       np.testing.assert_array_equal(np.asarray(tokens), np.asarray(found[0]))
 
 
-@pytest.mark.parametrize('alpha', [0.0, 1.5, -0.5])
-@pytest.mark.parametrize('reorder_cache', [False, True])
+# The stopping rule is the searches' shared step (`beam_search._Stepper`): every penalty sign
+# on the slot layout, one on the reference layout (that it passes `nbest` on).
+@pytest.mark.parametrize('alpha,reorder_cache', [(0.0, False), (1.5, False), (-0.5, False),
+                                                 (-0.5, True)])
 def test_beam_search_stopping_at_the_final_nbest_gives_the_same_nbest(alpha, reorder_cache):
   """With `nbest` < beam size a sentence stops once its n best cannot be overtaken: the same
   n tokens and scores as the k-best search (any length penalty sign), and it does stop sooner.
