@@ -105,7 +105,7 @@ class HuggingFaceTokenizer(_Reordered):
   name = 'huggingface'
 
   def __init__(self, tokenizer_json: bytes, order: Sequence[int], eos: int | None):
-    from tokenizers import Tokenizer  # pylint: disable=import-outside-toplevel
+    from tokenizers import Tokenizer  # the [hf] extra's; only an imported model reads it
     self.files = {'hf_tokenizer.json': tokenizer_json}
     self._tok = Tokenizer.from_str(tokenizer_json.decode())
     super().__init__(order, eos_id=None)

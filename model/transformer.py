@@ -10,14 +10,10 @@ token: targets are shifted right inside the model, so `logits[:, t]` predicts
 per example, 0 = pad) and `*_position` (restarting at 0 per example); attention never
 crosses segments and the shift restarts at each segment.
 
-A stack's `layers` are an `nnx.List` (`layers[i]`), or with `scan_layers` one layer module
-whose parameters are stacked on a leading `[num_layers]` axis (logical name 'layers'), run
-under `jax.lax.scan`: XLA compiles one layer instead of N. `remat` wraps each layer's call in
-`jax.checkpoint`. Decoding runs unrolled (`unrolled`): its KV cache is per layer.
-
+A stack's `layers`: model.stacks (an `nnx.List`, or one scanned module with `scan_layers`).
 The KV cache is a pytree (`Decoder.init_cache`): `{'index': int32 [], 'layers': [{'self_attention':
 {cached_key, cached_value}, 'cross_attention': {cross_key, cross_value}}, ...]}`; `step`
-returns the cache it wrote.
+returns the cache it wrote (decoding runs unrolled: one cache per layer).
 """
 
 from __future__ import annotations
@@ -117,8 +113,7 @@ class EncoderLayer(nnx.Module):
 
 
 class DecoderLayer(nnx.Module):
-  """Masked self-attention, encoder-decoder attention (`cross`: not in a language model),
-  feed-forward."""
+  """Masked self-attention, encoder-decoder attention (`cross`; not in an LM), feed-forward."""
 
   def __init__(self, config: ModelConfig, rngs: nnx.Rngs, *, cross: bool):
     n = config.num_decoder_layers
@@ -158,8 +153,7 @@ class DecoderLayer(nnx.Module):
 
 
 def _input(stack, embed: Embed, tokens: Array, positions: Array | None) -> Array:
-  """A stack's input: token embeddings + positions (`[batch, len, d_model]`), LayerNormed with
-  `embedding_norm`."""
+  """Token embeddings + positions `[batch, len, d_model]` (LayerNormed: `embedding_norm`)."""
   x = stack.positions(embed(tokens), positions)
   if stack.config.embedding_norm:
     x = stack.embedding_norm(x).astype(x.dtype)

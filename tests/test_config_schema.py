@@ -17,7 +17,8 @@ from training import config_io
     ('model', {'d_ff': 0}, 'config.model.d_ff=0 must be a positive integer'),
     ('data', {'max_length': 1}, 'config.data.max_length=1 must be an integer >= 2'),
     ('data', {'tokenizer': 'bytes'},
-     "config.data.tokenizer='bytes' is not one of ['sentencepiece', 'char']"),
+     "config.data.tokenizer='bytes' is not one of ['sentencepiece', 'char', 'marian', "
+     "'huggingface']"),
     ('data', {'packing': 'yes'}, "config.data.packing='yes' must be True or False"),
     ('data', {'num_workers': -1}, 'config.data.num_workers=-1 must be an integer >= 0'),
     ('optimizer', {'name': 'sgd'}, "config.optimizer.name='sgd' is not one of ['adam', 'adamw']"),

@@ -24,7 +24,8 @@ LAYERS = (
     ('training',),
     ('inference',),  # restores with training's checkpoint reader, config and mesh code
     ('hf_export',),
-    ('train', 'decode', 'export'),
+    ('hf_import',),  # the export's conversions, inverted
+    ('train', 'decode', 'export', 'import'),
     ('bench',),
 )
 # Upward imports not yet removed, with what still needs them. The test fails on any other,

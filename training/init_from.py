@@ -66,7 +66,11 @@ def copy_tokenizer(config, workdir: str) -> None:
 
 
 def params(config):
-  """DIR's newest parameters (a pure dict on the first local device)."""
+  """DIR's newest parameters (a pure dict on the first local device), or None without DIR."""
   from training import checkpoint  # pylint: disable=import-outside-toplevel
+  from training.metrics import log  # pylint: disable=import-outside-toplevel
+  if source(config) is None:
+    return None
   found, step = checkpoint.restore_params(source(config))
-  return found, step
+  log(f'starting from the parameters of {source(config)} (its step {step})')
+  return found

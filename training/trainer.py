@@ -180,12 +180,8 @@ class _Run:
       if self.had_config:  # checkpoints deleted, or a run stopped before its first one
         metrics_lib.warn(f'{self.workdir} has a config.json but no checkpoint in '
                          f'{ckpt_lib.checkpoint_dir(self.workdir)}: training starts from step 0')
-      params = None
-      if init_from.source(self.config):
-        params, step = init_from.params(self.config)
-        log(f'starting from the parameters of {init_from.source(self.config)} (its step {step})')
       return state_lib.create_train_state(self.model_config, self.tx, t.seed, self.mesh, self.rules,
-                                          params=params)
+                                          params=init_from.params(self.config))
     state, data_state, step = restored
     if data_state is not None:
       self.datasets.train_iter.set_state(data_state)
@@ -382,7 +378,6 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, preset=None,
                        overridden=frozenset()) -> dict[str, Any]:
   """Trains `config` in `workdir` (resuming from its newest good checkpoint) -> summary dict
   with 'step', 'interrupted', 'total_time', best eval loss/BLEU and the final 'state'.
-
   `preset`: (name, the preset's config before overrides), e.g. ('configs/default.py:tiny',
   ...): the run prints the name and every field that differs from it (default: compared with
   `configs/base.py`). `datasets` (tests) replaces `input_pipeline.get_datasets(config,
@@ -391,9 +386,8 @@ def train_and_evaluate(config, workdir: str, *, datasets=None, preset=None,
   KeyboardInterrupt, which a signal landing in a gc callback can swallow). With
   `config.train.init_from`, the model fields named in `overridden` ('model.dropout_rate', ...)
   are kept, the others taken from that workdir (training.init_from). Raises
-  `model.ConfigError` (bad config, incompatible workdir),
-  `CheckpointError`, `NonFiniteLossError`.
-  """
+  `model.ConfigError` (bad config, incompatible workdir), `CheckpointError`,
+  `NonFiniteLossError`."""
   t = config.train
   accelerator.check_deterministic(t.deterministic)
   with accelerator.matmul_precision(t.matmul_precision):
