@@ -178,7 +178,7 @@ def seq2seq_state_dict(params, cfg) -> dict[str, np.ndarray]:
           np.asarray(attn.sinusoidal_positions(position_count(cfg), cfg.d_model))[:, order])
   vocab = cfg.vocab_size
   if cfg.logits_via_embedding:
-    sd['final_logits_bias'] = (np.asarray(params['decoder']['logits_bias']).reshape(1, vocab)
+    sd['final_logits_bias'] = (np.array(params['decoder']['logits_bias']).reshape(1, vocab)
                                if cfg.final_logits_bias else np.zeros((1, vocab), np.float32))
   else:
     kernel, bias = _reader(params['decoder']['logits'], order)  # [d_model, vocab], [vocab]

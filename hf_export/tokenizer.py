@@ -9,6 +9,8 @@
                     a line reaches the model whole (transformers warns that it is longer than
                     model_max_length), and the model runs it: Marian and Pegasus are exported
                     with `convert.position_count` (>= 1024) positions.
+  marian, huggingface (imported: input_pipeline.pretrained_tokenizers) -> the files they came
+                    from, renumbered as our ids (the model's rows are in our order too)
   char           -> PreTrainedTokenizerFast over a `tokenizers` WordLevel vocabulary of our
                     characters (`<pad>` = 0, characters 1..N), one token per character. For a
                     language model it prepends the start token 0 (as BOS), which is what our
@@ -36,7 +38,41 @@ def save_tokenizer(tokenizer, directory: str, *, max_len: int, start_token: bool
   """
   if tokenizer.name == 'sentencepiece':
     return _save_marian(tokenizer, directory, max_len)
+  if tokenizer.name == 'marian':
+    return _save_imported_marian(tokenizer, directory, max_len)
+  if tokenizer.name == 'huggingface':
+    return _save_imported_fast(tokenizer, directory, max_len)
   return _save_chars(tokenizer, directory, max_len, start_token=start_token)
+
+
+def _save_imported_marian(tokenizer, directory: str, max_len: int) -> str:
+  """An imported MarianTokenizer's own files, its vocab.json renumbered as our ids."""
+  from transformers import MarianTokenizer  # pylint: disable=import-outside-toplevel
+
+  with tempfile.TemporaryDirectory() as scratch:
+    paths = {name: os.path.join(scratch, name) for name in tokenizer.files}
+    for name, data in tokenizer.files.items():
+      with open(paths[name], 'wb') as f:
+        f.write(data)
+    with open(paths['vocab.json'], 'w', encoding='utf-8') as f:
+      json.dump(tokenizer.vocab, f, ensure_ascii=False)
+    special = {f'{key}_token': value for key, value in tokenizer.specials.items()}
+    MarianTokenizer(paths['source.spm'], paths['target.spm'], paths['vocab.json'],
+                    model_max_length=max_len, truncation_side='right', padding_side='right',
+                    **special).save_pretrained(directory)
+  return 'MarianTokenizer'
+
+
+def _save_imported_fast(tokenizer, directory: str, max_len: int) -> str:
+  """An imported tokenizer.json (GPT-2's BPE), renumbered as our ids; pad is our id 0."""
+  from tokenizers import Tokenizer  # pylint: disable=import-outside-toplevel
+  from transformers import PreTrainedTokenizerFast  # pylint: disable=import-outside-toplevel
+
+  PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(tokenizer.renumbered_json()),
+                          model_max_length=max_len, pad_token=tokenizer.id_to_piece(0),
+                          clean_up_tokenization_spaces=False).save_pretrained(directory)
+  return 'PreTrainedTokenizerFast'
+
 
 
 def _save_marian(tokenizer, directory: str, max_len: int) -> str:

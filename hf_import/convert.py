@@ -96,7 +96,8 @@ def marian_params(sd, cfg, vocab) -> dict:
     params[side] = {'layers': {i: _bart_layer(sd, f'model.{side}.layers.{i}', cfg.num_heads, inv,
                                               cross=side == 'decoder')
                                for i in range(count)}}
-  bias = sd['final_logits_bias'].reshape(-1)[vocab]
+  bias = sd['final_logits_bias'].reshape(-1)[vocab].copy()
+  bias[0] = 0.0  # pad (our 0) is never generated nor normalised over; an export writes -1e9
   if cfg.logits_via_embedding:
     if cfg.final_logits_bias:
       params['decoder']['logits_bias'] = bias

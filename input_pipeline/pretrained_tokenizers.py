@@ -94,6 +94,11 @@ class MarianTokenizer(_Reordered):
   def id_to_piece(self, i: int) -> str:
     return self._pieces.get(int(self.order[int(i)]), f'<extra_id_{int(i)}>')
 
+  @property
+  def vocab(self) -> dict[str, int]:
+    """Every piece's id, in our numbering (what an export's vocab.json holds)."""
+    return {p: int(self._ours[i]) for p, i in self._vocab.items()}
+
   def meta(self) -> dict:
     return {'order': self.order.tolist(), 'specials': self.specials}
 
@@ -137,6 +142,34 @@ class HuggingFaceTokenizer(_Reordered):
 
   def meta(self) -> dict:
     return {'order': self.order.tolist(), 'eos': self._eos}
+
+  def renumbered_json(self) -> str:
+    """The tokenizer.json with our ids (vocabulary, added tokens, the post-processor's special
+    tokens): what an export writes, so that it gives our ids."""
+    data = json.loads(self.files['hf_tokenizer.json'])
+    ours = self._ours.tolist()
+    vocab = data['model'].get('vocab')
+    if isinstance(vocab, dict):  # BPE, WordPiece, WordLevel
+      data['model']['vocab'] = {token: ours[i] for token, i in vocab.items()}
+    elif isinstance(vocab, list):  # Unigram: [piece, score] by id
+      data['model']['vocab'] = [vocab[i] for i in self.order]
+    for token in data.get('added_tokens') or []:
+      token['id'] = ours[token['id']]
+    _renumber_processor(data.get('post_processor'), ours)
+    return json.dumps(data, ensure_ascii=False)
+
+
+def _renumber_processor(processor, ours: list[int]) -> None:
+  """The special token ids of a tokenizer.json post-processor, in place."""
+  if not isinstance(processor, dict):
+    return
+  for inner in processor.get('processors') or []:  # a Sequence
+    _renumber_processor(inner, ours)
+  for special in (processor.get('special_tokens') or {}).values():  # TemplateProcessing
+    special['ids'] = [ours[i] for i in special['ids']]
+  for key in ('sep', 'cls'):  # BertProcessing, RobertaProcessing: [token, id]
+    if isinstance(processor.get(key), list):
+      processor[key] = [processor[key][0], ours[processor[key][1]]]
 
 
 def from_files(name: str, meta: dict, files: dict[str, bytes]):
