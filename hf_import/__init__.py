@@ -15,10 +15,7 @@ from hf_import.importer import Imported
 
 def import_checkpoint(source: str, workdir: str) -> Imported:
   """The checkpoint at `source` (a directory or a Hub id) as a new workdir `workdir`."""
-  import os  # pylint: disable=import-outside-toplevel
-  if os.path.lexists(workdir):  # before any download or conversion
-    raise checkpoint_dir.ImportProblem(f'--workdir={workdir} exists; give a new directory '
-                                       '(nothing was written)')
+  importer.refuse_existing(workdir)  # before any download or conversion
   imported = importer.load(checkpoint_dir.resolve(source))
   importer.write_workdir(imported, workdir)
   return imported

@@ -33,10 +33,6 @@ def _refuse(field: str, value, why: str):
   raise Unsupported(f'config.json {field}={value!r} cannot be imported: {why}')
 
 
-def _get(hf: dict, field: str, default=None):
-  return hf.get(field, default)
-
-
 def _require(hf: dict, field: str, allowed: tuple, why: str, default=None):
   value = hf.get(field, default)
   if value not in allowed:
@@ -135,14 +131,16 @@ class Architecture:
   name: str  # config.architectures[0]
   model: Callable  # (config.json dict, state dict) -> config.model fields
   params: Callable  # (state dict, ModelConfig, vocab order) -> our params
-  prefix: str  # the state dict's prefix of our weights in the class's checkpoints
   tokenizer: str  # the tokenizer kind it comes with (input_pipeline.tokenizers)
+  # A prefix the weights may carry (a BertForMaskedLM checkpoint keeps its encoder under
+  # 'bert.'): dropped on reading.
+  prefix: str = ''
 
 
 ARCHITECTURES = {a.name: a for a in (
-    Architecture('MarianMTModel', marian_model, convert.marian_params, '', 'marian'),
-    Architecture('GPT2LMHeadModel', gpt2_model, convert.gpt2_params, '', 'huggingface'),
-    Architecture('BertModel', bert_model, convert.bert_params, '', 'huggingface'),
+    Architecture('MarianMTModel', marian_model, convert.marian_params, 'marian'),
+    Architecture('GPT2LMHeadModel', gpt2_model, convert.gpt2_params, 'huggingface'),
+    Architecture('BertModel', bert_model, convert.bert_params, 'huggingface', prefix='bert.'),
 )}
 
 

@@ -74,8 +74,8 @@ def load(directory: str) -> Imported:
   hf = checkpoint_dir.read_json(directory, 'config.json')
   arch = architectures.architecture(hf)
   sd = checkpoint_dir.state_dict(directory)
-  if arch.name == 'BertModel':  # a BertFor... checkpoint keeps the encoder under 'bert.'
-    sd = {k.removeprefix('bert.'): v for k, v in sd.items()}
+  if arch.prefix:
+    sd = {k.removeprefix(arch.prefix): v for k, v in sd.items()}
   try:
     fields = arch.model(hf, sd)
   except KeyError as e:
@@ -114,13 +114,17 @@ def _check_shapes(directory: str, cfg, params) -> None:
                           f'checkpoint but config.json makes it {tuple(shape.shape)}')
 
 
+def refuse_existing(workdir: str) -> None:
+  if os.path.lexists(workdir):
+    raise ImportProblem(f'--workdir={workdir} exists; give a new directory (nothing was written)')
+
+
 def write_workdir(imported: Imported, workdir: str) -> None:
   """The workdir of `imported` at `workdir` (which must not exist), complete or not at all."""
   from configs import base  # pylint: disable=import-outside-toplevel
   from model import ModelConfig  # pylint: disable=import-outside-toplevel
   from training import checkpoint, config_io, mesh, optim, state  # pylint: disable=import-outside-toplevel
-  if os.path.lexists(workdir):
-    raise ImportProblem(f'--workdir={workdir} exists; give a new directory (nothing was written)')
+  refuse_existing(workdir)
   config = base.base_config()
   config.model.update(imported.model)
   config.data.tokenizer = imported.tokenizer.name
