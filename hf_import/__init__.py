@@ -28,6 +28,6 @@ def describe(imported: Imported, source: str, workdir: str) -> str:
   layers = '+'.join(str(m[f]) for f in ('num_encoder_layers', 'num_decoder_layers') if m[f])
   return (f'imported {imported.architecture} from {source} into {workdir}: {m["kind"]}, '
           f'{layers} layers, d_model {m["d_model"]}, {m["num_heads"]} heads, d_ff {m["d_ff"]}, '
-          f'{m["activation"]}, {count / 1e6:.1f}M parameters, vocabulary {m["vocab_size"]} '
+          f'{m["activation"]}, {count:,} parameters, vocabulary {m["vocab_size"]} '
           f'({imported.tokenizer.name} tokenizer). Next: python decode.py --workdir={workdir}; '
           f'fine-tune with python train.py --workdir=NEW --config.train.init_from={workdir}')
