@@ -34,6 +34,7 @@ import sys
 
 from absl import app, flags, logging
 
+import common.command_line  # noqa: F401  (first: a faster start, see its docstring)
 from inference import decode_cli
 from training import cli
 

@@ -11,7 +11,9 @@ the tokenizer files, so that
   model = AutoModelForSeq2SeqLM.from_pretrained(OUT)
 
 gives our logits. Targets: MarianMTModel (the paper's post-LN encoder-decoder),
-PegasusForConditionalGeneration (pre-LN encoder-decoder), GPT2LMHeadModel (pre-LN decoder-only).
+PegasusForConditionalGeneration (pre-LN encoder-decoder), GPT2LMHeadModel (pre-LN decoder-only),
+BertModel (an imported BERT: a post-LN encoder-only model with LayerNormed embeddings and
+learned positions; its last_hidden_state is our encoder's output, no generation_config.json).
 Needs the `[hf]` extra: pip install -e '.[hf]'.
 
 --format=ctranslate2: model.bin, config.json and the vocabulary for `ctranslate2.Translator`
@@ -26,7 +28,8 @@ options; a learned table, and a language model, keep max_len positions (the READ
 "Export" says what each engine does past them).
 
 A config the format cannot express (e.g. learned positions in a Marian model, an
-encoder-only model) ends with one `export.py: error: ...` line naming the feature, exit
+encoder-only model without BERT's embedding LayerNorm, any encoder-only model for
+CTranslate2) ends with one `export.py: error: ...` line naming the feature, exit
 status 2, and nothing written. OUT is never the workdir, inside it or above it, and
 --overwrite only replaces a previous export (a directory holding export_info.json).
 """
@@ -36,6 +39,8 @@ from __future__ import annotations
 import sys
 
 from absl import app, flags, logging
+
+import common.command_line  # noqa: F401  (first: a faster start, see its docstring)
 
 FLAGS = flags.FLAGS
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from absl import app, flags, logging
 
+import common.command_line  # noqa: F401  (first: a faster start, see its docstring)
+
 FLAGS = flags.FLAGS
 
 

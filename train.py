@@ -19,6 +19,8 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+import common.command_line  # noqa: F401  (first: a faster start, see its docstring)
+
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'default.py')
 FLAGS = flags.FLAGS
 

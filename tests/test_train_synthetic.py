@@ -284,4 +284,5 @@ def _run_and_write(workdir: str, spec: dict) -> None:
 
 if __name__ == '__main__':
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  import common.command_line  # noqa: F401  (before JAX and flax: a command line's start)
   main(sys.argv)
