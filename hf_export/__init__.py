@@ -4,6 +4,7 @@
     encoder_decoder, post-LN  -> MarianMTModel               + MarianTokenizer (sentencepiece)
     encoder_decoder, pre-LN   -> PegasusForConditionalGeneration + MarianTokenizer
     decoder_only,    pre-LN   -> GPT2LMHeadModel             + a character PreTrainedTokenizerFast
+    encoder_only,    post-LN  -> BertModel                   + its imported tokenizer.json
   CTranslate2 (`--format=ctranslate2`): a TransformerSpec (Translator) or a
     TransformerDecoderModelSpec (Generator) written from our parameters (`ctranslate2`).
 

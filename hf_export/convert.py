@@ -5,6 +5,8 @@ Targets (the table is `hf_export.targets.TARGETS`):
   encoder_decoder, norm_position='pre'   PegasusForConditionalGeneration (the same, pre-LN, with a
                                          final LayerNorm after each stack, as ours)
   decoder_only,    norm_position='pre'   GPT2LMHeadModel  (pre-LN, absolute positions, tied softmax)
+  encoder_only,    norm_position='post'  BertModel        (post-LN, learned positions, LayerNormed
+                                         embeddings; one token type, all zeros; a zero pooler)
 
 Exactness:
 - Marian/Pegasus build their sinusoid as `[sin(all frequencies) | cos(all frequencies)]`;
@@ -24,6 +26,10 @@ Exactness:
   one difference this conversion cannot remove: each LayerNorm output changes by a factor
   sqrt((var + eps) / (var + 1e-5)), about 1 - (1e-5 - eps) / (2 var) (see the README); an
   imported Marian model has 1e-5 and exports exactly.
+- BERT: every weight as it is (no reordering, no scale). Our position table already holds
+  the token type 0 embedding an import added to it (`hf_import.convert.bert_params`), so the
+  export has one token type whose embedding is zeros: BERT adds it to every position, and an
+  import of the export adds zeros back, the same table bit for bit.
 
 A params tree here is `model.params_of(model)`: nested dicts of arrays (`layers/0`, ... or the
 scan_layers layout; `layers_of` reads either).
@@ -252,6 +258,47 @@ def gpt2_config(cfg, *, eos_id: int | None) -> dict:
       'scale_attn_weights': True, 'scale_attn_by_inverse_layer_idx': False,
       'reorder_and_upcast_attn': False, 'bos_token_id': 0, 'pad_token_id': 0,
       'eos_token_id': eos_id, 'tie_word_embeddings': True}
+
+
+# ----------------------------------------------------------------------------- BERT
+
+_BERT_LAYER = {'q': 'attention.self.query', 'k': 'attention.self.key',
+               'v': 'attention.self.value', 'out': 'attention.output.dense',
+               'self_norm': 'attention.output.LayerNorm', 'fc1': 'intermediate.dense',
+               'fc2': 'output.dense', 'ffn_norm': 'output.LayerNorm'}
+
+
+def bert_state_dict(params, cfg) -> dict[str, np.ndarray]:
+  """Our encoder-only params -> the state dict of BertModel (float32; torch Linear weights
+  `[out, in]`). The pooler is zeros: it is not part of our model (see `hf_export.targets`)."""
+  d = cfg.d_model
+  order = np.arange(d)  # BERT's positions are a table we fill in: no reordering needed
+  encoder = params['encoder']
+  sd = {'embeddings.word_embeddings.weight': np.asarray(params['embed']['embedding']),
+        'embeddings.position_embeddings.weight': np.asarray(encoder['positions']['pos_embedding']),
+        'embeddings.token_type_embeddings.weight': np.zeros((1, d), np.float32)}
+  scale, offset = _norm(encoder['embedding_norm'], order)
+  sd['embeddings.LayerNorm.weight'], sd['embeddings.LayerNorm.bias'] = scale, offset
+  for i, layer in enumerate(layers_of(encoder)):
+    for piece, (a, b) in layer_pieces(layer, order).items():
+      name = f'encoder.layer.{i}.{_BERT_LAYER[piece]}'
+      sd[f'{name}.weight'] = a if piece.endswith('norm') else a.T
+      sd[f'{name}.bias'] = b
+  sd['pooler.dense.weight'], sd['pooler.dense.bias'] = np.zeros((d, d)), np.zeros(d)
+  return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sd.items()}
+
+
+def bert_config(cfg, *, eos_id: int | None) -> dict:
+  """BertConfig fields for `cfg`: one token type, absolute positions, pad 0 (as ours)."""
+  del eos_id  # an encoder has no EOS of its own (the tokenizer's [SEP] is a token)
+  return {
+      'vocab_size': cfg.vocab_size, 'hidden_size': cfg.d_model,
+      'num_hidden_layers': cfg.num_encoder_layers, 'num_attention_heads': cfg.num_heads,
+      'intermediate_size': cfg.d_ff, 'hidden_act': HF_ACTIVATIONS[cfg.activation],
+      'max_position_embeddings': cfg.max_len, 'type_vocab_size': 1,
+      'layer_norm_eps': cfg.layer_norm_epsilon, 'hidden_dropout_prob': cfg.dropout_rate,
+      'attention_probs_dropout_prob': cfg.attention_dropout_rate, 'pad_token_id': 0,
+      'position_embedding_type': 'absolute'}
 
 
 def restored_params(restored):

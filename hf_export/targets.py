@@ -4,6 +4,14 @@
   (encoder_decoder, post)           MarianMTModel                   + MarianTokenizer
   (encoder_decoder, pre)            PegasusForConditionalGeneration + MarianTokenizer
   (decoder_only,    pre)            GPT2LMHeadModel                 + a character tokenizer
+  (encoder_only,    post)           BertModel                       + its imported tokenizer
+
+BertModel is the target of an encoder-only model that BERT computes exactly: LayerNormed
+embeddings (`embedding_norm`), learned positions, no embedding scale, and the tokenizer it was
+imported with ('huggingface'); ours ('sentencepiece', 'char') have no BERT tokenizer writer.
+It has no generation head, so no generation_config.json. BertModel always builds a pooler,
+which is not part of our model: it is written as zeros (its output, tanh(0), means nothing),
+so that transformers loads every weight from the file and warns about none.
 
 A model no row matches, or one a row's `check` refuses, is refused by `check_exportable` with
 one line naming the feature. Adding a target is one row here plus its conversion in `convert`.
@@ -16,7 +24,7 @@ from collections.abc import Callable
 
 from configs.schema import DecodeConfig
 from hf_export import convert
-from model.kinds import ADAPTERS, adapter_of
+from model.kinds import adapter_of
 
 
 class UnsupportedConfig(ValueError):
@@ -56,6 +64,17 @@ def _check_gpt2(cfg) -> None:
             'no bias, and ours (a Dense layer) has one')
 
 
+def _check_bert(cfg) -> None:
+  if not cfg.embedding_norm:
+    _refuse('embedding_norm=False (encoder_only)', 'BertModel, the encoder-only target, '
+            'always LayerNorms its embeddings')
+  if cfg.positional_encoding != 'learned':
+    _refuse(f'positional_encoding={cfg.positional_encoding} (encoder_only)', 'BertModel adds '
+            'a learned absolute position table only')
+  if cfg.scale_embeddings:
+    _refuse('scale_embeddings=True (encoder_only)', 'BertModel does not scale its embeddings')
+
+
 def _beam_generation(cfg, eos: int | None, decode_config) -> dict:
   """Beam search as decode.py's: pad never generated, at least min_new_tokens tokens before
   EOS, and a sentence done only once no alive hypothesis can overtake the finished ones
@@ -90,39 +109,44 @@ class Target:
   check: Callable  # (ModelConfig) -> None, or raise UnsupportedConfig
   config: Callable  # (ModelConfig, eos_id=) -> the config class's fields
   state_dict: Callable  # (our params, `model.params_of`; ModelConfig) -> {name: float32 array}
-  generation: Callable  # (ModelConfig, eos id, config.decode) -> GenerationConfig fields
-  sentencepiece: bool  # whether a sentencepiece tokenizer can be written for it (Marian's)
+  # (ModelConfig, eos id, config.decode) -> GenerationConfig fields; None: no generation head
+  generation: Callable | None
+  tokenizers: tuple[str, ...]  # the workdir tokenizers (config.data.tokenizer) written for it
   start_token: bool  # the character tokenizer prepends the start token 0 (GPT-2's BOS)
 
 
 _MARIAN = Target('MarianMTModel', 'MarianConfig', _check_seq2seq, convert.seq2seq_config,
-                 convert.seq2seq_state_dict, _beam_generation, True, False)
+                 convert.seq2seq_state_dict, _beam_generation,
+                 ('sentencepiece', 'marian', 'huggingface', 'char'), False)
 _PEGASUS = dataclasses.replace(_MARIAN, architecture='PegasusForConditionalGeneration',
                                config_class='PegasusConfig')
 _GPT2 = Target('GPT2LMHeadModel', 'GPT2Config', _check_gpt2, convert.gpt2_config,
-               convert.gpt2_state_dict, _sampling_generation, False, True)
-# Keyed through the kind's adapter (model.kinds), never its name: (has_source, norm_position).
-TARGETS = {(True, 'post'): _MARIAN, (True, 'pre'): _PEGASUS, (False, 'pre'): _GPT2}
+               convert.gpt2_state_dict, _sampling_generation, ('huggingface', 'char'), True)
+_BERT = Target('BertModel', 'BertConfig', _check_bert, convert.bert_config,
+               convert.bert_state_dict, None, ('huggingface',), False)
+# Keyed through the kind's adapter (model.kinds), never its name:
+# (has_source, has_decoder, norm_position).
+TARGETS = {(True, True, 'post'): _MARIAN, (True, True, 'pre'): _PEGASUS,
+           (False, True, 'pre'): _GPT2, (False, False, 'post'): _BERT}
 
 
 def target(cfg, tokenizer_name: str | None = None) -> Target:
   """The target of `cfg` (a `ModelConfig`), or `UnsupportedConfig` (one line)."""
   adapter = adapter_of(cfg)
-  if not adapter.has_decoder:
-    exported = ' and '.join(kind for kind, a in ADAPTERS.items() if a.has_decoder)
-    _refuse(f'kind={cfg.kind}', f'there is no generation head to export (only {exported} '
-            'models are exported)')
-  found = TARGETS.get((adapter.has_source, cfg.norm_position))
+  shape = (adapter.has_source, adapter.has_decoder)
+  found = TARGETS.get((*shape, cfg.norm_position))
   if found is None:
-    others = {t.architecture: norm for (source, norm), t in TARGETS.items()
-              if source == adapter.has_source}
+    others = {t.architecture: norm for (*key, norm), t in TARGETS.items() if tuple(key) == shape}
+    if not others:  # a kind no row serves (every kind of model.kinds has one today)
+      _refuse(f'kind={cfg.kind}', 'no transformers class is a target for it')
     _refuse(f'norm_position={cfg.norm_position} ({cfg.kind})', ', '.join(
         f'{arch} is {norm}-LN only' for arch, norm in others.items()))
   found.check(cfg)
-  if tokenizer_name == 'sentencepiece' and not found.sentencepiece:
-    raise UnsupportedConfig(f'config.data.tokenizer=sentencepiece with kind={cfg.kind} cannot '
-                            'be exported: the exporter writes a sentencepiece tokenizer only for '
-                            'translation (MarianTokenizer), and a character one for both kinds')
+  if tokenizer_name is not None and tokenizer_name not in found.tokenizers:
+    raise UnsupportedConfig(
+        f'config.data.tokenizer={tokenizer_name} with kind={cfg.kind} cannot be exported: the '
+        f'exporter writes no {tokenizer_name} tokenizer for {found.architecture} (its '
+        f'tokenizers: {", ".join(found.tokenizers)})')
   return found
 
 

@@ -63,13 +63,14 @@ def check_workdir(workdir: str, check=None):
 
 
 def hf_configs(model_config, tokenizer, decode_config):
-  """(model config, generation config) as `transformers` objects for our model."""
+  """(model config, generation config) as `transformers` objects for our model; the
+  generation config is None for a target without a generation head (BertModel)."""
   import transformers  # pylint: disable=import-outside-toplevel
 
   target = targets.target(model_config)
   eos = tokenizer.eos_id  # 1 for sentencepiece, None for characters
   config = getattr(transformers, target.config_class)(**target.config(model_config, eos_id=eos))
-  generation = transformers.GenerationConfig(
+  generation = None if target.generation is None else transformers.GenerationConfig(
       **target.generation(model_config, eos, decode_config))
   config.architectures = [target.architecture]
   config.dtype = 'float32'
@@ -86,7 +87,8 @@ def write_export(directory: str, params, model_config, tokenizer, decode_config,
   """
   config, generation = hf_configs(model_config, tokenizer, decode_config)
   config.save_pretrained(directory)
-  generation.save_pretrained(directory)
+  if generation is not None:  # BertModel generates nothing: no generation_config.json
+    generation.save_pretrained(directory)
   save_safetensors(convert_params(params, model_config),
                    os.path.join(directory, 'model.safetensors'),
                    {'format': 'pt', **(metadata or {})})
@@ -134,8 +136,9 @@ def export_workdir(workdir: str, output_dir: str, *, step: int | None = None,
                    average_last: int = 1, overwrite: bool = False,
                    format: str = 'transformers') -> str:  # noqa: A002  # the flag's name
   """Writes `output_dir` from the checkpoint of `workdir` in `format`; returns a one-line
-  summary. transformers: config.json, generation_config.json, model.safetensors, tokenizer
-  files; ctranslate2: model.bin, config.json, the vocabulary (and the tokenizer model)."""
+  summary. transformers: config.json, generation_config.json (not for BertModel),
+  model.safetensors, tokenizer files; ctranslate2: model.bin, config.json, the vocabulary
+  (and the tokenizer model)."""
   fmt = _format(format)
   from inference import restore  # pylint: disable=import-outside-toplevel
   if average_last < 1:

@@ -170,6 +170,7 @@ def test_char_tokenizer_round_trip(tmp_path):
     theirs('~ not in the vocabulary ~')
 
 
+BERT_LIKE = {'embedding_norm': True, 'positional_encoding': 'learned', 'scale_embeddings': False}
 REFUSED = [
     ('encoder_decoder', {'positional_encoding': 'learned'}, 'positional_encoding=learned'),
     ('encoder_decoder', {'positional_encoding': 'rope'}, 'positional_encoding=rope'),
@@ -177,7 +178,10 @@ REFUSED = [
     ('decoder_only', {'norm_position': 'post'}, 'norm_position=post'),
     ('decoder_only', {'positional_encoding': 'rope'}, 'positional_encoding=rope'),
     ('decoder_only', {'logits_via_embedding': False}, 'logits_via_embedding=False'),
-    ('encoder_only', {}, 'kind=encoder_only'),
+    ('encoder_only', {}, 'embedding_norm=False (encoder_only)'),  # BertModel's conditions
+    ('encoder_only', {'embedding_norm': True}, 'positional_encoding=sinusoidal (encoder_only)'),
+    ('encoder_only', BERT_LIKE | {'scale_embeddings': True}, 'scale_embeddings=True'),
+    ('encoder_only', BERT_LIKE | {'norm_position': 'pre'}, 'norm_position=pre (encoder_only)'),
 ]
 
 
@@ -187,8 +191,22 @@ def test_inexpressible_configs_are_refused(kind, changes, named):
   config = preset.get_config('tiny').model
   config.kind = kind
   config.update(changes)
-  with pytest.raises(UnsupportedConfig, match=re.escape(named)):
+  with pytest.raises(UnsupportedConfig, match=re.escape(named)) as caught:
     check_exportable(build_model(config).config)
+  assert '\n' not in str(caught.value)
+
+
+@pytest.mark.parametrize('tokenizer', ['sentencepiece', 'char'])
+def test_an_encoder_without_its_imported_tokenizer_is_refused(tokenizer):
+  """BertModel is written only with the tokenizer a BERT import came with ('huggingface')."""
+  config = default.get_config('tiny').model
+  config.update(kind='encoder_only', **BERT_LIKE)
+  check_exportable(build_model(config).config, 'huggingface')
+  with pytest.raises(UnsupportedConfig, match=re.escape(
+      f'config.data.tokenizer={tokenizer} with kind=encoder_only cannot be exported: the '
+      f'exporter writes no {tokenizer} tokenizer for BertModel')) as caught:
+    check_exportable(build_model(config).config, tokenizer)
+  assert '\n' not in str(caught.value)
 
 
 # ----------------------------------------------------------------------------- trained model

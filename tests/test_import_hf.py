@@ -1,7 +1,8 @@
 """Issue 44: transformers checkpoints in (import.py, hf_import). Small random Marian, GPT-2
 and BERT checkpoints built here with transformers' own classes (tests/hf_checkpoints.py):
 logits equal to transformers', tokenizer ids equal on a few hundred real sentences, greedy and
-beam outputs equal to generate(), and our exports imported back to identical parameters."""
+beam outputs equal to generate(), and our exports imported back to identical parameters (an
+imported BERT exported as the BertModel it was, computing our encoder's output)."""
 
 import os
 import subprocess
@@ -161,14 +162,31 @@ def _params_equal(a, b) -> bool:
           and all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in pairs))
 
 
-@pytest.mark.parametrize('name', ['marian', 'gpt2'])
+def _bert_export_computes_ours(workdir: str, exported: str) -> None:
+  """The exported BertModel loads every weight from the file (the zero pooler too), has no
+  generation config, and its last_hidden_state is our encoder's output (non-pad, 1e-5)."""
+  model, info = transformers.BertModel.from_pretrained(exported, output_loading_info=True)
+  assert not any(info.values()), info
+  assert not os.path.exists(os.path.join(exported, 'generation_config.json'))
+  restored = inference.Restored(workdir)
+  tokens = _padded([restored.tokenizer.encode(line)
+                    for line in ckpts.multi30k('test_2016_flickr', 'en', 6)])
+  with torch.no_grad():  # the export's ids are ours: no reordering
+    hf = model.eval()(input_ids=torch.tensor(tokens),
+                      attention_mask=torch.tensor(tokens > 0)).last_hidden_state.numpy()
+  np.testing.assert_allclose(np.asarray(restored.module(tokens))[tokens > 0], hf[tokens > 0],
+                             atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize('name', ['marian', 'gpt2', 'bert'])
 def test_an_import_exports_and_imports_back_to_the_same_parameters(built, name, tmp_path):
   """import -> export.py -> import: the same parameters and token ids (the export writes the
   imported tokenizer's own files, renumbered as ours), and transformers' tokenizer of the
-  export gives our ids. (Our own models' export -> import: the guide's test below, for a
-  translation model. A language model exports as GPT-2, whose import is checked against
-  transformers above; one trained with `scale_embeddings` comes back with the scale folded
-  into `wte` and the final LayerNorm, hf_export.convert: the same logits.)"""
+  export gives our ids; the exported BertModel computes our encoder's output. (Our own
+  models' export -> import: the guide's test below, for a translation model. A language model
+  exports as GPT-2, whose import is checked against transformers above; one trained with
+  `scale_embeddings` comes back with the scale folded into `wte` and the final LayerNorm,
+  hf_export.convert: the same logits.)"""
   from hf_export import export_workdir  # pylint: disable=import-outside-toplevel
   from input_pipeline.tokenizers import load_tokenizer  # pylint: disable=import-outside-toplevel
   from training import checkpoint  # pylint: disable=import-outside-toplevel
@@ -183,6 +201,8 @@ def test_an_import_exports_and_imports_back_to_the_same_parameters(built, name, 
   for line in ckpts.multi30k('test_2016_flickr', 'en', 20):
     assert second.encode(line) == first.encode(line)
     assert theirs(line).input_ids == first.encode(line)
+  if name == 'bert':
+    _bert_export_computes_ours(workdir, exported)
 
 
 def _copy(source: str, target: str, drop=(), **config) -> str:
