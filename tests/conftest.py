@@ -80,6 +80,25 @@ if 'jax' in sys.modules:  # a plugin imported JAX before us: set it there too
   _jax_config.update('jax_compilation_cache_max_size', int(CACHE_MAX_BYTES))
 
 
+# ----------------------------------------------------------------------------- scheduling
+
+# xdist (`--dist loadfile --no-loadscope-reorder`, pyproject.toml) hands the files to its two
+# workers in collection order as they free up. Its default order, most tests first, left the
+# long files of few tests (8-device runs, subprocess scenarios) for the end, one worker
+# finishing them while the other idled. These go first, longest first (seconds of one worker
+# in a full run, bench/results/test_suite.md); the rest follow in their order.
+LONG_FILES = ('test_decode_speed.py', 'test_export_hf.py', 'test_model.py', 'test_import_hf.py',
+              'test_robustness_cli.py', 'test_decoding.py', 'test_train_distributed.py',
+              'test_output_files.py', 'test_decode_cli.py', 'test_train_cli.py',
+              'test_robustness.py', 'test_export_ct2.py', 'test_sharding.py',
+              'test_decode_modes.py', 'test_checkpoint.py')
+
+
+def pytest_collection_modifyitems(items) -> None:
+  rank = {name: i for i, name in enumerate(LONG_FILES)}
+  items.sort(key=lambda item: rank.get(os.path.basename(str(item.path)), len(rank)))
+
+
 # ----------------------------------------------------------------------------- shared workdirs
 
 
