@@ -137,7 +137,7 @@ class Session:
       raise ValueError(f'{len(sources)} sources but {len(references)} references')
     limit, targets = self.module.config.max_len, []
     for number, line in enumerate(references, start=1):
-      ids = list(self.tokenizer.encode(line))
+      ids = list(self.tokenizer.encode(line, target=True))
       if len(ids) > limit:
         raise ValueError(f'reference line {number} has {len(ids)} tokens, more than the '
                          f'model\'s max_len {limit}: it cannot be scored')

@@ -92,7 +92,7 @@ def score(F, session, lines, references) -> None:
   seconds = time.perf_counter() - started
   out = streaming.Output(F.output_file, workdirs=[F.workdir])
   for line, reference, log_prob in zip(lines, references, log_probs, strict=True):
-    tokens = session.tokenizer.encode(reference) if log_prob is not None else []
+    tokens = session.tokenizer.encode(reference, target=True) if log_prob is not None else []
     out.write(streaming.format_reference_score(line, reference, tokens, log_prob,
                                                F.output_format))
   out.close()

@@ -109,10 +109,14 @@ class EncodeTranslation:
 
   def __call__(self, raws: Sequence[dict[str, Any]]) -> list[dict[str, np.ndarray]]:
     src_key, tgt_key = self.keys
-    encode = getattr(self.tokenizer, 'encode_batch', None) or (
-        lambda texts: [self.tokenizer.encode(t) for t in texts])
-    srcs = encode([sources.as_str(r[src_key]) for r in raws])
-    tgts = encode([sources.as_str(r[tgt_key]) for r in raws])
+    batch = getattr(self.tokenizer, 'encode_batch', None)
+
+    def encode(texts, target):  # the target side: Marian segments it with its target model
+      if batch is not None:
+        return batch(texts, target=target)
+      return [self.tokenizer.encode(t, target=target) for t in texts]
+    srcs = encode([sources.as_str(r[src_key]) for r in raws], target=False)
+    tgts = encode([sources.as_str(r[tgt_key]) for r in raws], target=True)
     return [{'inputs': self._truncate(s), 'targets': self._truncate(t)}
             for s, t in zip(srcs, tgts, strict=True)]
 

@@ -65,6 +65,12 @@ def test_marian_equals_transformers(built):
     ids = ours.encode(t, target=True)
     assert ours.to_theirs(ids) + [eos] == theirs(text_target=t).input_ids
     assert ours.decode(ids) == theirs.decode(ours.to_theirs(ids), skip_special_tokens=True)
+  # The training pipeline segments each side with its own model (as does scoring).
+  from input_pipeline.pipeline import EncodeTranslation  # pylint: disable=import-outside-toplevel
+  rows = EncodeTranslation(ours, ('en', 'de'), 256)([{'en': s, 'de': t} for s, t in
+                                                     zip(src[:20], tgt[:20], strict=True)])
+  assert [r['targets'].tolist() for r in rows] == [ours.encode(t, target=True) for t in tgt[:20]]
+  assert [r['inputs'].tolist() for r in rows] == [ours.encode(s) for s in src[:20]]
   model = transformers.MarianMTModel.from_pretrained(source).eval()
   assert session.module.config.final_logits_bias and session.module.config.activation == 'silu'
   inputs = _padded([ours.encode(s) for s in src[:6]])

@@ -27,7 +27,8 @@ class _Tokenizer:
   """Characters as ids 3.. and EOS = 1 (as sentencepiece's pad=0, eos=1, unk=2)."""
   eos_id = 1
 
-  def encode(self, text):
+  def encode(self, text, target=False):
+    del target  # one vocabulary for both sides
     if any(c not in ALPHABET for c in text):
       raise ValueError(f'{text!r} has a character outside the vocabulary')
     return [3 + ALPHABET.index(c) for c in text] + [self.eos_id]

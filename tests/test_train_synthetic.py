@@ -97,7 +97,8 @@ class Tokenizer:
   vocab_size = VOCAB
   pad_id, eos_id = 0, 1
 
-  def encode(self, text: str) -> list[int]:
+  def encode(self, text: str, target: bool = False) -> list[int]:
+    del target  # one vocabulary for both sides
     return [ALPHABET.index(c) + 3 for c in text] + [1]
 
   def decode(self, ids) -> str:
