@@ -134,7 +134,7 @@ def write_workdir(imported: Imported, workdir: str) -> None:
   try:
     os.makedirs(partial)
     config_io.save_config(config, partial)
-    tokenizers.save_pretrained(imported.tokenizer, os.path.join(partial, tokenizers.TOKENIZER_DIR))
+    imported.tokenizer.save(os.path.join(partial, tokenizers.TOKENIZER_DIR))
     cfg = ModelConfig.from_config(config.model)
     tx = optim.make_optimizer(config, optim.make_schedule(config))
     params = jax.tree.map(np.asarray, imported.params)

@@ -23,6 +23,7 @@ import numpy as np
 import sentencepiece as spm
 
 from common.tokens import PAD_ID
+from input_pipeline import tokenizer_files
 
 # MarianTokenizer's language code prefix (">>de<<") of multilingual models: one token.
 _LANGUAGE_CODE = re.compile(r'>>.+?<<')
@@ -32,13 +33,13 @@ class _Reordered:
   """Ids between the checkpoint's numbering and ours (`order`: checkpoint ids, ours first)."""
 
   pad_id = PAD_ID
+  eos_id: int | None = None  # ours; a subclass sets it from the checkpoint's
 
-  def __init__(self, order: Sequence[int], eos_id: int | None):
+  def __init__(self, order: Sequence[int]):
     self.order = np.asarray(order, np.int64)
     self._ours = np.empty_like(self.order)
     self._ours[self.order] = np.arange(len(self.order))
     self.vocab_size = len(self.order)
-    self.eos_id = eos_id  # ours
 
   def to_ours(self, ids: Iterable[int]) -> list[int]:
     return self._ours[np.asarray(list(ids), np.int64)].tolist()
@@ -55,6 +56,12 @@ class _Reordered:
 
   def encode_batch(self, texts: Sequence[str], target: bool = False) -> list[list[int]]:
     return [self.encode(t, target=target) for t in texts]
+
+  def save(self, directory: str) -> None:
+    """Its files and the meta file naming it, as input_pipeline.tokenizers' save theirs."""
+    tokenizer_files.save(directory, tokenizer_files.META,
+                         {tokenizer_files.NAME_KEY: self.name, 'vocab_size': self.vocab_size,
+                          **self.meta()}, self.files)
 
 
 class MarianTokenizer(_Reordered):
@@ -74,7 +81,7 @@ class MarianTokenizer(_Reordered):
     self._pieces = {i: p for p, i in vocab.items()}
     self._unk = vocab[specials['unk']]
     self._eos = vocab[specials['eos']]
-    super().__init__(order, eos_id=None)
+    super().__init__(order)
     self.eos_id = self.to_ours([self._eos])[0]
 
   def encode(self, text: str, target: bool = False) -> list[int]:
@@ -113,7 +120,7 @@ class HuggingFaceTokenizer(_Reordered):
     from tokenizers import Tokenizer  # the [hf] extra's; only an imported model reads it
     self.files = {'hf_tokenizer.json': tokenizer_json}
     self._tok = Tokenizer.from_str(tokenizer_json.decode())
-    super().__init__(order, eos_id=None)
+    super().__init__(order)
     self._eos = eos  # the checkpoint's EOS id, or None (GPT-2's <|endoftext|> is our pad)
     if eos is not None:
       self.eos_id = self.to_ours([eos])[0]

@@ -26,6 +26,10 @@ from common.files import read_regular
 from input_pipeline.errors import DataFileError
 
 CHECKSUMS = 'checksums.json'
+META = 'tokenizer.json'
+# tokenizer.json names the tokenizer under the key 'kind' (the file format every workdir has;
+# kept, so that an older checkout still reads a new workdir). In Python it is `tokenizer.name`.
+NAME_KEY = 'kind'
 
 
 class TokenizerChecksumError(DataFileError):

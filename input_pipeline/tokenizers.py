@@ -40,11 +40,7 @@ from input_pipeline.tokenizer_files import TokenizerChecksumError  # noqa: F401 
 log = logging.getLogger(__name__)
 
 TOKENIZER_DIR = 'tokenizer'
-_META = 'tokenizer.json'
 _SPM_MODEL = 'spm.model'
-# tokenizer.json names the tokenizer under the key 'kind' (the file format every workdir has;
-# kept, so that an older checkout still reads a new workdir). In Python it is `tokenizer.name`.
-_META_NAME_KEY = 'kind'
 # `check_vocabulary`'s advice where a workdir is restored (decode.py, export.py, inference.load).
 NOT_THE_MODELS = "it is not the tokenizer this model was trained with (restore the workdir's own)"
 
@@ -83,10 +79,9 @@ class SentencePieceTokenizer:
     return self._sp.id_to_piece(int(i))
 
   def save(self, directory: str) -> None:
-    tokenizer_files.save(directory, _META, {_META_NAME_KEY: self.name,
-                                            'vocab_size': self.vocab_size,
-                                            'model_file': _SPM_MODEL},
-                         {_SPM_MODEL: self.model_proto})
+    tokenizer_files.save(directory, tokenizer_files.META,
+                         {tokenizer_files.NAME_KEY: self.name, 'vocab_size': self.vocab_size,
+                          'model_file': _SPM_MODEL}, {_SPM_MODEL: self.model_proto})
 
 
 class CharTokenizer:
@@ -118,20 +113,13 @@ class CharTokenizer:
     return '<pad>' if i == 0 else self.chars[i - 1]
 
   def save(self, directory: str) -> None:
-    tokenizer_files.save(directory, _META,
-                         {_META_NAME_KEY: self.name, 'vocab_size': self.vocab_size,
+    tokenizer_files.save(directory, tokenizer_files.META,
+                         {tokenizer_files.NAME_KEY: self.name, 'vocab_size': self.vocab_size,
                           'chars': self.chars})
 
 
 Tokenizer = (SentencePieceTokenizer | CharTokenizer | pretrained_tokenizers.MarianTokenizer
              | pretrained_tokenizers.HuggingFaceTokenizer)
-
-
-def save_pretrained(tokenizer, directory: str) -> None:
-  """An imported tokenizer (pretrained_tokenizers) into `directory`, as `save` does ours."""
-  tokenizer_files.save(directory, _META, {_META_NAME_KEY: tokenizer.name,
-                                          'vocab_size': tokenizer.vocab_size,
-                                          **tokenizer.meta()}, tokenizer.files)
 
 
 def _model_path(directory: str, meta_path: str, name) -> str:
@@ -198,14 +186,14 @@ def load_tokenizer(workdir: str) -> Tokenizer:
   """The tokenizer saved in `workdir/tokenizer/` (needs nothing else), its files checked against
   their checksums (`TokenizerChecksumError`)."""
   directory = os.path.join(os.fspath(workdir), TOKENIZER_DIR)
-  meta_path = os.path.join(directory, _META)
+  meta_path = os.path.join(directory, tokenizer_files.META)
   if not os.path.isfile(meta_path):
     raise DataFileError(f'no tokenizer in workdir: {meta_path} not found')
   try:  # the bytes that are checked are the bytes that are parsed; regular files only (a
     # FIFO planted there would block an open() forever)
-    files = {_META: read_regular(meta_path)}
-    meta = json.loads(files[_META])
-    name = meta[_META_NAME_KEY]
+    files = {tokenizer_files.META: read_regular(meta_path)}
+    meta = json.loads(files[tokenizer_files.META])
+    name = meta[tokenizer_files.NAME_KEY]
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise DataFileError(f'cannot read tokenizer {meta_path}: {type(e).__name__}: {e}') from None
   names = ([meta.get('model_file')] if name == 'sentencepiece' else
@@ -216,7 +204,7 @@ def load_tokenizer(workdir: str) -> Tokenizer:
       files[file_name] = read_regular(path)
     except OSError as e:
       raise DataFileError(f'cannot read tokenizer {meta_path}: {type(e).__name__}: {e}') from None
-  tokenizer_files.check(directory, meta, files, _META)
+  tokenizer_files.check(directory, meta, files, tokenizer_files.META)
   try:
     if name in PRETRAINED_TOKENIZERS:
       return pretrained_tokenizers.from_files(name, meta, files)
@@ -230,7 +218,8 @@ def load_tokenizer(workdir: str) -> Tokenizer:
 
 
 def has_tokenizer(workdir: str | None) -> bool:
-  return bool(workdir) and os.path.isfile(os.path.join(workdir, TOKENIZER_DIR, _META))
+  return bool(workdir) and os.path.isfile(
+      os.path.join(workdir, TOKENIZER_DIR, tokenizer_files.META))
 
 
 def workdir_lock(workdir: str):
@@ -286,7 +275,7 @@ def check_vocabulary(tokenizer, data_config, model_vocab_size: int | None, workd
   (what to do), when `vocabulary_mismatch` finds a problem."""
   problem = vocabulary_mismatch(tokenizer, data_config, model_vocab_size)
   if problem:
-    path = os.path.join(os.fspath(workdir), TOKENIZER_DIR, _META)
+    path = os.path.join(os.fspath(workdir), TOKENIZER_DIR, tokenizer_files.META)
     raise DataError(f'the tokenizer {path} {problem}: {hint}')
 
 
@@ -327,7 +316,7 @@ def _refuse_retraining(workdir: str) -> None:
   checkpoints = os.path.join(workdir, 'checkpoints')
   names = os.listdir(checkpoints) if os.path.isdir(checkpoints) else []
   if any(name.isdigit() for name in names):
-    meta_path = os.path.join(workdir, TOKENIZER_DIR, _META)
+    meta_path = os.path.join(workdir, TOKENIZER_DIR, tokenizer_files.META)
     raise DataError(f'{workdir} has checkpoints but no tokenizer ({meta_path} is missing); a '
                     'retrained tokenizer could number the pieces differently, so restore that '
                     'folder or use a new workdir')
