@@ -41,13 +41,23 @@ def as_config(model_config) -> ModelConfig:
 
 def abstract_model(config: ModelConfig) -> nnx.Module:
   """The model with `jax.ShapeDtypeStruct`s for parameters (nothing is computed)."""
-  return nnx.eval_shape(lambda: build_model(config))
+  return bind(config, param_shapes(config))
 
 
 @functools.cache
+def _abstract_parts(config: ModelConfig) -> tuple[nnx.GraphDef, tuple]:
+  """(graphdef, ((path, ShapeDtypeStruct, logical axes), ...)) of `config`'s model, built
+  abstractly once per config: building even a tiny model traces every initialiser (~0.2 s),
+  and a run asks for its structure, shapes and axes several times (steps, restore, shardings)."""
+  graphdef, state = nnx.split(nnx.eval_shape(lambda: build_model(config)), nnx.Param)
+  leaves = tuple((path, variable.get_value(), tuple(variable.get_metadata().get('axes', ())))
+                 for path, variable in nnx.to_flat_state(state))
+  return graphdef, leaves
+
+
 def graphdef_of(config: ModelConfig) -> nnx.GraphDef:
   """The structure of `config`'s model (what `bind` fills with parameters)."""
-  return nnx.graphdef(abstract_model(config))
+  return _abstract_parts(as_config(config))[0]
 
 
 def bind(config: ModelConfig, params: Params) -> nnx.Module:
@@ -62,16 +72,15 @@ def params_of(model: nnx.Module) -> Params:
 
 def param_shapes(config: ModelConfig) -> Params:
   """`params_of`'s tree as ShapeDtypeStructs (no compute)."""
-  return params_of(abstract_model(config))
+  return traverse_util.unflatten_dict({path: shape
+                                       for path, shape, _ in _abstract_parts(as_config(config))[1]})
 
 
 def logical_axes(config: ModelConfig) -> Params:
   """`params_of`'s tree with a `PartitionSpec` of logical names per leaf (`P()` for a
   parameter without names: LayerNorm scales and biases, replicated). No arrays."""
-  state = nnx.state(abstract_model(config), nnx.Param)
-  return traverse_util.unflatten_dict({
-      path: P(*variable.get_metadata().get('axes', ()))
-      for path, variable in nnx.to_flat_state(state)})
+  return traverse_util.unflatten_dict({path: P(*axes)
+                                       for path, _, axes in _abstract_parts(as_config(config))[1]})
 
 
 def count_params(params: Params) -> int:

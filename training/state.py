@@ -54,9 +54,11 @@ def state_shardings(config: ModelConfig, tx: optax.GradientTransformation, mesh:
 def _layout(config, tx, mesh, rules) -> tuple[TrainState, TrainState]:
   """(ShapeDtypeStructs, shardings) of the train state (shapes do not depend on the seed)."""
   rules = mesh_lib.rules() if rules is None else rules
-  shapes = jax.eval_shape(make_init_fn(config, tx, 0))
-  logical = build.logical_axes(config)
-  params = partitioning.shardings(logical, shapes.params, mesh, rules)
+  param_shapes = build.param_shapes(config)  # the model is built abstractly once per config
+  shapes = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=param_shapes,
+                      opt_state=jax.eval_shape(tx.init, param_shapes),
+                      rng=jax.eval_shape(jax.random.PRNGKey, 0))
+  params = partitioning.shardings(build.logical_axes(config), param_shapes, mesh, rules)
   replicated = mesh_lib.replicated(mesh)
   opt_state = optax.tree_utils.tree_map_params(
       tx, lambda _, sharding: sharding, shapes.opt_state, params,
