@@ -6,7 +6,7 @@ import shutil
 import subprocess
 import sys
 
-import decode_mains
+import mains
 import test_train_synthetic as syn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -180,7 +180,7 @@ def test_bad_input_one_clear_error_and_workdir_untouched(workdirs, tmp_path):
           f'the tokenizer {other_tokenizer}/tokenizer/tokenizer.json is a char tokenizer of '),
   }
   before = {d: _snapshot(d) for d in (mt, lm, str(no_ckpt))}
-  # Most in one interpreter (`decode_mains`: a process each was mostly interpreter start-up);
+  # Most in one interpreter (`mains`: a process each was mostly interpreter start-up);
   # as processes of their own (all at once): a failed restore (Orbax may leave work behind,
   # which the error's exit then skips) and one refused before anything is restored.
   own = ('checkpoint of another model', 'non-UTF-8 line')
@@ -192,7 +192,7 @@ def test_bad_input_one_clear_error_and_workdir_untouched(workdirs, tmp_path):
     procs[name] = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdin=subprocess.DEVNULL,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
   batched = [name for name in cases if name not in own]
-  results.update(zip(batched, decode_mains.run_mains(
+  results.update(zip(batched, mains.run_mains(
       [['--compilation_cache=', *cases[name][0]] for name in batched]), strict=True))
   for name, proc in procs.items():
     out, err = proc.communicate(timeout=600)

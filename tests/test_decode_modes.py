@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 
-import decode_mains
+import mains
 import pytest
 import test_train_synthetic as syn
 
@@ -125,7 +125,7 @@ def test_language_model_stream_is_answered_prompt_by_prompt(workdirs):
 
 def _file_runs(workdirs, folder) -> dict:
   """name -> decode.py's command line, for the runs below that read files (and need no process
-  of their own): all run in one interpreter (`decode_mains`, module fixture `runs`)."""
+  of their own): all run in one interpreter (`mains`, module fixture `runs`)."""
   source, reference = folder / 'src.txt', folder / 'ref.txt'
   source.write_text('\n'.join(SENTENCES) + '\n', encoding='utf-8')
   score_source = folder / 'score_src.txt'
@@ -151,7 +151,7 @@ def runs(workdirs, tmp_path_factory) -> dict:
   """name -> (exit status, stdout, stderr) of `_file_runs`' command lines, in one interpreter
   (a process each spent ~1.5 s of CPU on start-up, and traced the same programs again)."""
   command_lines = _file_runs(workdirs, tmp_path_factory.mktemp('decode_modes'))
-  results = decode_mains.run_mains(list(command_lines.values()))
+  results = mains.run_mains(list(command_lines.values()))
   return dict(zip(command_lines, results, strict=True))
 
 

@@ -8,9 +8,9 @@ import os
 import subprocess
 import sys
 
-import decode_mains
 import hf_checkpoints as ckpts
 import jax
+import mains
 import numpy as np
 import pytest
 import test_train_synthetic as syn
@@ -286,7 +286,7 @@ def test_the_guides_offline_lines_run_and_the_fine_tuning_resumes(workdirs, tmp_
     small[f'data/multi30k/test_2016_flickr.{lang}.gz'] = str(tmp_path / f'test.{lang}')
     (tmp_path / f'test.{lang}').write_text(
         '\n'.join(ckpts.multi30k('test_2016_flickr', lang, 16)) + '\n')
-  outputs, lines = {}, _guide_lines()
+  lines = _guide_lines()
   assert [shlex.split(line)[1] for line in lines] == [
       'export.py', 'import.py', 'decode.py', 'train.py', 'decode.py']
 
@@ -295,21 +295,23 @@ def test_the_guides_offline_lines_run_and_the_fine_tuning_resumes(workdirs, tmp_
     for old, new in {**small, 'runs/': f'{tmp_path}/runs/'}.items():
       args = [arg.replace(old, new) for arg in args]
     return args
-  # The lines in their order, the fine-tuning twice (4 steps, then 6); the two decode.py lines
-  # at the end, in one interpreter (tests/decode_mains.py).
-  for name, line, extra in (('export', lines[0], ()), ('import', lines[1], ()),
-                            ('train', lines[3], (*TINY_RUN, '--config.train.num_steps=4')),
-                            ('resume', lines[3], (*TINY_RUN, '--config.train.num_steps=6'))):
-    args = [a for a in args_of(line) if not a.startswith('--config.train.num_steps')]
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, shlex.split(line)[1]), *args,
-                           *extra], cwd=tmp_path, env=syn.subprocess_env(1),
-                          capture_output=True, text=True, timeout=300, check=False)
-    assert proc.returncode == 0, f'{line}\n{proc.stderr[-3000:]}'
-    outputs[name] = proc.stdout
-  (code_a, imported, log_a), (code_b, finetuned, log_b) = decode_mains.run_mains(
-      [args_of(lines[2]), args_of(lines[4])])
-  assert code_a == code_b == 0, log_a + log_b
-  assert 'BLEU' in log_a and 'BLEU' in log_b
+  # The lines in their order, the fine-tuning twice (4 steps, then 6), in one interpreter.
+  runs = {'export': lines[0], 'import': lines[1], 'decode imported': lines[2],
+          'train': lines[3], 'resume': lines[3], 'decode fine-tuned': lines[4]}
+  extra = {'train': (*TINY_RUN, '--config.train.num_steps=4'),
+           'resume': (*TINY_RUN, '--config.train.num_steps=6')}
+
+  def command(name: str, line: str) -> tuple[str, list[str]]:
+    args = args_of(line)
+    if name in extra:
+      args = [a for a in args if not a.startswith('--config.train.num_steps')] + list(extra[name])
+    return shlex.split(line)[1], args
+  results = mains.run_mains([command(*run) for run in runs.items()], cwd=str(tmp_path))
+  for (name, line), (code, _, err) in zip(runs.items(), results, strict=True):
+    assert code == 0, f'{name}: {line}\n{err[-3000:]}'
+  outputs = {name: out for name, (_, out, _) in zip(runs, results, strict=True)}
+  imported, finetuned = outputs['decode imported'], outputs['decode fine-tuned']
+  assert 'BLEU' in results[2][2] and 'BLEU' in results[5][2]
   assert len(imported.splitlines()) == len(finetuned.splitlines()) == 16
   assert 'imported MarianMTModel' in outputs['import']
   from input_pipeline.tokenizers import load_tokenizer  # pylint: disable=import-outside-toplevel

@@ -11,8 +11,8 @@ import subprocess
 import sys
 import time
 
-import decode_mains
 import jax
+import mains
 import numpy as np
 import pytest
 import test_train_synthetic as syn
@@ -269,7 +269,7 @@ NON_FINITE = ['--alpha=nan', '--temperature=nan', '--temperature=inf', '--top_p=
 
 @pytest.fixture(scope='module')
 def decode_runs(trained, tmp_path_factory) -> dict:
-  """The decode.py command lines of the tests below, all in one interpreter (`decode_mains`; a
+  """The decode.py command lines of the tests below, all in one interpreter (`mains`; a
   process each spent ~1.5 s of CPU on start-up): name -> (exit status, stdout, stderr); and
   the files they were given ('files': name -> path)."""
   folder = tmp_path_factory.mktemp('decode_runs')
@@ -294,7 +294,7 @@ def decode_runs(trained, tmp_path_factory) -> dict:
   with open(meta, 'w') as f:
     f.write(text.replace('"b"', '"B"'))
   runs['damaged_tokenizer'] = [f'--workdir={workdir}', '--compilation_cache=']
-  results = dict(zip(runs, decode_mains.run_mains(list(runs.values())), strict=True))
+  results = dict(zip(runs, mains.run_mains(list(runs.values())), strict=True))
   results['files'] = {'source': source, 'damaged_workdir': workdir, 'tokenizer.json': meta}
   return results
 

@@ -6,7 +6,7 @@ import dataclasses
 import os
 import re
 
-import decode_mains
+import mains
 import pytest
 import test_inference
 
@@ -110,7 +110,7 @@ def test_every_row_is_reachable_from_decode_py(workdirs, tmp_path):
   rows = list(strategies.TABLE)
   runs = [[f'--workdir={workdirs["mt"]}', f'--input_file={source}', f'--strategy={name}',
            '--max_new_tokens=6', '--compilation_cache='] for name in rows]
-  for name, (code, out, err) in zip(rows, decode_mains.run_mains(runs), strict=True):
+  for name, (code, out, err) in zip(rows, mains.run_mains(runs), strict=True):
     assert code == 0, (name, err[-2000:])
     assert len(out.splitlines()) == 3 and out.splitlines()[1] == '', (name, out)
     described = {'beam': 'beam 2, alpha', 'greedy': 'greedy', 'sampling': 'sampling'}[name]

@@ -5,9 +5,9 @@ import os
 import subprocess
 import sys
 
+import mains
 import pytest
 import test_train_synthetic as syn
-import train_mains
 
 TRAIN = os.path.join(syn.REPO, 'train.py')
 
@@ -41,7 +41,7 @@ OWN_PROCESS = ('--config.train.num_steps=abc', '--config.mesh.tensor=2')
 
 @pytest.fixture(scope='module')
 def refusals(tmp_path_factory) -> dict:
-  """BAD_CONFIGS' command lines, all in one interpreter (`train_mains`), and those of
+  """BAD_CONFIGS' command lines, all in one interpreter (`mains`), and those of
   OWN_PROCESS as their own processes too: args[0] -> (workdir, [(exit status, stdout,
   stderr)...])."""
   root = tmp_path_factory.mktemp('refusals')
@@ -49,7 +49,7 @@ def refusals(tmp_path_factory) -> dict:
   runs = {name: ['--config=configs/default.py:tiny', f'--workdir={workdirs[name]}', name]
           for name in workdirs}
   found = {name: (workdirs[name], [result]) for name, result in
-           zip(runs, train_mains.run_mains(list(runs.values())), strict=True)}
+           zip(runs, mains.run_mains(list(runs.values()), 'train.py', devices=1), strict=True)}
   for name in OWN_PROCESS:
     proc = _train(*runs[name])
     found[name][1].append((proc.returncode, proc.stdout, proc.stderr))

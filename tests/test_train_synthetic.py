@@ -64,7 +64,7 @@ def xla_flags(num_devices: int | None = None) -> str:
   return ' '.join(flags)
 
 
-def subprocess_env(num_devices: int = 1) -> dict[str, str]:
+def subprocess_env(num_devices: int | None = 1) -> dict[str, str]:
   env = dict(os.environ)
   env.update(XLA_FLAGS=xla_flags(num_devices),
              JAX_PLATFORMS='cpu', JAX_COMPILATION_CACHE_DIR=CACHE_DIR,
