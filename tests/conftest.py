@@ -142,3 +142,17 @@ def _train_workdirs(root) -> dict:
 def workdirs(tmp_path_factory) -> dict:
   """The tiny train.py workdirs of `_train_workdirs`, trained once per test run (read-only)."""
   return built_once(tmp_path_factory, 'train_py_workdirs', _train_workdirs)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config) -> None:
+  """An xdist worker ends here, its last report sent: its interpreter's shutdown would free
+  every program and array of its tests (3-10 s after a full run) while the controller waits,
+  then SIGINTs it (execnet, at 5 s: a KeyboardInterrupt traceback in JAX's gc callback) and
+  kills it (at 10 s). Nothing of a worker's is left to save: the run's directories belong to
+  the controller."""
+  del config
+  if os.environ.get('PYTEST_XDIST_WORKER'):
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # pylint: disable=protected-access
