@@ -30,6 +30,12 @@ def call(model, *args, **kwargs):
   return model(*args, **kwargs)
 
 
+@functools.partial(jax.jit, static_argnums=1)
+def call_method(model, name: str, *args):
+  """`model.NAME(*args)` under jit (as `call`)."""
+  return getattr(model, name)(*args)
+
+
 @pytest.fixture(scope='module')
 def encdec():
   return build_model(TINY)
@@ -90,9 +96,10 @@ def test_packed_examples_equal_examples_alone(positional_encoding):
   module = build_model({**TINY, 'positional_encoding': positional_encoding})
   src_a, tgt_a = tokens(12, (1, 4)), tokens(13, (1, 5))
   src_b, tgt_b = tokens(14, (1, 3)), tokens(15, (1, 3))
-  alone_a = module(src_a, tgt_a)
-  alone_b = module(src_b, tgt_b)
-  packed = module(
+  alone_a = call(module, src_a, tgt_a)
+  alone_b = call(module, src_b, tgt_b)
+  packed = call(
+      module,
       jnp.concatenate([src_a, src_b, jnp.zeros((1, 2), jnp.int32)], 1),
       jnp.concatenate([tgt_a, tgt_b, jnp.zeros((1, 1), jnp.int32)], 1),
       inputs_segmentation=jnp.array([[1] * 4 + [2] * 3 + [0] * 2]),
@@ -104,10 +111,10 @@ def test_packed_examples_equal_examples_alone(positional_encoding):
 
   lm_module = build_model({**TINY, 'kind': 'decoder_only',
                            'positional_encoding': positional_encoding})
-  packed_lm = lm_module(jnp.concatenate([tgt_a, tgt_b], 1),
-                        segment_ids=jnp.array([[1] * 5 + [2] * 3]),
-                        positions=jnp.array([[0, 1, 2, 3, 4, 0, 1, 2]]))
-  np.testing.assert_allclose(packed_lm[:, 5:], lm_module(tgt_b), atol=1e-5)
+  packed_lm = call(lm_module, jnp.concatenate([tgt_a, tgt_b], 1),
+                   segment_ids=jnp.array([[1] * 5 + [2] * 3]),
+                   positions=jnp.array([[0, 1, 2, 3, 4, 0, 1, 2]]))
+  np.testing.assert_allclose(packed_lm[:, 5:], call(lm_module, tgt_b), atol=1e-5)
 
 
 @pytest.mark.parametrize('positional_encoding', ['sinusoidal', 'learned', 'rope'])
@@ -117,12 +124,12 @@ def test_kv_cache_matches_full_forward_encoder_decoder(positional_encoding, norm
                         'norm_position': norm_position})
   src = tokens(16, (2, 7)).at[1, 4:].set(0)
   tgt = tokens(17, (2, 8))
-  full = module(src, tgt)
-  cache = module.init_cache(2, tgt.shape[1], module.encode(src), src)
+  full = call(module, src, tgt)
+  cache = module.init_cache(2, tgt.shape[1], call_method(module, 'encode', src), src)
   decoder_inputs = jnp.pad(tgt, ((0, 0), (1, 0)))[:, :-1]
   steps = []
   for t in range(tgt.shape[1]):
-    logits, cache = module.step(cache, src, decoder_inputs[:, t:t + 1])
+    logits, cache = call_method(module, 'step', cache, src, decoder_inputs[:, t:t + 1])
     steps.append(logits)
   np.testing.assert_allclose(jnp.concatenate(steps, 1), full, atol=1e-4)
 
@@ -132,14 +139,14 @@ def test_kv_cache_matches_full_forward_decoder_only(positional_encoding):
   module = build_model({**TINY, 'kind': 'decoder_only',
                         'positional_encoding': positional_encoding})
   x = tokens(18, (2, 10))
-  full = module(x)
+  full = call(module, x)
   cache = module.init_cache(2, 10)
   inputs = jnp.pad(x, ((0, 0), (1, 0)))[:, :-1]
   # A 4-token prefill, then one token at a time.
-  logits, cache = module.step(cache, None, inputs[:, :4])
+  logits, cache = call_method(module, 'step', cache, None, inputs[:, :4])
   steps = [logits]
   for t in range(4, 10):
-    logits, cache = module.step(cache, None, inputs[:, t:t + 1])
+    logits, cache = call_method(module, 'step', cache, None, inputs[:, t:t + 1])
     steps.append(logits)
   np.testing.assert_allclose(jnp.concatenate(steps, 1), full, atol=1e-4)
 
