@@ -55,9 +55,17 @@ def _abstract_parts(config: ModelConfig) -> tuple[nnx.GraphDef, tuple]:
   return graphdef, leaves
 
 
+def _parts(model_config) -> tuple[nnx.GraphDef, tuple]:
+  """`_abstract_parts` of a `ModelConfig` (validated by its first, cached build: not again at
+  every `bind`), ConfigDict or dict."""
+  if isinstance(model_config, ModelConfig):
+    return _abstract_parts(model_config)
+  return _abstract_parts(as_config(model_config))
+
+
 def graphdef_of(config: ModelConfig) -> nnx.GraphDef:
   """The structure of `config`'s model (what `bind` fills with parameters)."""
-  return _abstract_parts(as_config(config))[0]
+  return _parts(config)[0]
 
 
 def bind(config: ModelConfig, params: Params) -> nnx.Module:
@@ -72,15 +80,13 @@ def params_of(model: nnx.Module) -> Params:
 
 def param_shapes(config: ModelConfig) -> Params:
   """`params_of`'s tree as ShapeDtypeStructs (no compute)."""
-  return traverse_util.unflatten_dict({path: shape
-                                       for path, shape, _ in _abstract_parts(as_config(config))[1]})
+  return traverse_util.unflatten_dict({path: shape for path, shape, _ in _parts(config)[1]})
 
 
 def logical_axes(config: ModelConfig) -> Params:
   """`params_of`'s tree with a `PartitionSpec` of logical names per leaf (`P()` for a
   parameter without names: LayerNorm scales and biases, replicated). No arrays."""
-  return traverse_util.unflatten_dict({path: P(*axes)
-                                       for path, _, axes in _abstract_parts(as_config(config))[1]})
+  return traverse_util.unflatten_dict({path: P(*axes) for path, _, axes in _parts(config)[1]})
 
 
 def count_params(params: Params) -> int:
