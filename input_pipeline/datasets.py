@@ -81,15 +81,7 @@ class Datasets:
     Translation: [{'source': str, 'target': str}, ...] in file order;
     language model: [{'text': str}, ...].
     """
-    data = self.config.data
-    source = sources.get_source(data, self._split(split))
-    keys = sources.text_keys(data)
-    names = ('text',) if len(keys) == 1 else ('source', 'target')
-    out = []
-    for i in range(len(source)):
-      example = source[i]
-      out.append({n: sources.as_str(example[k]) for n, k in zip(names, keys, strict=True)})
-    return out
+    return sources.split_texts(self.config.data, self._split(split))
 
 
 def _process(process_index, process_count) -> tuple[int, int]:

@@ -190,6 +190,19 @@ def as_str(value) -> str:
   return str(value)
 
 
+def split_texts(data_config, split: str) -> list[dict[str, str]]:
+  """Raw text of every example of `split`, in file order: [{'source', 'target'}, ...] for
+  translation, [{'text'}, ...] for a language model."""
+  source = get_source(data_config, split)
+  keys = text_keys(data_config)
+  names = ('text',) if len(keys) == 1 else ('source', 'target')
+  out = []
+  for i in range(len(source)):
+    example = source[i]
+    out.append({n: as_str(example[k]) for n, k in zip(names, keys, strict=True)})
+  return out
+
+
 def read_examples(source, indices) -> list[dict[str, Any]]:
   """Examples `source[i] for i in indices`, read in one batched call when possible."""
   indices = [int(i) for i in indices]

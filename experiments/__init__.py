@@ -1,0 +1,17 @@
+"""Experiments: a sweep is rows of config overrides x seeds, each run an ordinary train.py
+workdir, trained and evaluated the same way, and a table that says which differences are real.
+
+    python sweep.py --sweep=configs/sweeps/norm_position.py --root=runs/norm_position
+
+Modules:
+  sweep_file    `Sweep` (what a file in configs/sweeps/ returns), `plan`: the runs, checked
+  launch        states, time estimates, submitit (local subprocesses or a SLURM job array)
+  job           one run's job: train.py, then the evaluation
+  evaluate      the evaluation every run gets: BLEU/chrF on validation and test, or LM loss
+  significance  paired bootstrap over test sentences (sacreBLEU's), Welch's t over seeds
+  table         ROOT/summary.md and ROOT/curves.png
+"""
+
+from experiments.sweep_file import Sweep, SweepError
+
+__all__ = ['Sweep', 'SweepError']

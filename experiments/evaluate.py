@@ -1,0 +1,151 @@
+"""The evaluation every run of a sweep gets, the same for all: after its training, in its job.
+
+A translation model decodes the whole validation and test splits of its config's dataset with
+the sweep's one decoding setting (through `inference.load`: decode.py's path), writes the
+outputs beside the references in `WORKDIR/sweep_eval/`, and is scored with cased sacreBLEU,
+the literature's lowercased tokenized BLEU (Multi30k papers' multi-bleu.perl) and chrF2, each
+with its signature. A language model is scored by its validation loss: the trainer's
+evaluation at the last step (every `train.num_eval_batches` batch of the split). Everything
+goes in `WORKDIR/sweep_eval/results.json`, written last: a run is evaluated when that file
+exists and names the same decoding setting.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+EVAL_DIR = 'sweep_eval'
+RESULTS_FILE = 'results.json'
+SPLITS = ('validation', 'test')  # the names in results.json; the config says which tfds split
+METRICS = ('bleu', 'bleu_lowercased', 'chrf2')  # translation, higher is better
+LM_METRICS = ('loss',)  # language model, lower is better
+AVERAGE_LAST = 'average_last'  # checkpoints averaged (decode.py's --average_last)
+
+
+def check_settings(decode: Mapping[str, Any]) -> None:
+  """The sweep's decoding setting: settings of the strategy table and `average_last`."""
+  from autoregressive import strategies  # pylint: disable=import-outside-toplevel
+  from experiments.sweep_file import SweepError  # pylint: disable=import-outside-toplevel
+  unknown = sorted(set(decode) - set(strategies.fields()) - {AVERAGE_LAST})
+  if unknown:
+    raise SweepError(f'decode has unknown setting(s) {unknown}; known: '
+                     f'{sorted(strategies.fields()) + [AVERAGE_LAST]}')
+  average = decode.get(AVERAGE_LAST, 1)
+  if not (isinstance(average, int) and not isinstance(average, bool) and average >= 1):
+    raise SweepError(f'decode[{AVERAGE_LAST!r}]={average!r} must be an integer >= 1')
+  settings = {k: v for k, v in decode.items() if k != AVERAGE_LAST}
+  try:
+    strategies.from_config({}, settings, strategy=settings.get('strategy'),
+                           where=lambda name: f'decode[{name!r}]')
+  except ValueError as e:
+    raise SweepError(str(e)) from None
+
+
+def results_path(workdir: str) -> str:
+  return os.path.join(workdir, EVAL_DIR, RESULTS_FILE)
+
+
+def read_results(workdir: str) -> dict[str, Any] | None:
+  """results.json of an evaluated run, or None (not evaluated, or unreadable)."""
+  from common.files import read_regular  # pylint: disable=import-outside-toplevel
+  try:
+    results = json.loads(read_regular(results_path(workdir)))
+  except (OSError, ValueError):
+    return None
+  return results if isinstance(results, dict) else None
+
+
+def scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
+  """Cased sacreBLEU, lowercased 13a-tokenized BLEU and chrF2, with their signatures."""
+  import sacrebleu  # pylint: disable=import-outside-toplevel
+  out = {}
+  refs = [list(references)]
+  for name, metric in (('bleu', sacrebleu.metrics.BLEU()),
+                       ('bleu_lowercased', sacrebleu.metrics.BLEU(lowercase=True,
+                                                                  tokenize='13a')),
+                       ('chrf2', sacrebleu.metrics.CHRF())):
+    out[name] = round(float(metric.corpus_score(list(hypotheses), refs).score), 4)
+    out[f'{name}_signature'] = str(metric.get_signature())
+  return out
+
+
+def _write(path: str, lines: Sequence[str]) -> None:
+  from common.atomic_file import atomic_write  # pylint: disable=import-outside-toplevel
+  atomic_write(path, ''.join(f'{line}\n' for line in lines).encode())
+
+
+def split_file(workdir: str, split: str, what: str) -> str:
+  """`what`: 'hyp' (the run's outputs) or 'ref' (the references), one line each."""
+  return os.path.join(workdir, EVAL_DIR, f'{split}.{what}')
+
+
+def evaluate(workdir: str, decode: Mapping[str, Any], *, translates: bool) -> dict[str, Any]:
+  """Evaluates the trained run in `workdir` (holding its lock) -> the results, also written to
+  results.json."""
+  from training import workdir_lock  # pylint: disable=import-outside-toplevel
+  started = time.perf_counter()
+  lock = workdir_lock.acquire(workdir)
+  try:
+    os.makedirs(os.path.join(workdir, EVAL_DIR), exist_ok=True)
+    found = _translation(workdir, decode) if translates else _language_model(workdir)
+    found['eval_wall_s'] = round(time.perf_counter() - started, 1)
+    from common.atomic_file import atomic_write  # pylint: disable=import-outside-toplevel
+    atomic_write(results_path(workdir),
+                 (json.dumps(found, indent=2, sort_keys=True) + '\n').encode())
+  finally:
+    lock.release()
+  return found
+
+
+def _translation(workdir: str, decode: Mapping[str, Any]) -> dict[str, Any]:
+  import inference  # pylint: disable=import-outside-toplevel
+  from input_pipeline import sources  # pylint: disable=import-outside-toplevel
+  from training import checkpoint  # pylint: disable=import-outside-toplevel
+  settings = {k: v for k, v in decode.items() if k != AVERAGE_LAST}
+  kept = len(checkpoint.list_steps(workdir))
+  average = min(int(decode.get(AVERAGE_LAST, 1)), max(kept, 1))
+  warnings: list[str] = []
+  session = inference.load(workdir, average_last=average, warn=warnings.append)
+  data = session.config.data
+  out: dict[str, Any] = {'step': session.step, 'parameters': _parameters(session.module),
+                         'decode': {**settings, AVERAGE_LAST: average},
+                         'search': session.settings(**settings)[0].describe()}
+  for split, name in zip(SPLITS, (data.eval_split, data.test_split), strict=True):
+    examples = sources.split_texts(data, name)
+    started = time.perf_counter()
+    hypotheses = session.translate([e['source'] for e in examples], **settings)
+    references = [e['target'] for e in examples]
+    _write(split_file(workdir, split, 'hyp'), hypotheses)
+    _write(split_file(workdir, split, 'ref'), references)
+    out[split] = {'split': name, 'sentences': len(examples),
+                  'empty': sum(not h.strip() for h in hypotheses),
+                  'decode_wall_s': round(time.perf_counter() - started, 1),
+                  **scores(hypotheses, references)}
+  out['warnings'] = sorted(set(warnings))[:5]
+  return out
+
+
+def _parameters(module) -> int:
+  import jax  # pylint: disable=import-outside-toplevel
+  from flax import nnx  # pylint: disable=import-outside-toplevel
+  return int(sum(x.size for x in jax.tree.leaves(nnx.state(module, nnx.Param))))
+
+
+def _language_model(workdir: str) -> dict[str, Any]:
+  """The trainer's last validation figures, read from the run's events."""
+  from training import report  # pylint: disable=import-outside-toplevel
+  run = report.load_run(workdir)
+  losses = run.scalars.get('eval/loss', [])
+  if not losses:
+    raise RuntimeError(f'{workdir}: no validation loss in its events (config.train.'
+                       'eval_every_steps?)')
+  last = losses[-1]
+  out = {'step': last.step, 'validation': {'loss': round(last.value, 6)}}
+  perplexity = run.scalars.get('eval/perplexity', [])
+  if perplexity:
+    out['validation']['perplexity'] = round(perplexity[-1].value, 4)
+  return out

@@ -1,0 +1,122 @@
+"""What one job of a sweep does, wherever it runs (a local subprocess or a SLURM array task):
+train with train.py, then evaluate (`experiments.evaluate`).
+
+train.py runs as its own process, exactly the command a user would type, in a session of its
+own, so a Ctrl-C at the terminal reaches it once, through this job: the job forwards the first
+SIGINT or SIGTERM it gets (the terminal's, submitit's, or SLURM's scancel) as one SIGINT, and
+train.py saves a checkpoint and stops; a run that stopped short of its steps is 'interrupted'
+and resumes on the next `sweep.py`. The job's state, train.py's pid and the last error line
+go in a status file that `sweep.py` reads; train.py's output in a log beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+DONE, FAILED, INTERRUPTED, RUNNING = 'done', 'failed', 'interrupted', 'running'
+
+
+def write_status(path: str, **status) -> None:
+  from common.atomic_file import atomic_write  # pylint: disable=import-outside-toplevel
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  status['time'] = time.time()
+  atomic_write(path, (json.dumps(status, sort_keys=True) + '\n').encode())
+
+
+def read_status(path: str) -> dict[str, Any]:
+  try:
+    with open(path, encoding='utf-8') as f:
+      status = json.load(f)
+  except (OSError, ValueError):
+    return {}
+  return status if isinstance(status, dict) else {}
+
+
+def last_error(log_path: str) -> str:
+  """The line that says why a run failed: train.py's `error:` line, else a Python exception's
+  last line, else the last line of the log."""
+  try:
+    with open(log_path, 'rb') as f:
+      f.seek(max(0, os.path.getsize(log_path) - 65536))
+      lines = [line.strip() for line in f.read().decode('utf-8', 'replace').splitlines()]
+  except OSError:
+    return f'(no log at {log_path})'
+  lines = [line for line in lines if line]
+  for marker in ('train.py: error:', 'Error:', 'Error'):
+    for line in reversed(lines):
+      if marker in line:
+        return line[:300]
+  return lines[-1][:300] if lines else '(empty log)'
+
+
+class _ForwardOnce:
+  """SIGINT/SIGTERM -> one SIGINT to the child (a second would stop it without saving)."""
+
+  def __init__(self):
+    self.child: subprocess.Popen | None = None
+    self.received = False
+
+  def __call__(self, signum, frame):  # noqa: ARG002
+    if not self.received and self.child is not None and self.child.poll() is None:
+      self.child.send_signal(signal.SIGINT)
+    self.received = True
+
+
+def trained_step(workdir: str) -> int:
+  from training import checkpoint  # pylint: disable=import-outside-toplevel
+  steps = checkpoint.list_steps(workdir) if os.path.isdir(workdir) else []
+  return steps[-1] if steps else 0
+
+
+def run_job(spec: dict[str, Any]) -> dict[str, Any]:
+  """Trains and evaluates one run. `spec`: `launch.job_spec`'s dict. Never raises for the
+  run's own failures: they are in the returned status (also in the status file)."""
+  status_file, log_file, workdir = spec['status_file'], spec['log_file'], spec['workdir']
+  forward = _ForwardOnce()
+  for signum in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(signum, forward)
+  started = time.time()
+  os.makedirs(os.path.dirname(log_file), exist_ok=True)
+  with open(log_file, 'ab') as log:
+    log.write(f'\n=== {time.strftime("%Y-%m-%d %H:%M:%S")} train.py {" ".join(spec["args"])}\n'
+              .encode())
+    log.flush()
+    forward.child = subprocess.Popen(  # pylint: disable=consider-using-with
+        [sys.executable, 'train.py', *spec['args']], cwd=spec['repo'], stdout=log,
+        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    write_status(status_file, state=RUNNING, phase='train', job_pid=os.getpid(),
+                 train_pid=forward.child.pid, started=started)
+    code = forward.child.wait()
+  step = trained_step(workdir)
+  if forward.received or code == 130 or (code == 0 and step < spec['num_steps']):
+    return _end(status_file, INTERRUPTED, started, step=step,
+                error=f'stopped at step {step} of {spec["num_steps"]}; it resumes from there')
+  if code != 0:
+    return _end(status_file, FAILED, started, step=step, exit_code=code,
+                error=last_error(log_file))
+  write_status(status_file, state=RUNNING, phase='evaluate', job_pid=os.getpid(),
+               started=started)
+  from experiments import evaluate  # pylint: disable=import-outside-toplevel
+  try:
+    results = evaluate.evaluate(workdir, spec['decode'], translates=spec['translates'])
+  except KeyboardInterrupt:
+    return _end(status_file, INTERRUPTED, started, step=step, error='stopped while evaluating')
+  except Exception as e:  # noqa: BLE001  (reported as the run's failure, the sweep goes on)
+    with open(log_file, 'a', encoding='utf-8') as log:
+      log.write(f'evaluation failed: {type(e).__name__}: {e}\n')
+    return _end(status_file, FAILED, started, step=step,
+                error=f'evaluation: {type(e).__name__}: {" ".join(str(e).split())[:300]}')
+  return _end(status_file, DONE, started, step=step, results=results)
+
+
+def _end(status_file: str, state: str, started: float, **fields) -> dict[str, Any]:
+  status = {'state': state, 'started': started, 'wall_s': round(time.time() - started, 1),
+            **fields}
+  write_status(status_file, **status)
+  return status

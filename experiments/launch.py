@@ -1,0 +1,444 @@
+"""Running a planned sweep: which runs are done, what they will cost, and the jobs, through
+submitit (SLURM job arrays, or local subprocesses), with progress, failures and Ctrl-C.
+
+Everything a sweep keeps besides its runs' workdirs is under `ROOT/.sweep/`: `sweep.json`
+(the rows as first planned: a later invocation may add rows and seeds, not change one),
+`status/ROW.seed_S.json` (each job's state and last error), `logs/ROW.seed_S.log` (train.py's
+output), `jobs/` (submitit's files) and a lock (one sweep.py per root).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from experiments import evaluate, job as job_lib
+from experiments.sweep_file import Plan, Run, SweepError
+
+STATE_DIR = '.sweep'
+NEW, PARTIAL, TRAINED = 'new', 'partial', 'trained'  # besides job_lib's DONE and FAILED
+EXECUTORS = ('auto', 'local', 'slurm')
+LOCAL_TIMEOUT_MIN = 7 * 24 * 60  # submitit's local default (2 min) would kill every run
+POLL_S = 1.0
+STOP_WAIT_S = 600  # how long an interrupted sweep waits for its runs' checkpoints
+
+
+def state_dir(root: str, *parts: str) -> str:
+  return os.path.join(root, STATE_DIR, *parts)
+
+
+def status_file(plan: Plan, run: Run) -> str:
+  return state_dir(plan.root, 'status', f'{run.row}.seed_{run.seed}.json')
+
+
+def log_file(plan: Plan, run: Run) -> str:
+  return state_dir(plan.root, 'logs', f'{run.row}.seed_{run.seed}.log')
+
+
+def eval_settings(plan: Plan) -> dict[str, Any]:
+  return {evaluate.AVERAGE_LAST: 1, **plan.sweep.decode}
+
+
+def job_spec(plan: Plan, run: Run) -> dict[str, Any]:
+  """What `job.run_job` needs: plain data, so that it pickles for any executor."""
+  from experiments.sweep_file import REPO  # pylint: disable=import-outside-toplevel
+  return {'row': run.row, 'seed': run.seed, 'workdir': os.path.abspath(run.workdir),
+          'args': list(run.args), 'num_steps': run.num_steps, 'translates': run.translates,
+          'decode': eval_settings(plan), 'status_file': os.path.abspath(status_file(plan, run)),
+          'log_file': os.path.abspath(log_file(plan, run)), 'repo': REPO}
+
+
+# ------------------------------------------------------------------------------ states
+
+def _evaluated(plan: Plan, run: Run) -> bool:
+  results = evaluate.read_results(run.workdir)
+  if results is None or results.get('step') != run.num_steps:
+    return False
+  if not run.translates:
+    return True
+  return results.get('decode') is not None and _same_decode(results['decode'], plan, run)
+
+
+def _same_decode(recorded: dict, plan: Plan, run: Run) -> bool:
+  """The evaluation used the sweep's decoding setting (its average capped by the checkpoints
+  kept, as `evaluate` caps it)."""
+  wanted = eval_settings(plan)
+  recorded = dict(recorded)
+  average = recorded.pop(evaluate.AVERAGE_LAST, 1)
+  wanted_average = wanted.pop(evaluate.AVERAGE_LAST)
+  return recorded == wanted and average <= wanted_average
+
+
+def run_state(plan: Plan, run: Run) -> tuple[str, str]:
+  """(state, detail): DONE (evaluated with this sweep's setting), FAILED (its last attempt
+  failed: the error), TRAINED (to evaluate), PARTIAL (resumes from a checkpoint), NEW."""
+  if _evaluated(plan, run):
+    return job_lib.DONE, ''
+  status = job_lib.read_status(status_file(plan, run))
+  step = job_lib.trained_step(run.workdir)
+  if status.get('state') == job_lib.FAILED:
+    return job_lib.FAILED, status.get('error', '')
+  if step >= run.num_steps:
+    return TRAINED, 'trained, to evaluate'
+  if step > 0:
+    return PARTIAL, f'resumes at step {step}'
+  return NEW, ''
+
+
+# ------------------------------------------------------------------------------ time
+
+def _step_ms(workdir: str) -> float | None:
+  from training import report  # pylint: disable=import-outside-toplevel
+  try:
+    ms = [p.value for p in report.load_run(workdir).scalars.get('train/step_ms', [])]
+  except (FileNotFoundError, OSError):
+    return None
+  return statistics.median(ms) if ms else None
+
+
+def estimates(plan: Plan) -> dict[str, float | None]:
+  """Seconds left per run: its steps left x its row's measured median step time (any seed's
+  events), plus its row's measured evaluation time; None when the row has no measurement."""
+  per_row: dict[str, tuple[float | None, float]] = {}
+  for row in plan.rows:
+    runs = [r for r in plan.runs if r.row == row]
+    ms = [m for m in (_step_ms(r.workdir) for r in runs) if m is not None]
+    evals = [res['eval_wall_s'] for res in (evaluate.read_results(r.workdir) for r in runs)
+             if res and 'eval_wall_s' in res]
+    per_row[row] = (statistics.median(ms) if ms else None,
+                    statistics.median(evals) if evals else 0.0)
+  out = {}
+  for run in plan.runs:
+    state, _ = run_state(plan, run)
+    ms, evaluation = per_row[run.row]
+    if state == job_lib.DONE:
+      out[run.name] = 0.0
+    elif ms is None:
+      out[run.name] = None
+    else:
+      left = max(run.num_steps - job_lib.trained_step(run.workdir), 0)
+      out[run.name] = left * ms / 1000 + evaluation
+  return out
+
+
+def fmt_minutes(seconds: float | None) -> str:
+  if seconds is None:
+    return 'unknown'
+  return f'{seconds / 60:.1f} min' if seconds < 5400 else f'{seconds / 3600:.1f} h'
+
+
+def describe(plan: Plan, parallel: int = 1) -> list[str]:
+  """The plan as lines: every run, its state and estimated time, then the total."""
+  times = estimates(plan)
+  lines = []
+  for run in plan.runs:
+    state, detail = run_state(plan, run)
+    extra = f' ({detail})' if detail else ''
+    cost = '' if state == job_lib.DONE else f', ~{fmt_minutes(times[run.name])}'
+    lines.append(f'  {run.name:<40} {state}{extra}{cost}')
+  left = [t for name, t in times.items() if t]
+  unknown = sum(t is None for t in times.values())
+  total = sum(left) / max(parallel, 1)
+  done = sum(run_state(plan, r)[0] == job_lib.DONE for r in plan.runs)
+  tail = f' (+{unknown} run(s) of unknown time)' if unknown else ''
+  lines.append(f'{done} of {len(plan.runs)} runs done; estimated time left: '
+               f'{fmt_minutes(total) if left or not unknown else "unknown"}{tail}'
+               f'{f", {parallel} at a time" if parallel > 1 else ""}')
+  return lines
+
+
+# ------------------------------------------------------------------------------ bookkeeping
+
+def _manifest(plan: Plan) -> dict[str, Any]:
+  sweep = plan.sweep
+  return {'sweep_file': plan.path, 'config': sweep.config, 'overrides': dict(sweep.overrides),
+          'rows': {k: dict(v) for k, v in plan.row_overrides.items()}}
+
+
+def check_manifest(plan: Plan, write: bool) -> None:
+  """The sweep under `root` was planned with the same config and rows (rows may be added);
+  `write` records the union."""
+  path = state_dir(plan.root, 'sweep.json')
+  mine = json.loads(json.dumps(_manifest(plan), default=str))
+  try:
+    with open(path, encoding='utf-8') as f:
+      old = json.load(f)
+  except FileNotFoundError:
+    old = None
+  except (OSError, ValueError) as e:
+    raise SweepError(f'{path} is not readable ({e}); is {plan.root} a sweep root?') from None
+  if old is not None:
+    for key in ('config', 'overrides'):
+      if old.get(key) != mine[key]:
+        raise SweepError(f'{plan.root} holds a sweep with {key}={old.get(key)!r}, not '
+                         f'{mine[key]!r}: use another --root (nothing was changed)')
+    for row, overrides in mine['rows'].items():
+      if row in old.get('rows', {}) and old['rows'][row] != overrides:
+        raise SweepError(f'row {row!r} in {plan.root} was run with {old["rows"][row]}, not '
+                         f'{overrides}: rename the row or use another --root')
+    mine['rows'] = {**old.get('rows', {}), **mine['rows']}
+  if write:
+    from common.atomic_file import atomic_write  # pylint: disable=import-outside-toplevel
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    atomic_write(path, (json.dumps(mine, indent=2) + '\n').encode())
+
+
+@contextlib.contextmanager
+def root_lock(root: str):
+  """One sweep.py per root at a time."""
+  from common.lock_file import open_lock_file  # pylint: disable=import-outside-toplevel
+  os.makedirs(state_dir(root), exist_ok=True)
+  fd, _ = open_lock_file(state_dir(root, 'lock'))
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      raise SweepError(f'{root} is in use by another sweep.py') from None
+    yield
+  finally:
+    os.close(fd)
+
+
+# ------------------------------------------------------------------------------ executors
+
+def executor_kind(name: str) -> str:
+  """'local' or 'slurm' (auto: submitit's choice, SLURM where `srun` is on the PATH)."""
+  if name not in EXECUTORS:
+    raise SweepError(f'--executor={name} is not one of {list(EXECUTORS)}')
+  if name != 'auto':
+    return name
+  import submitit  # pylint: disable=import-outside-toplevel
+  return 'slurm' if submitit.AutoExecutor.which() == 'slurm' else 'local'
+
+
+def make_executor(plan: Plan, kind: str, parallel: int, slurm: dict[str, Any]):
+  """A submitit executor for `kind`, its parameters set (SLURM: from the sweep file's `slurm`
+  with `slurm` from the flags on top; the array runs at most `parallel` tasks at once)."""
+  import submitit  # pylint: disable=import-outside-toplevel
+  executor = submitit.AutoExecutor(folder=state_dir(plan.root, 'jobs'), cluster=kind)
+  name = f'sweep-{os.path.basename(os.path.normpath(plan.root))}'
+  if kind == 'local':
+    executor.update_parameters(timeout_min=LOCAL_TIMEOUT_MIN, name=name)
+    return executor
+  given = {**plan.sweep.slurm, **{k: v for k, v in slurm.items() if v is not None}}
+  unknown = sorted(set(given) - set(_SLURM_PARAMETERS))
+  if unknown:
+    raise SweepError(f'slurm has unknown field(s) {unknown}; known: {sorted(_SLURM_PARAMETERS)}')
+  parameters = {'name': name, 'slurm_array_parallelism': parallel}
+  for field, value in given.items():
+    parameters[_SLURM_PARAMETERS[field]] = value
+  executor.update_parameters(**parameters)
+  return executor
+
+
+# The sweep file's / flags' SLURM fields -> submitit's parameter names.
+_SLURM_PARAMETERS = {'partition': 'slurm_partition', 'time_min': 'timeout_min',
+                     'gpus_per_node': 'gpus_per_node', 'cpus_per_task': 'cpus_per_task',
+                     'mem_gb': 'mem_gb', 'account': 'slurm_account', 'qos': 'slurm_qos',
+                     'constraint': 'slurm_constraint', 'array_parallelism':
+                     'slurm_array_parallelism'}
+
+
+def submit(executor, kind: str, specs: list[dict[str, Any]]) -> list:
+  """Submits `specs` (SLURM: one job array) -> submitit jobs, in order."""
+  from experiments.job import run_job  # pylint: disable=import-outside-toplevel
+  if kind == 'slurm':
+    return executor.map_array(run_job, specs)
+  return [executor.submit(run_job, spec) for spec in specs]
+
+
+# ------------------------------------------------------------------------------ the loop
+
+@dataclasses.dataclass
+class _Progress:
+  total: int
+  finished: int = 0
+  failed: int = 0
+  seconds: list[float] = dataclasses.field(default_factory=list)
+
+  def eta(self, left: int, parallel: int, estimate: float | None) -> str:
+    if estimate is not None:
+      return fmt_minutes(estimate / parallel)
+    if not self.seconds:
+      return 'unknown'
+    return fmt_minutes(statistics.mean(self.seconds) * left / parallel)
+
+
+def headline(results: dict[str, Any] | None, translates: bool) -> str:
+  if not results:
+    return ''
+  if translates:
+    test, valid = results.get('test', {}), results.get('validation', {})
+    return (f'test BLEU {test.get("bleu", float("nan")):.2f} (valid '
+            f'{valid.get("bleu", float("nan")):.2f}), chrF2 {test.get("chrf2", float("nan")):.2f}')
+  return f'validation loss {results.get("validation", {}).get("loss", float("nan")):.4f}'
+
+
+def run(plan: Plan, *, executor: str = 'auto', parallel: int = 1, retry_failed: bool = False,
+        slurm: dict[str, Any] | None = None, out: Callable[[str], None] = print,
+        resume_command: str = '') -> int:
+  """Runs every run of `plan` not yet done -> the exit status: 0 when every run is done, 1
+  when one failed, 130 when interrupted."""
+  kind = executor_kind(executor)
+  with root_lock(plan.root):
+    check_manifest(plan, write=True)
+    states = {run.name: run_state(plan, run) for run in plan.runs}
+    todo = [r for r in plan.runs if states[r.name][0] != job_lib.DONE
+            and (states[r.name][0] != job_lib.FAILED or retry_failed)]
+    skipped = [r for r in plan.runs if states[r.name][0] == job_lib.FAILED and not retry_failed]
+    done = len(plan.runs) - len(todo) - len(skipped)
+    out(f'sweep {plan.root}: {len(plan.runs)} runs ({len(plan.rows)} row(s) x '
+        f'{len(plan.runs) // max(len(plan.rows), 1)} seed(s)); {done} done, {len(todo)} to run'
+        f'{f", {len(skipped)} failed before (--retry_failed reruns them)" if skipped else ""}; '
+        f'{kind}, at most {parallel} at a time')
+    for r in skipped:
+      out(f'  failed before: {r.name}: {states[r.name][1]}')
+    failed = len(skipped)
+    if todo:
+      for r in todo:  # a rerun starts clean: a stale status would read as this attempt's
+        with contextlib.suppress(FileNotFoundError):
+          os.unlink(status_file(plan, r))
+      jobs = make_executor(plan, kind, parallel, slurm or {})
+      try:
+        failed += _loop(plan, kind, jobs, todo, parallel, states, out, done)
+      except KeyboardInterrupt:
+        out(f'interrupted: the finished runs are intact; stopped runs resume from their last '
+            f'checkpoint: {resume_command}')
+        return 130
+  from experiments import table  # pylint: disable=import-outside-toplevel
+  written = table.write(plan)
+  out(f'table: {written["summary"]} and {written["curves"]}' if written.get('curves')
+      else f'table: {written["summary"]}')
+  if failed:
+    out(f'{failed} run(s) failed: see {state_dir(plan.root, "logs")}')
+  return 1 if failed else 0
+
+
+def _loop(plan: Plan, kind: str, executor, todo: list[Run], parallel: int, states, out,
+          done: int) -> int:
+  """Submits and follows the jobs until each has ended -> the number that failed."""
+  progress = _Progress(len(plan.runs), finished=done)
+  queue = list(todo)
+  running: dict[str, tuple[Run, Any, float]] = {}
+  if kind == 'slurm':  # one array; SLURM bounds how many run at once
+    for run_, job in zip(queue, submit(executor, kind, [job_spec(plan, r) for r in queue]),
+                         strict=True):
+      running[run_.name] = (run_, job, time.time())
+      out(f'submitted {run_.name}: SLURM job {job.job_id}')
+    queue = []
+  try:
+    return _follow(plan, kind, executor, queue, running, parallel, states, out, progress)
+  except KeyboardInterrupt:
+    if kind == 'slurm':  # scancel: SLURM signals the job, which forwards one SIGINT
+      for _, job, _ in running.values():
+        with contextlib.suppress(Exception):
+          job.cancel(check=False)
+    _stop(plan, [r for r, _, _ in running.values()], out, signal_jobs=kind == 'local')
+    raise
+
+
+def _follow(plan: Plan, kind: str, executor, queue: list[Run], running, parallel: int, states,
+            out, progress: _Progress) -> int:
+  failed = 0
+  while queue or running:
+    while queue and len(running) < parallel:
+      run_ = queue.pop(0)
+      (job,) = submit(executor, kind, [job_spec(plan, run_)])
+      running[run_.name] = (run_, job, time.time())
+      state, detail = states[run_.name]
+      out(f'[{progress.finished + len(running)}/{progress.total}] start {run_.name}'
+          f'{f" ({detail})" if detail else ""}')
+    time.sleep(POLL_S)
+    for name, (run_, job, started) in list(running.items()):
+      if not job.done():
+        continue
+      del running[name]
+      status = _final_status(plan, run_, job)
+      minutes = (time.time() - started) / 60
+      progress.finished += 1
+      left = len(queue) + len(running)
+      estimate = _left_estimate(plan, queue, running)
+      if status.get('state') == job_lib.DONE:
+        progress.seconds.append(time.time() - started)
+        out(f'[{progress.finished}/{progress.total}] done {run_.name}: '
+            f'{headline(status.get("results"), run_.translates)}; {minutes:.1f} min | '
+            f'{left} left, ETA {progress.eta(left, parallel, estimate)}')
+      else:
+        failed += 1
+        out(f'[{progress.finished}/{progress.total}] FAILED {run_.name} '
+            f'({status.get("state", "?")}) after {minutes:.1f} min: {status.get("error", "?")}'
+            f' | {left} left')
+  return failed
+
+
+def _left_estimate(plan: Plan, queue: list[Run], running) -> float | None:
+  times = estimates(plan)
+  names = [r.name for r in queue] + list(running)
+  values = [times.get(n) for n in names]
+  return None if any(v is None for v in values) else sum(values)
+
+
+def _final_status(plan: Plan, run_: Run, job) -> dict[str, Any]:
+  """The job's status file; a job that ended without writing one was killed."""
+  status = job_lib.read_status(status_file(plan, run_))
+  if status.get('state') in (job_lib.DONE, job_lib.FAILED, job_lib.INTERRUPTED):
+    return status
+  error = f'the job ended without a result (killed?); see {log_file(plan, run_)}'
+  with contextlib.suppress(Exception):
+    tail = [line for line in (job.stderr() or '').splitlines() if line.strip()]
+    if tail:
+      error = f'the job ended without a result: {tail[-1][:300]}'
+  status = {'state': job_lib.FAILED, 'error': error}
+  job_lib.write_status(status_file(plan, run_), **status)
+  return status
+
+
+def _stop(plan: Plan, runs: list[Run], out, signal_jobs: bool) -> None:
+  """Ctrl-C: each running job forwards one SIGINT to its train.py, which saves a checkpoint
+  and exits; waits for them (a second Ctrl-C kills them at once)."""
+  pids = []
+  for run_ in runs:
+    status = job_lib.read_status(status_file(plan, run_))
+    for key in ('train_pid', 'job_pid'):
+      if status.get('state') == job_lib.RUNNING and status.get(key):
+        pids.append((run_.name, int(status[key]), key))
+  for _, pid, key in pids:
+    if key == 'job_pid' and signal_jobs:
+      with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGINT)  # the job forwards one SIGINT to its train.py
+  names = sorted({name for name, _, _ in pids})
+  if names:
+    out(f'stopping {", ".join(names)}: saving checkpoint(s) (Ctrl-C again to kill at once)')
+  deadline = time.time() + STOP_WAIT_S
+  try:
+    while time.time() < deadline and any(_alive(pid) for _, pid, _ in pids):
+      time.sleep(0.2)
+  except KeyboardInterrupt:
+    for _, pid, _ in pids:
+      with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGKILL)
+    out('killed at once: the runs resume from their last saved checkpoint')
+  sys.stdout.flush()
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  try:  # a zombie child of ours (the job) counts as gone
+    with open(f'/proc/{pid}/stat', encoding='ascii') as f:
+      return f.read().split(') ')[-1][:1] != 'Z'
+  except OSError:
+    return True

@@ -1,0 +1,262 @@
+"""A sweep file (configs/sweeps/NAME.py) and the runs it plans: rows of overrides x seeds.
+
+A sweep file is Python, like a preset: its `get_sweep()` returns a `Sweep`.
+
+    from experiments import Sweep
+
+    def get_sweep():
+      return Sweep(
+          config='configs/default.py',            # train.py's --config (FILE[:preset])
+          overrides={'train.num_steps': 500},     # every row
+          rows={'post_ln': {'model.norm_position': 'post'},
+                'pre_ln': {'model.norm_position': 'pre'}},
+          grid={'optimizer.learning_rate': [0.5, 1.0]},  # crossed with the rows
+          seeds=3)                                # or [0, 1, 7]
+
+Each run is `train.py --config=CONFIG --workdir=ROOT/ROW/seed_S --config.FIELD=VALUE ...` with
+the sweep's overrides, the row's, then `train.seed=S`. `plan()` parses every run's command
+line exactly as train.py will (ml_collections' config_flags) and checks it against the config
+schema, so a typo in the last row is refused, in one line, before the first row trains.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import itertools
+import os
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from common.errors import ConfigError
+from common.schema import close_fields, leaf_paths
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SEED_FIELD = 'train.seed'
+# A row's name is a directory name: no separators, nothing a shell or SLURM would mangle.
+_NAME = re.compile(r'^[A-Za-z0-9][A-Za-z0-9_.=+-]*$')
+SLURM_FIELDS = ('partition', 'time_min', 'gpus_per_node', 'cpus_per_task', 'mem_gb',
+                'array_parallelism', 'account', 'qos', 'constraint')
+
+
+class SweepError(ConfigError):
+  """A sweep file that cannot be planned; the message names the row and field, in one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+  """What a sweep file describes. `rows` (name -> overrides) and `grid` (field -> values, the
+  product of the axes) may be given alone or together (each row crossed with each grid
+  point); neither gives one row, 'base'. `baseline` names the row the table compares against
+  (default: the first). `decode` is the evaluation's decoding setting (the strategy table's
+  settings, plus `average_last`), default the config's decode section; choose it on the
+  validation split, never on test. `slurm`: SLURM_FIELDS (flags override them)."""
+
+  config: str = 'configs/default.py'
+  overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  rows: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+  grid: Mapping[str, Sequence[Any]] = dataclasses.field(default_factory=dict)
+  seeds: int | Sequence[int] = 1
+  baseline: str | None = None
+  decode: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  metric: str = 'bleu'
+  slurm: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  description: str = ''
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One training run of a sweep: its row, seed, workdir and train.py arguments."""
+
+  row: str
+  seed: int
+  workdir: str
+  args: tuple[str, ...]  # train.py's arguments, --workdir included
+  num_steps: int
+  translates: bool  # a model with a source: evaluated by BLEU, else by validation loss
+
+  @property
+  def name(self) -> str:
+    return f'{self.row}/seed_{self.seed}'
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """Every run of a sweep, in row order then seed order."""
+
+  sweep: Sweep
+  path: str  # the sweep file
+  root: str
+  rows: tuple[str, ...]
+  row_overrides: Mapping[str, Mapping[str, Any]]
+  runs: tuple[Run, ...]
+  baseline: str
+
+
+def load(path: str) -> Sweep:
+  """The `Sweep` of the file at `path`; `SweepError` (one line) if it is not one."""
+  if not os.path.isfile(path):
+    raise SweepError(f'sweep file {path!r} not found (--sweep=configs/sweeps/NAME.py)')
+  try:
+    spec = importlib.util.spec_from_file_location('_sweep_file', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sweep = module.get_sweep()
+  except AttributeError as e:
+    raise SweepError(f'{path}: {e} (a sweep file defines get_sweep() -> Sweep)') from None
+  except Exception as e:  # noqa: BLE001  (the file is code: any error is its error)
+    raise SweepError(f'{path}: {type(e).__name__}: {e}') from None
+  if not isinstance(sweep, Sweep):
+    raise SweepError(f'{path}: get_sweep() returned {type(sweep).__name__}, not a Sweep')
+  return sweep
+
+
+def seeds_of(sweep: Sweep) -> list[int]:
+  seeds = sweep.seeds
+  if isinstance(seeds, int) and not isinstance(seeds, bool):
+    if seeds < 1:
+      raise SweepError(f'seeds={seeds} must be at least 1 (a count) or a list of seeds')
+    return list(range(seeds))
+  if (isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence) or not seeds
+      or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)):
+    raise SweepError(f'seeds={seeds!r} must be a count or a non-empty list of seeds >= 0')
+  if len(set(seeds)) != len(seeds):
+    raise SweepError(f'seeds={list(seeds)} lists a seed twice')
+  return list(seeds)
+
+
+def _value_name(value: Any) -> str:
+  return repr(value) if isinstance(value, str) and not value else str(value)
+
+
+def expand_rows(sweep: Sweep) -> dict[str, dict[str, Any]]:
+  """Row name -> its overrides: the named rows crossed with the grid's points."""
+  if not isinstance(sweep.rows, Mapping) or not isinstance(sweep.grid, Mapping):
+    raise SweepError('rows must map names to overrides, grid fields to lists of values')
+  for field, values in sweep.grid.items():
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
+      raise SweepError(f'grid[{field!r}]={values!r} must be a non-empty list of values')
+  named = dict(sweep.rows) or {'base': {}}
+  points = [dict(zip(sweep.grid, values, strict=True))
+            for values in itertools.product(*sweep.grid.values())]
+  rows = {}
+  for name, overrides in named.items():
+    if not isinstance(overrides, Mapping):
+      raise SweepError(f'row {name!r}: its overrides must be a dict of field -> value')
+    for point in points:
+      parts = ([name] if sweep.rows else []) + [
+          f'{field.rsplit(".", 1)[-1]}={_value_name(v)}' for field, v in point.items()]
+      full = '+'.join(parts) or name
+      clash = sorted(set(overrides) & set(point))
+      if clash:
+        raise SweepError(f'row {name!r} and the grid both set {clash}')
+      rows[full] = {**overrides, **point}
+  for name in rows:
+    if not _NAME.match(name) or name in ('.', '..'):
+      raise SweepError(f'row name {name!r} is not a directory name (letters, digits and '
+                       '_.=+- only): name the rows, or use simpler grid values')
+  return rows
+
+
+def flag_value(value: Any) -> str:
+  """A Python value as train.py's `--config.FIELD=` text (parsed back by config_flags)."""
+  if isinstance(value, float):
+    return repr(value)
+  return str(value)
+
+
+def _check_fields(config, overrides: Mapping[str, Any], where: str) -> None:
+  """Every overridden field exists (train.py's 'did you mean' for a typo)."""
+  paths = leaf_paths(config)
+  known = {'.'.join(p) for p in paths}
+  for field in overrides:
+    if not isinstance(field, str) or field not in known:
+      close = close_fields(str(field), paths)
+      hint = f'; did you mean {" or ".join(close)}?' if close else ''
+      raise SweepError(f'{where}: unknown config field {field!r}{hint}')
+
+
+def parse_config(config: str, args: Sequence[str]):
+  """The config train.py builds from `--config=CONFIG` and `args` (`--config.F=V`...), parsed
+  by config_flags exactly as train.py parses them."""
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
+  values = flags.FlagValues()
+  argv = ['train.py', f'--config={config}', *args]
+  config_flags.DEFINE_config_file('config', None, 'Config file[:preset].', flag_values=values,
+                                  lock_config=True, sys_argv=argv)
+  values(argv)
+  return values.config, config_flags.get_override_values(values['config'])
+
+
+def _resolve(config_file: str, overrides: Mapping[str, Any], where: str):
+  """The resolved config of one run, checked against the schema (as --show_config checks)."""
+  from configs import schema  # pylint: disable=import-outside-toplevel
+  args = [f'--config.{k}={flag_value(v)}' for k, v in overrides.items()]
+  try:
+    config, parsed = parse_config(config_file, args)
+  except Exception as e:  # noqa: BLE001  (absl/config_flags raise many types)
+    text = ' '.join(str(e).split())
+    raise SweepError(f'{where}: {text}') from None
+  for field, value in overrides.items():
+    if parsed.get(field) != value:
+      raise SweepError(f'{where}: config.{field}={value!r} does not survive train.py\'s '
+                       f'command line (it reads {flag_value(value)!r} as {parsed.get(field)!r})')
+  try:
+    schema.check_across(schema.validate_sections(config))
+  except ConfigError as e:
+    raise SweepError(f'{where}: {e}') from None
+  return config
+
+
+def plan(sweep: Sweep, root: str, path: str = '') -> Plan:
+  """Every run of `sweep` under `root`, each run's command line checked; `SweepError` names
+  the first bad row."""
+  from model.kinds import adapter_of  # pylint: disable=import-outside-toplevel
+  config_file = sweep.config.partition(':')[0]
+  config_path = config_file if os.path.isabs(config_file) else os.path.join(REPO, config_file)
+  if not os.path.isfile(config_path):
+    raise SweepError(f'config {sweep.config!r} not found (a train.py --config, relative to the '
+                     'repository)')
+  config_arg = os.path.join(REPO, sweep.config) if not os.path.isabs(config_file) else sweep.config
+  seeds = seeds_of(sweep)
+  rows = expand_rows(sweep)
+  try:
+    base, _ = parse_config(config_arg, [])
+  except Exception as e:  # noqa: BLE001
+    raise SweepError(f'config {sweep.config!r}: {" ".join(str(e).split())}') from None
+  _check_fields(base, sweep.overrides, 'the sweep\'s overrides')
+  baseline = sweep.baseline if sweep.baseline is not None else next(iter(rows))
+  if baseline not in rows:
+    raise SweepError(f'baseline={baseline!r} is not a row; rows: {list(rows)}')
+  runs = []
+  for name, row in rows.items():
+    where = f'row {name!r}'
+    _check_fields(base, row, where)
+    if SEED_FIELD in row or SEED_FIELD in sweep.overrides:
+      raise SweepError(f'{where}: {SEED_FIELD} comes from seeds=, not from overrides')
+    overrides = {**sweep.overrides, **row}
+    config = _resolve(config_arg, {**overrides, SEED_FIELD: seeds[0]}, where)
+    translates = adapter_of(config.model).has_source
+    for seed in seeds:
+      workdir = os.path.join(root, name, f'seed_{seed}')
+      args = (f'--config={config_arg}', f'--workdir={workdir}',
+              *(f'--config.{k}={flag_value(v)}' for k, v in {**overrides,
+                                                            SEED_FIELD: seed}.items()))
+      runs.append(Run(name, seed, workdir, args, int(config.train.num_steps), translates))
+  _check_metric(sweep, runs)
+  return Plan(sweep, path, root, tuple(rows), rows, tuple(runs), baseline)
+
+
+def _check_metric(sweep: Sweep, runs: list[Run]) -> None:
+  from experiments import evaluate  # pylint: disable=import-outside-toplevel
+  kinds = {run.translates for run in runs}
+  if len(kinds) > 1:
+    raise SweepError('the rows mix translation and language models: one table compares one '
+                     'kind')
+  known = evaluate.METRICS if kinds == {True} else evaluate.LM_METRICS
+  metric = sweep.metric if kinds == {True} or sweep.metric != 'bleu' else 'loss'
+  if metric not in known:
+    raise SweepError(f'metric={sweep.metric!r} is not one of {list(known)}')
+  evaluate.check_settings(dict(sweep.decode))

@@ -1,0 +1,251 @@
+"""A sweep's table and curves: `ROOT/summary.md` and `ROOT/curves.png`.
+
+One line per row: the sweep's metric as mean ± standard deviation over the finished seeds,
+min and max, then the difference to the baseline row with its 95% interval, p-value and
+verdict, then the other scores, the parameters and the time per run. A translation's verdict
+is the paired bootstrap over test sentences of the seed-averaged outputs
+(`significance.paired_bootstrap`); a language model's is Welch's t-test over the seeds. A
+partly finished sweep reports what it has and marks the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import statistics
+import time
+from typing import Any
+
+from experiments import evaluate, significance
+from experiments.sweep_file import Plan, Run
+
+SUMMARY, CURVES = 'summary.md', 'curves.png'
+NAMES = {'bleu': 'BLEU', 'bleu_lowercased': 'lowercased tok. BLEU', 'chrf2': 'chrF2',
+         'loss': 'validation loss'}
+
+
+@dataclasses.dataclass
+class RowResults:
+  """The finished runs of one row: their results.json and (translation) test outputs."""
+
+  name: str
+  planned: list[Run]
+  results: list[dict[str, Any]]
+  test_outputs: list[list[str]]
+  references: list[str] | None
+
+  @property
+  def seeds(self) -> int:
+    return len(self.results)
+
+  def values(self, metric: str, split: str = 'test') -> list[float]:
+    return [r[split][metric] for r in self.results if metric in r.get(split, {})]
+
+
+def _lines(path: str) -> list[str] | None:
+  try:
+    with open(path, encoding='utf-8') as f:
+      return f.read().split('\n')[:-1]
+  except OSError:
+    return None
+
+
+def collect(plan: Plan) -> list[RowResults]:
+  rows = []
+  for name in plan.rows:
+    planned = [r for r in plan.runs if r.row == name]
+    results, outputs, references = [], [], None
+    for run in planned:
+      found = evaluate.read_results(run.workdir)
+      if not found or found.get('step') != run.num_steps:
+        continue
+      if run.translates:
+        hyps = _lines(evaluate.split_file(run.workdir, 'test', 'hyp'))
+        refs = _lines(evaluate.split_file(run.workdir, 'test', 'ref'))
+        if hyps is None or refs is None or len(hyps) != len(refs):
+          continue
+        references = references or refs
+        outputs.append(hyps)
+      results.append(found)
+    rows.append(RowResults(name, planned, results, outputs, references))
+  return rows
+
+
+def metric_of(plan: Plan) -> str:
+  return plan.sweep.metric if plan.runs and plan.runs[0].translates else 'loss'
+
+
+def _mean_sd(values: list[float], digits: int) -> str:
+  if not values:
+    return '-'
+  if len(values) == 1:
+    return f'{values[0]:.{digits}f}'
+  return f'{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}'
+
+
+def _range(values: list[float], digits: int) -> str:
+  return f'{min(values):.{digits}f}–{max(values):.{digits}f}' if values else '-'
+
+
+def compare(plan: Plan, rows: list[RowResults]) -> dict[str, significance.Comparison | None]:
+  """Each row against the baseline row (None: not enough finished runs to compare)."""
+  metric = metric_of(plan)
+  base = next(r for r in rows if r.name == plan.baseline)
+  out: dict[str, significance.Comparison | None] = {}
+  for row in rows:
+    if row.name == base.name or not row.results or not base.results:
+      out[row.name] = None
+    elif metric == 'loss':
+      out[row.name] = significance.welch(base.values('loss', 'validation'),
+                                         row.values('loss', 'validation'))
+    elif row.references != base.references:
+      out[row.name] = None  # another test set: nothing to pair
+    else:
+      out[row.name] = significance.paired_bootstrap(base.test_outputs, row.test_outputs,
+                                                    base.references, metric=metric)
+  return out
+
+
+def _minutes(run: Run) -> float | None:
+  from training import report  # pylint: disable=import-outside-toplevel
+  try:
+    return report.load_run(run.workdir).minutes
+  except (FileNotFoundError, OSError):
+    return None
+
+
+def markdown(plan: Plan, rows: list[RowResults]) -> str:
+  metric = metric_of(plan)
+  translation = metric != 'loss'
+  split = 'test' if translation else 'validation'
+  digits = 2 if translation else 4
+  comparisons = compare(plan, rows)
+  header = ['row', 'seeds', f'{split} {NAMES[metric]}', 'min–max',
+            f'Δ vs {plan.baseline} [95% interval]', 'p', 'verdict']
+  others = [m for m in evaluate.METRICS if m != metric] if translation else []
+  header += [f'test {NAMES[m]}' for m in others]
+  header += ['valid BLEU'] if translation else []
+  header += ['parameters', 'train min/run', 'eval min/run']
+  lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+  for row in rows:
+    values = row.values(metric, split)
+    c = comparisons[row.name]
+    if row.name == plan.baseline:
+      delta, p, verdict = 'baseline', '', ''
+    elif c is None:
+      delta, p, verdict = '-', '-', 'too few runs' if row.results else '-'
+    else:
+      delta = f'{c.delta:+.{digits}f} [{c.low:+.{digits}f}, {c.high:+.{digits}f}]'
+      p, verdict = f'{c.p_value:.3f}', 'significant' if c.significant else 'not significant'
+    seeds = f'{row.seeds}/{len(row.planned)}' + ('' if row.seeds == len(row.planned)
+                                                 else ' (unfinished)')
+    cells = [row.name, seeds, _mean_sd(values, digits), _range(values, digits), delta, p,
+             verdict]
+    cells += [_mean_sd(row.values(m), 2) for m in others]
+    cells += [_mean_sd(row.values('bleu', 'validation'), 2)] if translation else []
+    params = {r.get('parameters') for r in row.results} - {None}
+    minutes = [m for m in (_minutes(r) for r in row.planned) if m is not None]
+    evals = [r['eval_wall_s'] / 60 for r in row.results if 'eval_wall_s' in r]
+    cells += [f'{params.pop():,}' if len(params) == 1 else '-',
+              f'{statistics.mean(minutes):.1f}' if minutes else '-',
+              f'{statistics.mean(evals):.1f}' if evals else '-']
+    lines.append('| ' + ' | '.join(cells) + ' |')
+  return '\n'.join(_preamble(plan, rows, translation) + [''] + lines) + '\n' + _notes(
+      plan, translation)
+
+
+def _preamble(plan: Plan, rows: list[RowResults], translation: bool) -> list[str]:
+  sweep = plan.sweep
+  finished = sum(r.seeds for r in rows)
+  name = os.path.splitext(os.path.basename(plan.path))[0] or plan.root
+  out = [f'# Sweep {name}: {plan.root}', '']
+  if sweep.description:
+    out += [sweep.description, '']
+  out += [f'- sweep file: `{plan.path}`; config `{sweep.config}`'
+          + (f' with {dict(sweep.overrides)}' if sweep.overrides else ''),
+          f'- rows: ' + '; '.join(f'`{name}` {dict(o) or "(the config as is)"}'
+                                  for name, o in plan.row_overrides.items()),
+          f'- {finished} of {len(plan.runs)} runs finished; written '
+          f'{time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}']
+  if translation:
+    decode = {evaluate.AVERAGE_LAST: 1, **sweep.decode}
+    signature = next((r.results[0]['test'].get('bleu_signature') for r in rows if r.results),
+                     None)
+    out.append(f'- evaluation: the whole validation and test splits decoded with {decode} '
+               f'(the config\'s decode section for what is not given); BLEU `{signature}`')
+  return out
+
+
+def _notes(plan: Plan, translation: bool) -> str:
+  if translation:
+    return (f'\nmean ± sd over seeds. Δ: the row\'s seed-averaged test score minus the '
+            f'baseline\'s; interval and p from a paired bootstrap over test sentences '
+            f'({significance.SAMPLES} resamples, sacreBLEU\'s method and seed) of the '
+            f'seed-averaged outputs; "significant" at p < {significance.LEVEL}. The bootstrap '
+            f'measures the test set\'s sampling noise; compare the seed sd beside it: a Δ '
+            f'within the seed spread is not a finding, whatever p says.\n')
+  return (f'\nmean ± sd over seeds. Δ: the row\'s mean minus the baseline\'s, with the 95% '
+          f'interval and p of Welch\'s t-test over seeds; "significant" at p < '
+          f'{significance.LEVEL}.\n')
+
+
+# ------------------------------------------------------------------------------ curves
+
+PANELS = (('train/loss', 'train loss'), ('eval/loss', 'validation loss'),
+          ('eval/bleu', 'validation BLEU (num_eval_sentences)'))
+
+
+def plot(plan: Plan, path: str) -> str | None:
+  """One colour per row: thin lines per seed, a thick line for the row mean (at the steps
+  every seed has). None when no run has events yet."""
+  from training import report  # pylint: disable=import-outside-toplevel
+  runs: dict[str, list] = {}
+  for run in plan.runs:
+    try:
+      runs.setdefault(run.row, []).append(report.load_run(run.workdir, run.name))
+    except (FileNotFoundError, OSError):
+      continue
+  panels = [(tag, title) for tag, title in PANELS
+            if any(r.scalars.get(tag) for rs in runs.values() for r in rs)]
+  if not panels:
+    return None
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)
+  colours = plt.rcParams['axes.prop_cycle'].by_key()['color']
+  for ax, (tag, title) in zip(axes[0], panels, strict=True):
+    for i, row in enumerate(plan.rows):
+      colour = colours[i % len(colours)]
+      series = [{p.step: p.value for p in r.scalars.get(tag, [])} for r in runs.get(row, [])]
+      series = [s for s in series if s]
+      for s in series:
+        ax.plot(list(s), list(s.values()), color=colour, linewidth=0.7, alpha=0.35,
+                marker='o' if len(s) < 20 else None, markersize=2)
+      common = sorted(set.intersection(*(set(s) for s in series))) if series else []
+      if common:
+        ax.plot(common, [statistics.mean(s[k] for s in series) for k in common], color=colour,
+                linewidth=2, marker='o' if len(common) < 20 else None, markersize=4, label=f'{row} ({len(series)} seed{"s" * (len(series) > 1)})')
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel('step', fontsize=9)
+    ax.grid(alpha=0.3)
+  axes[0][0].legend(fontsize=8)
+  fig.tight_layout()
+  png = io.BytesIO()
+  fig.savefig(png, format='png', dpi=110)
+  plt.close(fig)
+  from common.atomic_file import atomic_write  # pylint: disable=import-outside-toplevel
+  atomic_write(path, png.getvalue())
+  return path
+
+
+def write(plan: Plan) -> dict[str, str | None]:
+  """Writes ROOT/summary.md (also returned as 'table') and ROOT/curves.png."""
+  from common.atomic_file import atomic_write  # pylint: disable=import-outside-toplevel
+  os.makedirs(plan.root, exist_ok=True)
+  text = markdown(plan, collect(plan))
+  summary = os.path.join(plan.root, SUMMARY)
+  atomic_write(summary, text.encode())
+  return {'summary': summary, 'curves': plot(plan, os.path.join(plan.root, CURVES)),
+          'table': text}

@@ -1,0 +1,96 @@
+"""Run an experiment: the rows of a sweep file x its seeds, each an ordinary train.py workdir,
+evaluated the same way, then a table with mean ± sd and a significance verdict per row.
+
+  python sweep.py --sweep=configs/sweeps/norm_position.py --root=runs/norm_position
+  python sweep.py --sweep=... --root=... --dry_run          # the plan, what is done, the time
+  python sweep.py --sweep=... --root=... --report           # only the table, from what is done
+  python sweep.py --sweep=... --root=... --executor=slurm --slurm_partition=gpu --parallel=8
+
+Running it again skips the finished runs, resumes the unfinished ones from their checkpoints
+and (with --retry_failed) reruns the failed ones. Each run is ROOT/ROW/seed_S; the table is
+ROOT/summary.md and ROOT/curves.png. How to write a sweep file: experiments/sweep_file.py and
+docs/guide.md ("Experiments").
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+
+from absl import app, flags
+
+import common.command_line  # noqa: F401  (first: a faster start, see its docstring)
+
+PROG = 'sweep.py'
+FLAGS = flags.FLAGS
+
+
+def _define_flags() -> None:
+  flags.DEFINE_string('sweep', None, 'The sweep file (configs/sweeps/NAME.py).')
+  flags.DEFINE_string('root', None, 'Where the runs go (ROOT/ROW/seed_S); default runs/NAME.')
+  flags.DEFINE_bool('dry_run', False, 'Print the plan (runs, which are done, estimated time) '
+                    'and exit; nothing is written.')
+  flags.DEFINE_bool('report', False, 'Write the table (ROOT/summary.md, curves.png) from the '
+                    'finished runs and exit; nothing is trained.')
+  flags.DEFINE_enum('executor', 'auto', ['auto', 'local', 'slurm'], 'auto: SLURM where srun '
+                    'exists, else local subprocesses (submitit\'s choice).')
+  flags.DEFINE_integer('parallel', 1, 'Runs at once (local), or the SLURM array\'s bound.')
+  flags.DEFINE_bool('retry_failed', False, 'Rerun the runs whose last attempt failed.')
+  flags.DEFINE_string('slurm_partition', None, 'SLURM partition (default: the sweep file\'s).')
+  flags.DEFINE_integer('slurm_time_min', None, 'SLURM time limit per run, in minutes.')
+  flags.DEFINE_integer('slurm_gpus_per_node', None, 'GPUs per SLURM job.')
+  flags.DEFINE_integer('slurm_cpus_per_task', None, 'CPUs per SLURM job.')
+  flags.DEFINE_integer('slurm_mem_gb', None, 'Memory per SLURM job, in GiB.')
+
+
+def _fail(message, code: int = 2) -> None:
+  from training import cli  # pylint: disable=import-outside-toplevel
+  cli.fail(PROG, message, code=code)
+
+
+def main(argv: list[str]) -> None:
+  from experiments import launch, sweep_file  # pylint: disable=import-outside-toplevel
+  if len(argv) > 1:
+    _fail(f'unexpected arguments {argv[1:]}')
+  if not FLAGS.sweep:
+    _fail('--sweep=configs/sweeps/NAME.py is required')
+  if FLAGS.parallel < 1:
+    _fail(f'--parallel={FLAGS.parallel} must be at least 1')
+  if FLAGS.dry_run and FLAGS.report:
+    _fail('--dry_run and --report: choose one')
+  name = os.path.splitext(os.path.basename(FLAGS.sweep))[0]
+  root = FLAGS.root or os.path.join('runs', name)
+  slurm = {'partition': FLAGS.slurm_partition, 'time_min': FLAGS.slurm_time_min,
+           'gpus_per_node': FLAGS.slurm_gpus_per_node, 'cpus_per_task': FLAGS.slurm_cpus_per_task,
+           'mem_gb': FLAGS.slurm_mem_gb}
+  try:
+    plan = sweep_file.plan(sweep_file.load(FLAGS.sweep), root, FLAGS.sweep)
+    if os.path.exists(root) and not os.path.isdir(root):
+      raise sweep_file.SweepError(f'--root={root} is not a directory')
+    if FLAGS.dry_run:
+      launch.check_manifest(plan, write=False)
+      print(f'sweep {FLAGS.sweep} -> {root}: {len(plan.runs)} runs', flush=True)
+      print('\n'.join(launch.describe(plan, FLAGS.parallel)), flush=True)
+      return
+    if FLAGS.report:
+      from experiments import table  # pylint: disable=import-outside-toplevel
+      written = table.write(plan)
+      print(written['table'], end='', flush=True)
+      print(f'wrote {written["summary"]}' + (f' and {written["curves"]}'
+                                              if written['curves'] else ''), flush=True)
+      return
+    resume = ' '.join(shlex.quote(a) for a in ['python', *sys.argv])
+    code = launch.run(plan, executor=FLAGS.executor, parallel=FLAGS.parallel,
+                      retry_failed=FLAGS.retry_failed, slurm=slurm,
+                      out=lambda line: print(line, flush=True), resume_command=resume)
+  except sweep_file.SweepError as e:
+    _fail(e)
+  sys.stdout.flush()
+  sys.exit(code)
+
+
+if __name__ == '__main__':
+  _define_flags()
+  from training import cli  # noqa: E402  pylint: disable=wrong-import-position
+  app.run(main, flags_parser=cli.absl_flags_parser(PROG))
