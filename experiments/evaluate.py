@@ -24,22 +24,23 @@ SPLITS = ('validation', 'test')  # the names in results.json; the config says wh
 METRICS = ('bleu', 'bleu_lowercased', 'chrf2')  # translation, higher is better
 LM_METRICS = ('loss',)  # language model, lower is better
 AVERAGE_LAST = 'average_last'  # checkpoints averaged (decode.py's --average_last)
+STRATEGY = 'strategy'  # a row of the strategy table (default: beam, greedy at beam size 1)
 
 
 def check_settings(decode: Mapping[str, Any]) -> None:
   """The sweep's decoding setting: settings of the strategy table and `average_last`."""
   from autoregressive import strategies  # pylint: disable=import-outside-toplevel
   from experiments.sweep_file import SweepError  # pylint: disable=import-outside-toplevel
-  unknown = sorted(set(decode) - set(strategies.fields()) - {AVERAGE_LAST})
+  known = {*strategies.fields(), STRATEGY, AVERAGE_LAST}
+  unknown = sorted(set(decode) - known)
   if unknown:
-    raise SweepError(f'decode has unknown setting(s) {unknown}; known: '
-                     f'{sorted(strategies.fields()) + [AVERAGE_LAST]}')
+    raise SweepError(f'decode has unknown setting(s) {unknown}; known: {sorted(known)}')
   average = decode.get(AVERAGE_LAST, 1)
   if not (isinstance(average, int) and not isinstance(average, bool) and average >= 1):
     raise SweepError(f'decode[{AVERAGE_LAST!r}]={average!r} must be an integer >= 1')
-  settings = {k: v for k, v in decode.items() if k != AVERAGE_LAST}
+  settings = {k: v for k, v in decode.items() if k not in (AVERAGE_LAST, STRATEGY)}
   try:
-    strategies.from_config({}, settings, strategy=settings.get('strategy'),
+    strategies.from_config({}, settings, strategy=decode.get(STRATEGY),
                            where=lambda name: f'decode[{name!r}]')
   except ValueError as e:
     raise SweepError(str(e)) from None
@@ -83,15 +84,17 @@ def split_file(workdir: str, split: str, what: str) -> str:
   return os.path.join(workdir, EVAL_DIR, f'{split}.{what}')
 
 
-def evaluate(workdir: str, decode: Mapping[str, Any], *, translates: bool) -> dict[str, Any]:
+def evaluate(workdir: str, decode: Mapping[str, Any], *, translates: bool,
+             sentences: int | None = None) -> dict[str, Any]:
   """Evaluates the trained run in `workdir` (holding its lock) -> the results, also written to
-  results.json."""
+  results.json. `sentences`: the first N of each split (None: all)."""
   from training import workdir_lock  # pylint: disable=import-outside-toplevel
   started = time.perf_counter()
   lock = workdir_lock.acquire(workdir)
   try:
     os.makedirs(os.path.join(workdir, EVAL_DIR), exist_ok=True)
-    found = _translation(workdir, decode) if translates else _language_model(workdir)
+    found = (_translation(workdir, decode, sentences) if translates
+             else _language_model(workdir))
     found['eval_wall_s'] = round(time.perf_counter() - started, 1)
     from common.atomic_file import atomic_write  # pylint: disable=import-outside-toplevel
     atomic_write(results_path(workdir),
@@ -101,7 +104,8 @@ def evaluate(workdir: str, decode: Mapping[str, Any], *, translates: bool) -> di
   return found
 
 
-def _translation(workdir: str, decode: Mapping[str, Any]) -> dict[str, Any]:
+def _translation(workdir: str, decode: Mapping[str, Any], sentences: int | None
+                 ) -> dict[str, Any]:
   import inference  # pylint: disable=import-outside-toplevel
   from input_pipeline import sources  # pylint: disable=import-outside-toplevel
   from training import checkpoint  # pylint: disable=import-outside-toplevel
@@ -113,9 +117,10 @@ def _translation(workdir: str, decode: Mapping[str, Any]) -> dict[str, Any]:
   data = session.config.data
   out: dict[str, Any] = {'step': session.step, 'parameters': _parameters(session.module),
                          'decode': {**settings, AVERAGE_LAST: average},
-                         'search': session.settings(**settings)[0].describe()}
+                         'search': session.settings(**settings)[0].describe(),
+                         'eval_sentences': sentences}
   for split, name in zip(SPLITS, (data.eval_split, data.test_split), strict=True):
-    examples = sources.split_texts(data, name)
+    examples = sources.split_texts(data, name)[:sentences]
     started = time.perf_counter()
     hypotheses = session.translate([e['source'] for e in examples], **settings)
     references = [e['target'] for e in examples]

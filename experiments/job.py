@@ -104,7 +104,8 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
                started=started)
   from experiments import evaluate  # pylint: disable=import-outside-toplevel
   try:
-    results = evaluate.evaluate(workdir, spec['decode'], translates=spec['translates'])
+    results = evaluate.evaluate(workdir, spec['decode'], translates=spec['translates'],
+                                sentences=spec.get('eval_sentences'))
   except KeyboardInterrupt:
     return _end(status_file, INTERRUPTED, started, step=step, error='stopped while evaluating')
   except Exception as e:  # noqa: BLE001  (reported as the run's failure, the sweep goes on)

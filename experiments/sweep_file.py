@@ -61,6 +61,7 @@ class Sweep:
   baseline: str | None = None
   decode: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   metric: str = 'bleu'
+  eval_sentences: int | None = None
   slurm: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   description: str = ''
 
@@ -260,3 +261,6 @@ def _check_metric(sweep: Sweep, runs: list[Run]) -> None:
   if metric not in known:
     raise SweepError(f'metric={sweep.metric!r} is not one of {list(known)}')
   evaluate.check_settings(dict(sweep.decode))
+  cap = sweep.eval_sentences
+  if cap is not None and not (isinstance(cap, int) and not isinstance(cap, bool) and cap > 0):
+    raise SweepError(f'eval_sentences={cap!r} must be a positive integer or None (all)')

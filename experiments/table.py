@@ -164,7 +164,7 @@ def _preamble(plan: Plan, rows: list[RowResults], translation: bool) -> list[str
     out += [sweep.description, '']
   out += [f'- sweep file: `{plan.path}`; config `{sweep.config}`'
           + (f' with {dict(sweep.overrides)}' if sweep.overrides else ''),
-          f'- rows: ' + '; '.join(f'`{name}` {dict(o) or "(the config as is)"}'
+          '- rows: ' + '; '.join(f'`{name}` {dict(o) or "(the config as is)"}'
                                   for name, o in plan.row_overrides.items()),
           f'- {finished} of {len(plan.runs)} runs finished; written '
           f'{time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}']
@@ -225,8 +225,10 @@ def plot(plan: Plan, path: str) -> str | None:
                 marker='o' if len(s) < 20 else None, markersize=2)
       common = sorted(set.intersection(*(set(s) for s in series))) if series else []
       if common:
+        label = f'{row} ({len(series)} seed{"s" * (len(series) > 1)})'
         ax.plot(common, [statistics.mean(s[k] for s in series) for k in common], color=colour,
-                linewidth=2, marker='o' if len(common) < 20 else None, markersize=4, label=f'{row} ({len(series)} seed{"s" * (len(series) > 1)})')
+                linewidth=2, marker='o' if len(common) < 20 else None, markersize=4,
+                label=label)
     ax.set_title(title, fontsize=10)
     ax.set_xlabel('step', fontsize=9)
     ax.grid(alpha=0.3)

@@ -1,0 +1,288 @@
+"""sweep.py: a sweep file's plan and its refusals, the runs end to end with the local executor
+(a kill and a resume, a run that fails), the table, and the SLURM job array (a fake sbatch)."""
+
+import hashlib
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import test_train_synthetic as syn
+from mains import run_mains
+
+from experiments import launch, sweep_file
+from experiments.sweep_file import Sweep, SweepError
+
+TINY = 'configs/default.py:tiny'
+# Few steps of the tiny model, a checkpoint every 5, no BLEU during training: the sweep's
+# own evaluation decodes the first sentences of both splits (greedy, 4 tokens: cheap).
+QUICK = {'train.num_steps': 40, 'train.checkpoint_every_steps': 5, 'train.max_checkpoints': 2,
+         'train.eval_every_steps': 40, 'train.log_every_steps': 20,
+         'train.num_eval_batches': 1, 'decode.num_eval_sentences': 0}
+DECODE = {'beam_size': 1, 'max_new_tokens': 4}
+EVAL_SENTENCES = 60
+
+
+def _sweep_file(tmp_path, rows: dict, name: str = 'exp', **fields) -> str:
+  path = tmp_path / f'{name}.py'
+  args = {'config': TINY, 'overrides': QUICK, 'rows': rows, 'seeds': 2, 'decode': DECODE,
+          'eval_sentences': EVAL_SENTENCES, **fields}
+  path.write_text(textwrap.dedent(f'''
+      from experiments import Sweep
+      def get_sweep():
+        return Sweep(**{args!r})
+  '''))
+  return str(path)
+
+
+# ----------------------------------------------------------------------------- the plan
+
+def test_plan_rows_grid_and_seeds(tmp_path):
+  sweep = Sweep(config=TINY, rows={'post': {'model.norm_position': 'post'},
+                                   'pre': {'model.norm_position': 'pre'}},
+                grid={'optimizer.learning_rate': [0.5, 1.0]}, seeds=[3, 7])
+  plan = sweep_file.plan(sweep, str(tmp_path))
+  assert plan.rows == ('post+learning_rate=0.5', 'post+learning_rate=1.0',
+                       'pre+learning_rate=0.5', 'pre+learning_rate=1.0')
+  assert plan.baseline == 'post+learning_rate=0.5'
+  assert [r.seed for r in plan.runs[:2]] == [3, 7]
+  run = plan.runs[3]
+  assert run.workdir == str(tmp_path / 'post+learning_rate=1.0' / 'seed_7')
+  assert '--config.optimizer.learning_rate=1.0' in run.args
+  assert '--config.train.seed=7' in run.args and run.args[-1] == '--config.train.seed=7'
+  # The runs' command lines parse, through config_flags, to the values the file gave.
+  config, _ = sweep_file.parse_config(run.args[0].split('=', 1)[1], run.args[2:])
+  assert (config.model.norm_position, config.optimizer.learning_rate, config.train.seed) == (
+      'post', 1.0, 7)
+  only_grid = sweep_file.plan(Sweep(config=TINY, grid={'model.dropout_rate': [0.0, 0.3]}),
+                              str(tmp_path))
+  assert only_grid.rows == ('dropout_rate=0.0', 'dropout_rate=0.3')
+
+
+@pytest.mark.parametrize('fields, message', [
+    ({'rows': {'a': {}, 'b': {'model.nrm_position': 'pre'}}},
+     "row 'b': unknown config field 'model.nrm_position'; did you mean "
+     'config.model.norm_position?'),
+    ({'rows': {'a': {}, 'b': {'train.num_steps': 'many'}}}, "row 'b':"),
+    ({'rows': {'a': {}, 'b': {'model.num_heads': 3}}}, "row 'b': config.model"),
+    ({'rows': {'a': {}, 'b': {'model.norm_position': 'middle'}}},
+     "row 'b': config.model.norm_position='middle' is not one of"),
+    ({'rows': {'a': {'train.seed': 1}}}, 'train.seed comes from seeds='),
+    ({'rows': {'a/b': {}}}, "row name 'a/b' is not a directory name"),
+    ({'seeds': 0}, 'seeds=0 must be at least 1'),
+    ({'seeds': [1, 1]}, 'lists a seed twice'),
+    ({'baseline': 'c'}, "baseline='c' is not a row"),
+    ({'decode': {'beam_szie': 2}}, "decode has unknown setting(s) ['beam_szie']"),
+    ({'decode': {'strategy': 'greedy', 'alpha': 0.6}}, "decode['alpha'] applies to beam"),
+    ({'metric': 'ter'}, "metric='ter' is not one of"),
+    ({'config': 'configs/nope.py'}, "config 'configs/nope.py' not found"),
+])
+def test_bad_sweep_refused_before_anything_runs(tmp_path, fields, message):
+  args = {'config': TINY, 'rows': {'a': {}, 'b': {}}, **fields}
+  with pytest.raises(SweepError) as e:
+    sweep_file.plan(Sweep(**args), str(tmp_path / 'root'))
+  assert message in str(e.value) and '\n' not in str(e.value)
+  assert not (tmp_path / 'root').exists()
+
+
+def test_cli_refusals_are_one_line_and_write_nothing(tmp_path):
+  bad_row_7 = {f'r{i}': {'model.dropout_rate': 0.1} for i in range(6)}
+  bad_row_7['r6'] = {'model.dropout_rat': 0.1}
+  runs = [[f'--sweep={_sweep_file(tmp_path, bad_row_7)}', f'--root={tmp_path / "a"}'],
+          [f'--sweep={tmp_path / "missing.py"}', f'--root={tmp_path / "b"}'],
+          [f'--sweep={_sweep_file(tmp_path, {"x": {}}, name="ok")}', f'--root={tmp_path / "c"}',
+           '--parallel=0']]
+  (tmp_path / 'not_a_sweep.py').write_text('def get_sweep():\n  return {}\n')
+  runs.append([f'--sweep={tmp_path / "not_a_sweep.py"}', f'--root={tmp_path / "d"}'])
+  results = run_mains(runs, script='sweep.py')
+  expected = ["row 'r6': unknown config field 'model.dropout_rat'", 'not found',
+              '--parallel=0 must be at least 1', 'returned dict, not a Sweep']
+  for (code, _out, err), want, name in zip(results, expected, 'abcd', strict=True):
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith('sweep.py: error: ') and want in lines[0], err
+    assert not (tmp_path / name).exists()
+
+
+# ----------------------------------------------------------------------------- end to end
+
+def _sweep(*args, wait=True):
+  cmd = [sys.executable, 'sweep.py', '--executor=local', *args]
+  proc = subprocess.Popen(cmd, cwd=syn.REPO, env=syn.subprocess_env(None), text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          stdin=subprocess.DEVNULL)
+  if not wait:
+    return proc
+  out, _ = proc.communicate(timeout=900)
+  return proc.returncode, out
+
+
+def _digest(directory) -> dict:
+  """Every file under `directory` -> its SHA-256 (the lock file's holder line aside)."""
+  out = {}
+  for base, _, files in os.walk(directory):
+    for name in files:
+      path = os.path.join(base, name)
+      if name != 'train.lock':
+        with open(path, 'rb') as f:
+          out[os.path.relpath(path, directory)] = hashlib.sha256(f.read()).hexdigest()
+  return out
+
+
+def _checkpoints(workdir) -> list[int]:
+  directory = os.path.join(workdir, 'checkpoints')
+  return sorted(int(n) for n in os.listdir(directory) if n.isdigit()) if os.path.isdir(
+      directory) else []
+
+
+@pytest.fixture(scope='module')
+def swept(tmp_path_factory):
+  """A 2-row x 2-seed sweep interrupted (Ctrl-C) during its third run, run again with a third
+  row that fails at run time (a NaN loss), then once more."""
+  tmp = tmp_path_factory.mktemp('sweep')
+  rows = {'post': {'model.norm_position': 'post'}, 'pre': {'model.norm_position': 'pre'}}
+  first = _sweep_file(tmp, rows)
+  root = tmp / 'root'
+  proc = _sweep(f'--sweep={first}', f'--root={root}', wait=False)
+  third = root / 'pre' / 'seed_0'
+  deadline = time.time() + 600
+  while not _checkpoints(third) and proc.poll() is None and time.time() < deadline:
+    time.sleep(0.02)
+  proc.send_signal(signal.SIGINT)  # as Ctrl-C does: the sweep stops its running job
+  interrupted_out, _ = proc.communicate(timeout=600)
+  interrupted = {'code': proc.returncode, 'out': interrupted_out,
+                 'checkpoints': _checkpoints(third),
+                 'digests': {name: _digest(root / name) for name in ('post/seed_0',
+                                                                     'post/seed_1')}}
+  with_nan = _sweep_file(tmp, {**rows, 'nan': {'optimizer.learning_rate': 1e30}}, name='exp2')
+  rerun = _sweep(f'--sweep={with_nan}', f'--root={root}')
+  again = _sweep(f'--sweep={with_nan}', f'--root={root}')
+  dry = _sweep(f'--sweep={with_nan}', f'--root={root}', '--dry_run')
+  return {'root': root, 'interrupted': interrupted, 'rerun': rerun, 'again': again, 'dry': dry,
+          'plan': sweep_file.plan(sweep_file.load(with_nan), str(root), with_nan)}
+
+
+def test_interrupted_sweep_keeps_finished_runs_and_resumes(swept):
+  first = swept['interrupted']
+  assert first['code'] == 130, first['out']
+  assert 'resume' in first['out'] and 'sweep.py' in first['out'], first['out']
+  # The third run saved a checkpoint when stopped, short of its steps.
+  assert first['checkpoints'] and first['checkpoints'][-1] < QUICK['train.num_steps']
+  root = swept['root']
+  for name, digests in first['digests'].items():  # never retrained nor re-evaluated
+    assert digests and _digest(root / name) == digests, name
+  code, out = swept['rerun']
+  log = (root / '.sweep' / 'logs' / 'pre.seed_0.log').read_text()
+  assert f'resumed from the checkpoint at step {first["checkpoints"][-1]}' in log
+  assert 'start post/' not in out, out
+  assert 'done pre/seed_0' in out and 'done pre/seed_1' in out, out
+
+
+def test_failed_run_reported_and_the_others_finish(swept):
+  code, out = swept['rerun']
+  assert code == 1, out
+  failures = [line for line in out.splitlines() if 'FAILED nan/' in line]
+  assert len(failures) == 2 and all('non-finite loss' in line for line in failures), out
+  # A rerun without --retry_failed trains nothing and says why.
+  code, out = swept['again']
+  assert code == 1 and 'start ' not in out, out
+  assert 'failed before (--retry_failed reruns them)' in out, out
+  assert out.count('failed before: nan/seed_') == 2, out
+
+
+def test_each_run_is_an_evaluated_workdir(swept):
+  root = swept['root']
+  for row in ('post', 'pre'):
+    for seed in (0, 1):
+      workdir = root / row / f'seed_{seed}'
+      assert _checkpoints(workdir)[-1] == QUICK['train.num_steps']
+      config = json.loads((workdir / 'config.json').read_text())
+      assert (config['model']['norm_position'], config['train']['seed']) == (row, seed)
+      results = json.loads((workdir / 'sweep_eval' / 'results.json').read_text())
+      assert results['decode'] == {**DECODE, 'average_last': 1}
+      assert results['eval_sentences'] == EVAL_SENTENCES
+      for split, count in (('validation', EVAL_SENTENCES), ('test', EVAL_SENTENCES)):
+        assert results[split]['sentences'] == count
+        hyps = (workdir / 'sweep_eval' / f'{split}.hyp').read_text().split('\n')[:-1]
+        refs = (workdir / 'sweep_eval' / f'{split}.ref').read_text().split('\n')[:-1]
+        assert len(hyps) == len(refs) == count
+        from experiments import evaluate  # pylint: disable=import-outside-toplevel
+        assert evaluate.scores(hyps, refs)['chrf2'] == results[split]['chrf2']
+        assert results[split]['bleu_signature'].startswith('nrefs:1|case:mixed')
+        assert 'case:lc' in results[split]['bleu_lowercased_signature']
+
+
+def test_table(swept):
+  root = swept['root']
+  text = (root / 'summary.md').read_text()
+  assert (root / 'curves.png').stat().st_size > 10_000
+  rows = [line for line in text.splitlines() if line.startswith('| ') and '---' not in line]
+  header, post, pre, nan = rows
+  assert 'test BLEU' in header and 'Δ vs post' in header
+  assert post.startswith('| post | 2/2 |') and '| baseline |' in post
+  assert pre.startswith('| pre | 2/2 |') and 'significant' in pre
+  assert nan.startswith('| nan | 0/2 (unfinished) |')
+  # The table's mean is the runs' own figures.
+  plan = swept['plan']
+  values = [json.loads((root / 'pre' / f'seed_{s}' / 'sweep_eval' / 'results.json')
+                       .read_text())['test']['bleu'] for s in (0, 1)]
+  import statistics  # pylint: disable=import-outside-toplevel
+  assert f'{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}' in pre
+  assert plan.baseline == 'post'
+
+
+def test_dry_run_shows_states_and_measured_time(swept):
+  code, out = swept['dry']
+  assert code == 0, out
+  assert out.count(' done') >= 4 and out.count('failed') >= 2, out
+  assert '4 of 6 runs done' in out, out
+
+
+# ----------------------------------------------------------------------------- SLURM
+
+FAKE_SBATCH = """#!/bin/sh
+# Records the submission (its arguments and the batch file) and answers as sbatch does.
+echo "$@" >> "{log}"
+for last; do :; done
+cp "$last" "{script}"
+echo "Submitted batch job 4242"
+"""
+
+
+def test_slurm_job_array_gets_the_commands_and_parameters(tmp_path, monkeypatch):
+  bin_dir = tmp_path / 'bin'
+  bin_dir.mkdir()
+  log, script = tmp_path / 'sbatch.args', tmp_path / 'sbatch.sh'
+  for name, text in (('sbatch', FAKE_SBATCH.format(log=log, script=script)),
+                     ('srun', '#!/bin/sh\nexit 0\n')):
+    path = bin_dir / name
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+  monkeypatch.setenv('PATH', f'{bin_dir}{os.pathsep}{os.environ["PATH"]}')
+  assert launch.executor_kind('auto') == 'slurm'  # submitit's choice where srun exists
+  sweep = Sweep(config=TINY, rows={'post': {'model.norm_position': 'post'},
+                                   'pre': {'model.norm_position': 'pre'}}, seeds=2,
+                slurm={'partition': 'gpu', 'time_min': 90, 'gpus_per_node': 1})
+  plan = sweep_file.plan(sweep, str(tmp_path / 'root'))
+  executor = launch.make_executor(plan, 'slurm', parallel=2, slurm={'cpus_per_task': 8})
+  specs = [launch.job_spec(plan, run) for run in plan.runs]
+  jobs = launch.submit(executor, 'slurm', specs)
+  assert [job.job_id for job in jobs] == ['4242_0', '4242_1', '4242_2', '4242_3']
+  batch = script.read_text()
+  for line in ('#SBATCH --array=0-3%2', '#SBATCH --partition=gpu', '#SBATCH --time=90',
+               '#SBATCH --gpus-per-node=1', '#SBATCH --cpus-per-task=8'):
+    assert line in batch, batch
+  assert 'srun' in batch and 'submitit.core._submit' in batch
+  # Each array task's pickled job: run_job on its run's train.py command line.
+  import cloudpickle  # pylint: disable=import-outside-toplevel
+  for job, run in zip(jobs, plan.runs, strict=True):
+    with open(job.paths.submitted_pickle, 'rb') as f:
+      delayed = cloudpickle.load(f)
+    assert delayed.function.__name__ == 'run_job'
+    (spec,) = delayed.args
+    assert spec['args'] == list(run.args) and spec['workdir'] == os.path.abspath(run.workdir)
