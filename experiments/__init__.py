@@ -4,7 +4,7 @@ workdir, trained and evaluated the same way, and a table that says which differe
     python sweep.py --sweep=configs/sweeps/norm_position.py --root=runs/norm_position
 
 Modules:
-  sweep_file    `Sweep` (what a file in configs/sweeps/ returns), `plan`: the runs, checked
+  sweep_file    `load` a sweep file (configs/sweeps/: `Sweep`), `plan`: its runs, checked
   launch        states, time estimates, submitit (local subprocesses or a SLURM job array)
   job           one run's job: train.py, then the evaluation
   evaluate      the evaluation every run gets: BLEU/chrF on validation and test, or LM loss
@@ -12,6 +12,6 @@ Modules:
   table         ROOT/summary.md and ROOT/curves.png
 """
 
-from experiments.sweep_file import Sweep, SweepError
+from experiments.sweep_file import SweepError
 
-__all__ = ['Sweep', 'SweepError']
+__all__ = ['SweepError']

@@ -28,22 +28,19 @@ STRATEGY = 'strategy'  # a row of the strategy table (default: beam, greedy at b
 
 
 def check_settings(decode: Mapping[str, Any]) -> None:
-  """The sweep's decoding setting: settings of the strategy table and `average_last`."""
+  """The sweep's decoding setting: settings of the strategy table, `strategy` and
+  `average_last`; raises ValueError (one line)."""
   from autoregressive import strategies  # pylint: disable=import-outside-toplevel
-  from experiments.sweep_file import SweepError  # pylint: disable=import-outside-toplevel
   known = {*strategies.fields(), STRATEGY, AVERAGE_LAST}
   unknown = sorted(set(decode) - known)
   if unknown:
-    raise SweepError(f'decode has unknown setting(s) {unknown}; known: {sorted(known)}')
+    raise ValueError(f'decode has unknown setting(s) {unknown}; known: {sorted(known)}')
   average = decode.get(AVERAGE_LAST, 1)
   if not (isinstance(average, int) and not isinstance(average, bool) and average >= 1):
-    raise SweepError(f'decode[{AVERAGE_LAST!r}]={average!r} must be an integer >= 1')
+    raise ValueError(f'decode[{AVERAGE_LAST!r}]={average!r} must be an integer >= 1')
   settings = {k: v for k, v in decode.items() if k not in (AVERAGE_LAST, STRATEGY)}
-  try:
-    strategies.from_config({}, settings, strategy=decode.get(STRATEGY),
-                           where=lambda name: f'decode[{name!r}]')
-  except ValueError as e:
-    raise SweepError(str(e)) from None
+  strategies.from_config({}, settings, strategy=decode.get(STRATEGY),
+                         where=lambda name: f'decode[{name!r}]')
 
 
 def results_path(workdir: str) -> str:

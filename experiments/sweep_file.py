@@ -2,7 +2,7 @@
 
 A sweep file is Python, like a preset: its `get_sweep()` returns a `Sweep`.
 
-    from experiments import Sweep
+    from configs.sweeps import Sweep
 
     def get_sweep():
       return Sweep(
@@ -31,39 +31,16 @@ from typing import Any
 
 from common.errors import ConfigError
 from common.schema import close_fields, leaf_paths
+from configs.sweeps import Sweep
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEED_FIELD = 'train.seed'
 # A row's name is a directory name: no separators, nothing a shell or SLURM would mangle.
 _NAME = re.compile(r'^[A-Za-z0-9][A-Za-z0-9_.=+-]*$')
-SLURM_FIELDS = ('partition', 'time_min', 'gpus_per_node', 'cpus_per_task', 'mem_gb',
-                'array_parallelism', 'account', 'qos', 'constraint')
 
 
 class SweepError(ConfigError):
   """A sweep file that cannot be planned; the message names the row and field, in one line."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Sweep:
-  """What a sweep file describes. `rows` (name -> overrides) and `grid` (field -> values, the
-  product of the axes) may be given alone or together (each row crossed with each grid
-  point); neither gives one row, 'base'. `baseline` names the row the table compares against
-  (default: the first). `decode` is the evaluation's decoding setting (the strategy table's
-  settings, plus `average_last`), default the config's decode section; choose it on the
-  validation split, never on test. `slurm`: SLURM_FIELDS (flags override them)."""
-
-  config: str = 'configs/default.py'
-  overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-  rows: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
-  grid: Mapping[str, Sequence[Any]] = dataclasses.field(default_factory=dict)
-  seeds: int | Sequence[int] = 1
-  baseline: str | None = None
-  decode: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-  metric: str = 'bleu'
-  eval_sentences: int | None = None
-  slurm: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-  description: str = ''
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,7 +237,10 @@ def _check_metric(sweep: Sweep, runs: list[Run]) -> None:
   metric = sweep.metric if kinds == {True} or sweep.metric != 'bleu' else 'loss'
   if metric not in known:
     raise SweepError(f'metric={sweep.metric!r} is not one of {list(known)}')
-  evaluate.check_settings(dict(sweep.decode))
+  try:
+    evaluate.check_settings(dict(sweep.decode))
+  except ValueError as e:
+    raise SweepError(str(e)) from None
   cap = sweep.eval_sentences
   if cap is not None and not (isinstance(cap, int) and not isinstance(cap, bool) and cap > 0):
     raise SweepError(f'eval_sentences={cap!r} must be a positive integer or None (all)')

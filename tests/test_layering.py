@@ -25,7 +25,8 @@ LAYERS = (
     ('inference',),  # restores with training's checkpoint reader, config and mesh code
     ('hf_export',),
     ('hf_import',),  # the export's conversions, inverted
-    ('train', 'decode', 'export', 'import'),
+    ('experiments',),  # sweeps: train.py runs, evaluated through inference
+    ('train', 'decode', 'export', 'import', 'sweep'),
     ('bench',),
 )
 # Upward imports not yet removed, with what still needs them. The test fails on any other,

@@ -15,8 +15,9 @@ import pytest
 import test_train_synthetic as syn
 from mains import run_mains
 
+from configs.sweeps import Sweep
 from experiments import launch, sweep_file
-from experiments.sweep_file import Sweep, SweepError
+from experiments.sweep_file import SweepError
 
 TINY = 'configs/default.py:tiny'
 # Few steps of the tiny model, a checkpoint every 5, no BLEU during training: the sweep's
@@ -33,7 +34,7 @@ def _sweep_file(tmp_path, rows: dict, name: str = 'exp', **fields) -> str:
   args = {'config': TINY, 'overrides': QUICK, 'rows': rows, 'seeds': 2, 'decode': DECODE,
           'eval_sentences': EVAL_SENTENCES, **fields}
   path.write_text(textwrap.dedent(f'''
-      from experiments import Sweep
+      from configs.sweeps import Sweep
       def get_sweep():
         return Sweep(**{args!r})
   '''))

@@ -9,7 +9,7 @@ helps low-resource pairs and hurts WMT). 6 runs of 700 steps: about 1 h 10 min o
 cores (bench/results/sweeps.md).
 """
 
-from experiments import Sweep
+from configs.sweeps import Sweep
 
 
 def get_sweep():

@@ -1,0 +1,43 @@
+"""Sweep files: `Sweep`, what a file here returns from `get_sweep()` (the experiment's rows of
+overrides x seeds); `python sweep.py --sweep=configs/sweeps/NAME.py` runs it (experiments/).
+
+    from configs.sweeps import Sweep
+
+    def get_sweep():
+      return Sweep(config='configs/default.py',
+                   rows={'post_ln': {'model.norm_position': 'post'},
+                         'pre_ln': {'model.norm_position': 'pre'}},
+                   seeds=3)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+# The sweep file's `slurm` fields (sweep.py's --slurm_* flags override them).
+SLURM_FIELDS = ('partition', 'time_min', 'gpus_per_node', 'cpus_per_task', 'mem_gb',
+                'array_parallelism', 'account', 'qos', 'constraint')
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+  """What a sweep file describes. `rows` (name -> overrides) and `grid` (field -> values, the
+  product of the axes) may be given alone or together (each row crossed with each grid
+  point); neither gives one row, 'base'. `baseline` names the row the table compares against
+  (default: the first). `decode` is the evaluation's decoding setting (the strategy table's
+  settings, plus `average_last`), default the config's decode section; choose it on the
+  validation split, never on test. `slurm`: SLURM_FIELDS (flags override them)."""
+
+  config: str = 'configs/default.py'
+  overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  rows: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+  grid: Mapping[str, Sequence[Any]] = dataclasses.field(default_factory=dict)
+  seeds: int | Sequence[int] = 1
+  baseline: str | None = None
+  decode: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  metric: str = 'bleu'
+  eval_sentences: int | None = None
+  slurm: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  description: str = ''
