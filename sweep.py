@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import sys
 
 from absl import app, flags
@@ -51,6 +52,9 @@ def _fail(message, code: int = 2) -> None:
 
 def main(argv: list[str]) -> None:
   from experiments import launch, sweep_file  # pylint: disable=import-outside-toplevel
+  # Ctrl-C stops the sweep (and its runs, each saving a checkpoint) even when a shell started
+  # it in the background, where SIGINT arrives ignored.
+  signal.signal(signal.SIGINT, signal.default_int_handler)
   if len(argv) > 1:
     _fail(f'unexpected arguments {argv[1:]}')
   if not FLAGS.sweep:

@@ -132,13 +132,17 @@ def _translation(workdir: str, decode: Mapping[str, Any], sentences: int | None
 
 
 def _parameters(module) -> int:
+  """The parameter count of a module, concrete or abstract (shapes only)."""
+  import math  # pylint: disable=import-outside-toplevel
+
   import jax  # pylint: disable=import-outside-toplevel
   from flax import nnx  # pylint: disable=import-outside-toplevel
-  return int(sum(x.size for x in jax.tree.leaves(nnx.state(module, nnx.Param))))
+  return int(sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(module, nnx.Param))))
 
 
 def _language_model(workdir: str) -> dict[str, Any]:
   """The trainer's last validation figures, read from the run's events."""
+  from inference.restore import read_model  # pylint: disable=import-outside-toplevel
   from training import report  # pylint: disable=import-outside-toplevel
   run = report.load_run(workdir)
   losses = run.scalars.get('eval/loss', [])
@@ -146,7 +150,8 @@ def _language_model(workdir: str) -> dict[str, Any]:
     raise RuntimeError(f'{workdir}: no validation loss in its events (config.train.'
                        'eval_every_steps?)')
   last = losses[-1]
-  out = {'step': last.step, 'validation': {'loss': round(last.value, 6)}}
+  out = {'step': last.step, 'parameters': _parameters(read_model(workdir)[1]),
+         'validation': {'loss': round(last.value, 6)}}
   perplexity = run.scalars.get('eval/perplexity', [])
   if perplexity:
     out['validation']['perplexity'] = round(perplexity[-1].value, 4)

@@ -255,11 +255,19 @@ _SLURM_PARAMETERS = {'partition': 'slurm_partition', 'time_min': 'timeout_min',
 
 
 def submit(executor, kind: str, specs: list[dict[str, Any]]) -> list:
-  """Submits `specs` (SLURM: one job array) -> submitit jobs, in order."""
+  """Submits `specs` (SLURM: one job array) -> submitit jobs, in order.
+
+  Local jobs start with SIGINT ignored (the disposition survives exec): submitit's controller
+  then never sees a terminal's Ctrl-C (it would print a traceback and kill the job a second
+  later, while its train.py saves), and the job takes SIGINT only through its own handler."""
   from experiments.job import run_job  # pylint: disable=import-outside-toplevel
   if kind == 'slurm':
     return executor.map_array(run_job, specs)
-  return [executor.submit(run_job, spec) for spec in specs]
+  previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+  try:
+    return [executor.submit(run_job, spec) for spec in specs]
+  finally:
+    signal.signal(signal.SIGINT, previous)
 
 
 # ------------------------------------------------------------------------------ the loop
@@ -380,9 +388,9 @@ def _follow(plan: Plan, kind: str, executor, queue: list[Run], running, parallel
             f'{left} left, ETA {progress.eta(left, parallel, estimate)}')
       else:
         failed += 1
-        out(f'[{progress.finished}/{progress.total}] FAILED {run_.name} '
-            f'({status.get("state", "?")}) after {minutes:.1f} min: {status.get("error", "?")}'
-            f' | {left} left')
+        what = 'INTERRUPTED' if status.get('state') == job_lib.INTERRUPTED else 'FAILED'
+        out(f'[{progress.finished}/{progress.total}] {what} {run_.name} after {minutes:.1f} '
+            f'min: {status.get("error", "?")} | {left} left')
   return failed
 
 

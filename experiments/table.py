@@ -121,7 +121,7 @@ def markdown(plan: Plan, rows: list[RowResults]) -> str:
   split = 'test' if translation else 'validation'
   digits = 2 if translation else 4
   comparisons = compare(plan, rows)
-  header = ['row', 'seeds', f'{split} {NAMES[metric]}', 'min–max',
+  header = ['row', 'seeds', f'test {NAMES[metric]}' if translation else NAMES[metric], 'min–max',
             f'Δ vs {plan.baseline} [95% interval]', 'p', 'verdict']
   others = [m for m in evaluate.METRICS if m != metric] if translation else []
   header += [f'test {NAMES[m]}' for m in others]
