@@ -32,8 +32,8 @@ from model.config import ModelConfig
 from model.kinds import adapter_of
 from model.partitioning import DEFAULT_RULES, LOGICAL_AXES, Rules
 
-OPTIMIZERS = ('adam', 'adamw')  # training.optim.make_optimizer
-SCHEDULES = ('rsqrt', 'cosine', 'constant')  # training.optim.make_schedule
+OPTIMIZERS = ('adam', 'adamw', 'muon')  # training.optim.make_optimizer
+SCHEDULES = ('rsqrt', 'cosine', 'constant', 'wsd')  # training.optim.make_schedule
 WEIGHT_DECAY_MASKS = ('ndim', 'matrices')  # training.optim.decay_mask
 MATMUL_PRECISIONS = ('default', 'high', 'highest')  # training.accelerator.matmul_precision
 MESH_AXES = ('data', 'fsdp', 'tensor')  # MeshConfig's sizes, in the mesh's axis order
@@ -99,7 +99,8 @@ class DataConfig(Schema):
 class OptimizerConfig(Schema):
   """`config.optimizer`: Adam(W), its learning-rate schedule and gradient clipping."""
   SECTION = 'optimizer'
-  name: str = documented('adam', 'Adam (the paper) or AdamW (decoupled weight decay)',
+  name: str = documented('adam', 'Adam (the paper), AdamW (decoupled weight decay), or Muon '
+                         'for the layers\' matrices and Adam for the rest (training/optim.py)',
                          choices=OPTIMIZERS)
   learning_rate: float = documented(1.0, "the peak, or the factor of 'rsqrt' (the paper: 1)")
   schedule: str = documented('rsqrt', "'rsqrt': d_model^-0.5 * min(step^-0.5, "
@@ -112,7 +113,10 @@ class OptimizerConfig(Schema):
   weight_decay_mask: str = documented('ndim', "what decays: 'ndim' (>= 2-D) or 'matrices' "
                                       '(training/optim.py)', choices=WEIGHT_DECAY_MASKS)
   grad_clip_norm: float = documented(0.0, 'clip the global gradient norm (0 = no clipping)')
-  min_learning_rate_ratio: float = documented(0.1, 'cosine floor, as a fraction of the peak')
+  min_learning_rate_ratio: float = documented(0.1, 'cosine and wsd floor, as a fraction of '
+                                              'the peak')
+  decay_fraction: float = documented(0.2, "wsd: the last share of num_steps, decaying "
+                                     'linearly from the peak to the floor')
 
   def validate(self) -> None:
     super().validate()
@@ -137,6 +141,8 @@ class OptimizerConfig(Schema):
     require(self.name == 'adamw' or not self.weight_decay,
             f'config.optimizer.weight_decay={self.weight_decay!r} needs '
             'config.optimizer.name=adamw')
+    require(is_number(self.decay_fraction) and 0 < self.decay_fraction <= 1,
+            f'config.optimizer.decay_fraction={self.decay_fraction!r} must be in (0, 1]')
     require(in_unit(self.min_learning_rate_ratio, closed=True),
             f'config.optimizer.min_learning_rate_ratio={self.min_learning_rate_ratio!r} '
             'must be in [0, 1]')
@@ -150,6 +156,8 @@ class TrainConfig(Schema):
   batch_size: int = documented(256, 'global, in sequences (packed rows when packing)')
   grad_accum_steps: int = documented(1, 'micro-batches summed into one update')
   label_smoothing: float = documented(0.1, 'epsilon_ls of the loss (the paper: 0.1)')
+  z_loss: float = documented(0.0, 'weight of log(Z)^2 added to the loss per token (PaLM: '
+                             '1e-4); 0 = none')
   eval_every_steps: int = documented(1000, 'steps between evaluations (loss, BLEU)')
   num_eval_batches: int | None = documented(None, 'batches an evaluation reads (None = the '
                                             'whole split)')
@@ -194,6 +202,8 @@ class TrainConfig(Schema):
     require(in_unit(self.label_smoothing),
             f'config.train.label_smoothing={self.label_smoothing!r} must be in [0, 1) (also as '
             'a float32)')
+    require(is_number(self.z_loss) and self.z_loss >= 0,
+            f'config.train.z_loss={self.z_loss!r} must be a number >= 0')
 
 
 def parse_profile_steps(value: str) -> tuple[int, int] | None:
@@ -320,6 +330,12 @@ def check_across(sections: Mapping[str, Schema]) -> None:
   require(model.positional_encoding == 'rope' or target_len <= model.max_len,
           f'config.data.max_length={data.max_length} needs config.model.max_len >= {target_len} '
           f'(positional_encoding={model.positional_encoding!r})')
+  optimizer, train = sections['optimizer'], sections['train']
+  decay = round(optimizer.decay_fraction * train.num_steps)
+  require(optimizer.schedule != 'wsd' or optimizer.warmup_steps + decay <= train.num_steps,
+          f'config.optimizer.warmup_steps={optimizer.warmup_steps} and decay_fraction='
+          f'{optimizer.decay_fraction} ({decay} steps) do not fit in config.train.num_steps='
+          f'{train.num_steps} (schedule=wsd)')
   require(is_int(data.vocab_size) and 0 < data.vocab_size <= model.vocab_size,
           f'config.data.vocab_size={data.vocab_size!r} must be in [1, config.model.vocab_size='
           f'{model.vocab_size}]')

@@ -58,6 +58,7 @@ def check(cfg, tokenizer_name=None) -> None:
     raise targets.UnsupportedConfig(
         f'config.model.kind={cfg.kind} cannot be exported to CTranslate2: it has no '
         'generation head (Translator and Generator need a decoder)')
+  targets.check_layers(cfg, 'CTranslate2')
   if cfg.embedding_norm:
     raise targets.UnsupportedConfig(
         'config.model.embedding_norm=True cannot be exported to CTranslate2: the exporter '

@@ -35,7 +35,20 @@ def _refuse(feature: str, why: str):
   raise UnsupportedConfig(f'config.model.{feature} cannot be exported: {why}')
 
 
+def check_layers(cfg, target: str) -> None:
+  """What no export target computes: RMSNorm, QK-norm, relu2 and gated feed-forwards
+  (their LayerNorms, attention and activations are the paper's and GELU/SiLU's)."""
+  if cfg.norm != 'layer_norm':
+    _refuse(f'norm={cfg.norm}', f'{target} normalises with LayerNorm only')
+  if cfg.qk_norm:
+    _refuse('qk_norm=True', f'{target} has no normalisation of queries and keys')
+  if cfg.activation not in convert.HF_ACTIVATIONS:
+    _refuse(f'activation={cfg.activation}', f'{target} has no {cfg.activation} feed-forward '
+            f'(it takes {", ".join(convert.HF_ACTIVATIONS)})')
+
+
 def _check_common(cfg) -> None:
+  check_layers(cfg, 'transformers')
   if cfg.embedding_norm:
     _refuse('embedding_norm=True', 'MarianMTModel, PegasusForConditionalGeneration and '
             'GPT2LMHeadModel have no LayerNorm on the embeddings')
@@ -65,6 +78,7 @@ def _check_gpt2(cfg) -> None:
 
 
 def _check_bert(cfg) -> None:
+  check_layers(cfg, 'BertModel')
   if not cfg.embedding_norm:
     _refuse('embedding_norm=False (encoder_only)', 'BertModel, the encoder-only target, '
             'always LayerNorms its embeddings')

@@ -11,7 +11,7 @@ from common.errors import ConfigError
 from common.schema import Schema, documented
 from model.attention import DROPOUT_RNGS, IMPLEMENTATIONS
 from model.kinds import ADAPTERS
-from model.layers import ACTIVATIONS, LAYER_NORM_EPS
+from model.layers import ACTIVATIONS, GATED_ACTIVATIONS, LAYER_NORM_EPS, NORMS
 
 POSITIONAL_ENCODINGS = ('sinusoidal', 'learned', 'rope')
 NORM_POSITIONS = ('post', 'pre')
@@ -74,8 +74,15 @@ class ModelConfig(Schema):
   norm_position: str = documented('post', "LayerNorm(x + Sublayer(x)) (the paper's 'post') or "
                                   "x + Sublayer(LayerNorm(x)) ('pre')", choices=NORM_POSITIONS)
   activation: str = documented('relu', 'feed-forward activation (the paper: relu; gelu is '
-                               'the tanh form, gelu_exact the erf form, silu = swish)',
-                               choices=tuple(ACTIVATIONS))
+                               'the tanh form, gelu_exact the erf form, silu = swish, relu2 = '
+                               'relu(x)^2; swiglu: gated, 3 matrices: d_ff 2/3 as wide keeps '
+                               'the parameters)', choices=(*ACTIVATIONS, *GATED_ACTIVATIONS))
+  norm: str = documented('layer_norm', "every normalisation layer: 'layer_norm' (the paper) "
+                         "or 'rms_norm' (no centring, no bias)", choices=NORMS)
+  qk_norm: bool = documented(False, "RMSNorm of each head's queries and keys before the dot "
+                             'product (a learned [head_dim] scale each)')
+  zero_init_out: bool = documented(False, 'the attention output and FFN output projections '
+                                   '(the residual writes) start at zero')
   layer_norm_epsilon: float = documented(LAYER_NORM_EPS, "every LayerNorm's epsilon (1e-5: "
                                          "torch's, Marian's and GPT-2's; BERT's 1e-12)")
   final_logits_bias: bool = documented(
@@ -120,14 +127,19 @@ class ModelConfig(Schema):
       the projections that write into the residual stream (attention output, the FFN's
       second layer) get 0.02 / sqrt(2 x num_layers), two per layer, so the stream's
       variance at init does not grow with depth. Biases are zero in both.
+    `zero_init_out` sets the residual projections to zero under either (modded-nanogpt):
+    each sub-layer then starts by adding nothing to the residual stream.
     """
     if self.init == 'gpt2':
-      return InitStds(GPT2_INIT_STD, GPT2_INIT_STD / (2 * num_layers) ** 0.5, GPT2_INIT_STD)
-    return InitStds(None, None, self.d_model ** -0.5)
+      stds = InitStds(GPT2_INIT_STD, GPT2_INIT_STD / (2 * num_layers) ** 0.5, GPT2_INIT_STD)
+    else:
+      stds = InitStds(None, None, self.d_model ** -0.5)
+    return stds._replace(residual=0.0) if self.zero_init_out else stds
 
   def validate(self) -> None:
     super().validate()  # the choices, in field order
-    for field in ('scale_embeddings', 'final_logits_bias', 'embedding_norm'):
+    for field in ('scale_embeddings', 'final_logits_bias', 'embedding_norm', 'qk_norm',
+                  'zero_init_out'):
       if not isinstance(getattr(self, field), bool):
         raise ConfigError(f'config.model.{field}={getattr(self, field)!r} must be True or False')
     eps = self.layer_norm_epsilon

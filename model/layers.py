@@ -36,8 +36,15 @@ LAYER_NORM_EPS = 1e-6
 # ModelConfig.activation: the feed-forward's nonlinearity. 'gelu' is flax's default, the tanh
 # approximation (transformers' 'gelu_new', GPT-2's); 'gelu_exact' the erf form (transformers'
 # 'gelu', BERT's); 'silu' = swish, x * sigmoid(x) (OPUS-MT's Marian models).
+# 'relu2' = relu(x)^2 (So et al. 2021, Primer; modded-nanogpt). 'swiglu' is gated (below).
 ACTIVATIONS = {'relu': jax.nn.relu, 'gelu': jax.nn.gelu,
-               'gelu_exact': lambda x: jax.nn.gelu(x, approximate=False), 'silu': jax.nn.silu}
+               'gelu_exact': lambda x: jax.nn.gelu(x, approximate=False), 'silu': jax.nn.silu,
+               'relu2': lambda x: jnp.square(jax.nn.relu(x))}
+# Gated feed-forward (Shazeer 2020, "GLU Variants Improve Transformer"): FFN(x) =
+# (act(x W) * (x V)) W_2, the gate's activation here. Three matrices instead of two: d_ff = 2/3
+# of the ungated one keeps the parameter count (ModelConfig.activation's doc).
+GATED_ACTIVATIONS = {'swiglu': jax.nn.silu}
+NORMS = ('layer_norm', 'rms_norm')  # ModelConfig.norm
 
 # Each cache's axes, as a permutation of `[batch, len, heads, head_dim]`: keys
 # `[batch, heads, head_dim, len]` and values `[batch, heads, len, head_dim]`. With values also
@@ -76,9 +83,10 @@ def param(init: Callable, key: Array, shape: tuple[int, ...], axes: tuple[str | 
 
 
 def glorot_or_normal(std: float | None) -> Callable:
-  """T2T / the Flax WMT example's Glorot uniform (None), else normal(std)."""
-  return jax.nn.initializers.xavier_uniform() if std is None else \
-      jax.nn.initializers.normal(std)
+  """T2T / the Flax WMT example's Glorot uniform (None), zeros (0), else normal(std)."""
+  if std is None:
+    return jax.nn.initializers.xavier_uniform()
+  return jax.nn.initializers.zeros if std == 0 else jax.nn.initializers.normal(std)
 
 
 def fold(key: Array | None, site: int) -> Array | None:
@@ -141,7 +149,8 @@ class MultiHeadAttention(nnx.Module):
                dtype: Dtype = jnp.float32, attention_dropout_rate: float = 0.0,
                impl: str = 'reference', use_rope: bool = False, dropout_rng_impl: str = 'hash',
                init_std: float | None = None, out_init_std: float | None = None,
-               matmul: str = 'auto', rngs: nnx.Rngs):
+               matmul: str = 'auto', qk_norm: bool = False,
+               norm_epsilon: float = LAYER_NORM_EPS, rngs: nnx.Rngs):
     heads = (num_heads, d_model // num_heads)
     def dense(features, axes):
       return Dense(d_model, features, ('embed', *axes), dtype=dtype, init_std=init_std,
@@ -153,7 +162,11 @@ class MultiHeadAttention(nnx.Module):
       self.qkv = dense((3, *heads), (None, 'heads', 'kv'))
     self.out = Dense(heads, d_model, ('heads', 'kv', 'embed'), dtype=dtype,
                      init_std=out_init_std, matmul=matmul, rngs=rngs)
+    if qk_norm:  # RMSNorm of each head's query and key, a learned [head_dim] scale each
+      self.query_norm = norm_layer('rms_norm', heads[1], rngs, norm_epsilon)
+      self.key_norm = norm_layer('rms_norm', heads[1], rngs, norm_epsilon)
     self.cross, self.dtype, self.impl, self.use_rope = cross, dtype, impl, use_rope
+    self.qk_norm = qk_norm
     self.attention_dropout_rate, self.dropout_rng_impl = attention_dropout_rate, dropout_rng_impl
     self.keep_weights = False  # True: the last call's weights stay in `attention_weights`
 
@@ -170,13 +183,14 @@ class MultiHeadAttention(nnx.Module):
     feed rotary embeddings.
     """
     if self.cross:
-      query = constrain(self.query(x), ('batch', None, 'heads', 'kv'))
+      query = self._normed('query_norm', constrain(self.query(x), ('batch', None, 'heads', 'kv')))
       key, value = (_from_cache(cache['cross_key'], 'cross_key'),
                     _from_cache(cache['cross_value'], 'cross_value')) if cache is not None \
           else self.project_kv(kv)
     else:
       qkv = constrain(self.qkv(x), ('batch', None, None, 'heads', 'kv'))
       query, key, value = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+      query, key = self._normed('query_norm', query), self._normed('key_norm', key)
       if self.use_rope:
         query, key = _rotate(query, key, positions)
       if cache is not None:
@@ -189,7 +203,12 @@ class MultiHeadAttention(nnx.Module):
     """The encoder output `[batch, src_len, d_model]` -> keys, values `[batch, src_len, heads,
     head_dim]`."""
     kv = constrain(self.kv(kv), ('batch', None, None, 'heads', 'kv'))
-    return kv[:, :, 0], kv[:, :, 1]
+    return self._normed('key_norm', kv[:, :, 0]), kv[:, :, 1]
+
+  def _normed(self, name: str, x: Array) -> Array:
+    """`qk_norm`: `[batch, len, heads, head_dim]` RMS-normalised over head_dim (float32
+    statistics), in x's dtype; x as it is without qk_norm."""
+    return getattr(self, name)(x).astype(x.dtype) if self.qk_norm else x
 
   def cross_cache(self, encoded: Array) -> Cache:
     """The cross-attention cache: the encoder keys/values, projected once per sentence."""
@@ -247,26 +266,36 @@ def _write_self_cache(cache: Cache, key, value, mask, index):
 
 
 class FeedForward(nnx.Module):
-  """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (another of `ACTIVATIONS` optionally)."""
+  """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (another of `ACTIVATIONS` optionally), or gated
+  (`GATED_ACTIVATIONS`): (act(x W + b) * (x V + c)) W_2 + b_2, W and V one fused kernel
+  `wi` `[d_model, 2, d_ff]` (gate first)."""
 
   def __init__(self, d_model: int, d_ff: int, *, activation: str = 'relu',
                dtype: Dtype = jnp.float32, init_std: float | None = None,
                out_init_std: float | None = None, matmul: str = 'auto', rngs: nnx.Rngs):
-    self.activation = activation
-    self.wi = Dense(d_model, d_ff, ('embed', 'mlp'), dtype=dtype, init_std=init_std,
-                    matmul=matmul, rngs=rngs)
+    self.activation, self.gated = activation, activation in GATED_ACTIVATIONS
+    inner, axes = ((2, d_ff), ('embed', None, 'mlp')) if self.gated else (d_ff, ('embed', 'mlp'))
+    self.wi = Dense(d_model, inner, axes, dtype=dtype, init_std=init_std, matmul=matmul,
+                    rngs=rngs)
     self.wo = Dense(d_ff, d_model, ('mlp', 'embed'), dtype=dtype, init_std=out_init_std,
                     matmul=matmul, rngs=rngs)
 
   def __call__(self, x: Array) -> Array:
-    act = ACTIVATIONS[self.activation]
-    return self.wo(constrain(act(self.wi(x)), ('batch', None, 'mlp')))
+    h = self.wi(x)
+    if self.gated:
+      h = GATED_ACTIVATIONS[self.activation](h[..., 0, :]) * h[..., 1, :]
+    else:
+      h = ACTIVATIONS[self.activation](h)
+    return self.wo(constrain(h, ('batch', None, 'mlp')))
 
 
-def layer_norm(d_model: int, rngs: nnx.Rngs, epsilon: float = LAYER_NORM_EPS) -> nnx.LayerNorm:
-  """LayerNorm with float32 statistics and parameters (scale, bias; replicated)."""
-  return nnx.LayerNorm(d_model, epsilon=epsilon, dtype=jnp.float32, param_dtype=jnp.float32,
-                       rngs=rngs)
+def norm_layer(kind: str, features: int, rngs: nnx.Rngs, epsilon: float = LAYER_NORM_EPS
+               ) -> nnx.LayerNorm | nnx.RMSNorm:
+  """`kind` (one of NORMS) over the last axis, with float32 statistics and parameters:
+  'layer_norm' (Ba et al. 2016: scale, bias), 'rms_norm' (Zhang and Sennrich 2019:
+  x / sqrt(mean(x^2) + eps) * scale; no centring, no bias)."""
+  cls = {'layer_norm': nnx.LayerNorm, 'rms_norm': nnx.RMSNorm}[kind]
+  return cls(features, epsilon=epsilon, dtype=jnp.float32, param_dtype=jnp.float32, rngs=rngs)
 
 
 class Embed(nnx.Module):

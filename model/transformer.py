@@ -32,7 +32,7 @@ from model.layers import (
   FeedForward,
   MultiHeadAttention,
   fold,
-  layer_norm,
+  norm_layer,
   self_cache,
 )
 from model.partitioning import constrain
@@ -55,15 +55,15 @@ def shift_right(tokens: Array, segment_ids: Array | None = None) -> Array:
   return shifted
 
 
-def residual(config: ModelConfig, norm: nnx.LayerNorm, x: Array, fn, dropout_rng) -> Array:
+def residual(config: ModelConfig, norm: nnx.Module, x: Array, fn, dropout_rng) -> Array:
   """LayerNorm(x + Dropout(fn(x))) ('post', the paper) or x + Dropout(fn(LayerNorm(x))) ('pre')."""
   if config.norm_position == 'post':  # the norm's output is the stream
     return norm(x + _dropout(config, fn(x), dropout_rng)).astype(config.residual_stream_dtype)
   return x + _dropout(config, fn(norm(x).astype(config.compute_dtype)), dropout_rng)
 
 
-def _norm(config: ModelConfig, rngs: nnx.Rngs) -> nnx.LayerNorm:
-  return layer_norm(config.d_model, rngs, config.layer_norm_epsilon)
+def _norm(config: ModelConfig, rngs: nnx.Rngs) -> nnx.LayerNorm | nnx.RMSNorm:
+  return norm_layer(config.norm, config.d_model, rngs, config.layer_norm_epsilon)
 
 
 def _dropout(config: ModelConfig, x: Array, rng: Array | None) -> Array:
@@ -81,7 +81,8 @@ def _attention(config: ModelConfig, num_layers: int, rngs: nnx.Rngs, *, cross: b
       attention_dropout_rate=config.attention_dropout_rate, impl=config.attention_impl,
       use_rope=config.positional_encoding == 'rope' and not cross,
       dropout_rng_impl=config.dropout_rng_impl, init_std=stds.kernel,
-      out_init_std=stds.residual, matmul=config.projection_matmul, rngs=rngs)
+      out_init_std=stds.residual, matmul=config.projection_matmul, qk_norm=config.qk_norm,
+      norm_epsilon=config.layer_norm_epsilon, rngs=rngs)
 
 
 def _ffn(config: ModelConfig, num_layers: int, rngs: nnx.Rngs) -> FeedForward:

@@ -21,7 +21,8 @@ from training import config_io
      "'huggingface']"),
     ('data', {'packing': 'yes'}, "config.data.packing='yes' must be True or False"),
     ('data', {'num_workers': -1}, 'config.data.num_workers=-1 must be an integer >= 0'),
-    ('optimizer', {'name': 'sgd'}, "config.optimizer.name='sgd' is not one of ['adam', 'adamw']"),
+    ('optimizer', {'name': 'sgd'},
+     "config.optimizer.name='sgd' is not one of ['adam', 'adamw', 'muon']"),
     ('optimizer', {'b1': 1.0}, 'config.optimizer.b1=1.0 must be in [0, 1) (also as a float32'),
     ('optimizer', {'schedule': 'rsqrt', 'warmup_steps': 0},
      'config.optimizer.warmup_steps must be > 0 for schedule=rsqrt'),
@@ -92,6 +93,6 @@ def test_origins_of_a_preset_field_an_override_and_a_default():
   assert found['train.seed'][1:3] == ('0', 'default')
   assert found['mesh.rules.embed'][1:3] == ("'fsdp'", 'default')
   assert found['model.dropout_rate'][2] == 'default'  # the preset sets the default's 0.1
-  assert found['optimizer.name'][3].endswith('[adam | adamw]')
+  assert found['optimizer.name'][3].endswith('[adam | adamw | muon]')
   fields = sum(len(dataclasses.fields(cls)) for cls in schema.SECTIONS.values())
   assert len(found) == fields - 1 + len(config.mesh.rules)  # a row per rule, not one for all

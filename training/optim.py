@@ -48,6 +48,22 @@ def constant_schedule(learning_rate: float, warmup_steps: int) -> optax.Schedule
   return schedule
 
 
+def wsd_schedule(learning_rate: float, warmup_steps: int, num_steps: int, decay_fraction: float,
+                 min_ratio: float) -> optax.Schedule:
+  """Warmup-stable-decay (Hu et al. 2024, MiniCPM; Hägele et al. 2024): linear warmup to
+  `learning_rate` (reached at update `warmup_steps`), constant, then a linear decay over the
+  last `decay_fraction` of `num_steps` to `min_ratio * learning_rate` (constant after).
+  Three schedules joined with `optax.join_schedules` (each sees the steps since its start)."""
+  decay_steps = max(1, round(decay_fraction * num_steps))
+  stable_end = max(warmup_steps, num_steps - decay_steps)
+  floor = learning_rate * min_ratio
+  return optax.join_schedules(
+      [constant_schedule(learning_rate, warmup_steps),
+       optax.constant_schedule(learning_rate),
+       optax.linear_schedule(learning_rate, floor, decay_steps)],
+      boundaries=[warmup_steps, stable_end])
+
+
 def make_schedule(config) -> optax.Schedule:
   """`config.optimizer.schedule` -> schedule (uses config.model.d_model, config.train.num_steps)."""
   o = config.optimizer
@@ -58,6 +74,9 @@ def make_schedule(config) -> optax.Schedule:
                            o.min_learning_rate_ratio)
   if o.schedule == 'constant':
     return constant_schedule(o.learning_rate, o.warmup_steps)
+  if o.schedule == 'wsd':
+    return wsd_schedule(o.learning_rate, o.warmup_steps, config.train.num_steps,
+                        o.decay_fraction, o.min_learning_rate_ratio)
   raise ValueError(f'config.optimizer.schedule={o.schedule!r} is not one of {list(SCHEDULES)}')
 
 
@@ -78,8 +97,36 @@ def _decay_mask(params, rule='ndim'):
   return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
+# Muon (Jordan et al. 2024; optax.contrib.muon) orthogonalises the update of each matrix that
+# multiplies the activations inside a layer: these Dense kernels, read as [fan_in, fan_out].
+# The fused Q/K/V (and cross-attention K/V) kernels and a gated FFN's [gate, up] kernel are
+# orthogonalised per part, as separate matrices (their axis of parts is a batch axis), and so
+# is each layer of a scanned stack. The embeddings, an untied output layer, biases and norm
+# scales take Adam, as in modded-nanogpt.
+_MUON_KERNELS = {'qkv': (1, True), 'kv': (1, True), 'query': (1, False), 'out': (2, False),
+                 'wi': (1, None), 'wo': (1, False)}  # -> (input axes, a parts axis after them)
+
+
+def muon_dimensions(params):
+  """Per parameter: `optax.contrib.MuonDimensionNumbers` of a layer's kernel (its input axes
+  reduced, its output axes out, the rest batch), None for the parameters that take Adam."""
+  def dims(path, p):
+    keys = [getattr(k, 'key', getattr(k, 'idx', None)) for k in path]
+    if len(keys) < 2 or keys[-1] != 'kernel' or keys[-2] not in _MUON_KERNELS:
+      return None
+    inputs, parts = _MUON_KERNELS[keys[-2]]
+    layers = int('layers' in keys and not any(isinstance(k, int) for k in keys))  # scanned
+    if parts is None:  # wi: [d_model, 2, d_ff] when gated
+      parts = p.ndim - layers == 3
+    reduction = tuple(range(layers, layers + inputs))
+    output = tuple(range(layers + inputs + int(parts), p.ndim))
+    return optax.contrib.MuonDimensionNumbers(reduction, output)
+  return jax.tree_util.tree_map_with_path(dims, params)
+
+
 def make_optimizer(config, schedule: optax.Schedule | None = None) -> optax.GradientTransformation:
-  """Global-norm clipping (if `grad_clip_norm` > 0) then Adam or AdamW with the schedule."""
+  """Global-norm clipping (if `grad_clip_norm` > 0) then Adam, AdamW or Muon (with Adam for
+  what is not a layer's matrix: `muon_dimensions`) with the schedule."""
   o = config.optimizer
   schedule = schedule or make_schedule(config)
   if o.name == 'adam':
@@ -91,6 +138,12 @@ def make_optimizer(config, schedule: optax.Schedule | None = None) -> optax.Grad
                        f'{list(WEIGHT_DECAY_MASKS)}')
     opt = optax.adamw(schedule, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay,
                       mask=lambda params: _decay_mask(params, rule))
+  elif o.name == 'muon':
+    # consistent_rms=0.2 scales each orthogonalised update to AdamW's typical RMS (Liu et al.
+    # 2025, Moonlight), so one learning rate and schedule serve the Muon and Adam parameters.
+    opt = optax.contrib.muon(schedule, adam_b1=o.b1, adam_b2=o.b2, eps=o.eps,
+                             muon_weight_dimension_numbers=muon_dimensions,
+                             consistent_rms=0.2)
   else:
     raise ValueError(f'config.optimizer.name={o.name!r} is not one of {list(OPTIMIZERS)}')
   if o.grad_clip_norm:

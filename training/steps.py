@@ -43,11 +43,20 @@ def apply_model(config: ModelConfig, params, batch: Batch, *, deterministic: boo
                                         deterministic=deterministic, dropout_rng=dropout_rng)
 
 
-def _loss_sums(params, config, batch: Batch, dropout_rng, label_smoothing: float):
+def _loss_sums(params, config, batch: Batch, dropout_rng, label_smoothing: float,
+               z_loss: float = 0.0):
+  """-> (the objective summed over tokens, (token count, correct count, loss sum)). The
+  objective is the loss, plus `z_loss * log(Z)^2` per token when `z_loss` > 0 (PaLM's
+  auxiliary loss: it keeps the softmax normaliser Z near 1); the loss sum is reported."""
   logits = apply_model(config, params, batch, deterministic=False, dropout_rng=dropout_rng)
   weights = target_weights(batch)
   loss, correct = cross_entropy_and_accuracy(logits, batch['targets'], label_smoothing)
-  return (loss * weights).sum(), (weights.sum(), (correct * weights).sum())
+  loss_sum = (loss * weights).sum()
+  objective = loss_sum
+  if z_loss:  # a Python branch: without it the objective is exactly the loss
+    log_z = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
+    objective = loss_sum + z_loss * (jnp.square(log_z) * weights).sum()
+  return objective, (weights.sum(), (correct * weights).sum(), loss_sum)
 
 
 def _split_micro_batches(batch: Batch, num: int) -> Batch:
@@ -59,7 +68,8 @@ def _split_micro_batches(batch: Batch, num: int) -> Batch:
 
 
 def make_train_step(config: ModelConfig, tx: optax.GradientTransformation,
-                    schedule: optax.Schedule, *, label_smoothing: float, grad_accum_steps: int = 1
+                    schedule: optax.Schedule, *, label_smoothing: float, grad_accum_steps: int = 1,
+                    z_loss: float = 0.0
                     ) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, Any]]]:
   """(state, global batch) -> (new state, scalar metrics). A non-finite loss or gradient
   leaves the state unchanged (`metrics['finite']` is False) so a NaN can never reach a
@@ -70,13 +80,14 @@ def make_train_step(config: ModelConfig, tx: optax.GradientTransformation,
   def gradients(params, batch, rng):
     """Summed (not averaged) loss gradients and sums over the batch (micro-batches summed)."""
     if grad_accum_steps == 1:
-      (loss, (weight, correct)), grads = grad_fn(params, config, batch, rng, label_smoothing)
+      (_, (weight, correct, loss)), grads = grad_fn(params, config, batch, rng,
+                                                    label_smoothing, z_loss)
       return grads, loss, weight, correct
 
     def micro_step(carry, xs):
       k, micro_batch = xs
-      (loss, (weight, correct)), grads = grad_fn(
-          params, config, micro_batch, jax.random.fold_in(rng, k), label_smoothing)
+      (_, (weight, correct, loss)), grads = grad_fn(
+          params, config, micro_batch, jax.random.fold_in(rng, k), label_smoothing, z_loss)
       return jax.tree.map(jnp.add, carry, (grads, loss, weight, correct)), None
 
     zeros = (jax.tree.map(jnp.zeros_like, params),) + (jnp.zeros((), jnp.float32),) * 3
@@ -133,14 +144,14 @@ def _with_activation_sharding(fn, mesh, rules):
 
 def jit_train_step(config: ModelConfig, tx: optax.GradientTransformation,
                    schedule: optax.Schedule, mesh, *, label_smoothing: float,
-                   grad_accum_steps: int = 1, rules: Rules | None = None):
+                   grad_accum_steps: int = 1, rules: Rules | None = None, z_loss: float = 0.0):
   """`make_train_step` compiled for `mesh`: the state laid out by `state.state_shardings`
   and donated (updated in place), the batch split over data x fsdp, the metrics replicated."""
   rules = mesh_lib.rules() if rules is None else rules
   shardings = state_lib.state_shardings(config, tx, mesh, rules)
   replicated, batch_sharding = mesh_lib.replicated(mesh), mesh_lib.batch_sharding(mesh)
   step = make_train_step(config, tx, schedule, label_smoothing=label_smoothing,
-                         grad_accum_steps=grad_accum_steps)
+                         grad_accum_steps=grad_accum_steps, z_loss=z_loss)
   return jax.jit(_with_activation_sharding(step, mesh, rules),
                  in_shardings=(shardings, batch_sharding),
                  out_shardings=(shardings, replicated), donate_argnums=0)

@@ -297,7 +297,8 @@ class _Run:
     log(mesh_lib.describe(self.mesh))
     train_step = steps.jit_train_step(self.model_config, self.tx, self.schedule, self.mesh,
                                       label_smoothing=t.label_smoothing,
-                                      grad_accum_steps=t.grad_accum_steps, rules=self.rules)
+                                      grad_accum_steps=t.grad_accum_steps, rules=self.rules,
+                                      z_loss=t.z_loss)
     eval_step = steps.jit_eval_step(self.model_config, self.mesh, self.rules)
     progress = self.progress = progress_lib.Progress(self, start_step)
     profiler = telemetry.StepProfiler(t.profile_steps, self.workdir)
