@@ -1,0 +1,255 @@
+"""The ablation options (issue 56), each off by default: its equation against a NumPy
+reference, its shapes, the model equal to the plain path at its off value, and what the
+exports and --show_config say of it."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from configs import default
+from hf_export import ctranslate2 as ct2_export, targets
+from model import build_model, layers
+from model.config import ModelConfig
+from training import optim, steps
+from training.state import TrainState
+
+TINY = dict(kind='encoder_decoder', vocab_size=40, num_encoder_layers=2, num_decoder_layers=2,
+            d_model=32, num_heads=4, d_ff=64, dropout_rate=0.0, max_len=32)
+OFF = {'norm': 'layer_norm', 'qk_norm': False, 'zero_init_out': False, 'activation': 'relu'}
+
+
+def _tokens(seed, shape, low=3, high=40):
+  return jnp.asarray(np.random.RandomState(seed).randint(low, high, shape), jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _method(model, name, *args):
+  return getattr(model, name)(*args)
+
+
+def _params(module) -> dict:
+  return nnx.state(module, nnx.Param).to_pure_dict()
+
+
+def _flat(params) -> dict:
+  return {jax.tree_util.keystr(p): np.asarray(v)
+          for p, v in jax.tree_util.tree_flatten_with_path(params)[0]}
+
+
+# ----------------------------------------------------------------------------- off = plain
+
+def test_off_values_are_the_plain_model():
+  plain, off = build_model(TINY), build_model({**TINY, **OFF})
+  a, b = _flat(_params(plain)), _flat(_params(off))
+  assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+  src, tgt = _tokens(1, (2, 7)), _tokens(2, (2, 6))
+  np.testing.assert_array_equal(_method(plain, '__call__', src, tgt),
+                                _method(off, '__call__', src, tgt))
+
+
+# ----------------------------------------------------------------------------- equations
+
+def test_rms_norm_equation():
+  x = np.random.RandomState(0).randn(2, 3, 8).astype(np.float32)
+  norm = layers.norm_layer('rms_norm', 8, nnx.Rngs(0), epsilon=1e-6)
+  norm.scale[...] = jnp.arange(1.0, 9.0)
+  expected = x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-6) * np.arange(
+      1.0, 9.0)
+  np.testing.assert_allclose(norm(jnp.asarray(x)), expected, rtol=1e-5)
+  assert set(_flat(nnx.state(norm, nnx.Param).to_pure_dict())) == {"['scale']"}  # no bias
+  model = build_model({**TINY, 'norm': 'rms_norm'})
+  names = _flat(_params(model))
+  assert not any('norm' in k and 'bias' in k for k in names)
+  assert "['encoder']['layers'][0]['ffn_norm']['scale']" in names
+
+
+def _dense_ref(x, dense):
+  kernel = np.asarray(dense.kernel[...], np.float64)
+  flat = kernel.reshape(x.shape[-1], -1)
+  return (x @ flat).reshape(*x.shape[:-1], *kernel.shape[1:]) + np.asarray(dense.bias[...])
+
+
+@pytest.mark.parametrize('activation', ['relu2', 'swiglu'])
+def test_feed_forward_equations(activation):
+  ffn = layers.FeedForward(8, 12, activation=activation, rngs=nnx.Rngs(0))
+  ffn.wi.bias[...] = jax.random.normal(jax.random.key(1), ffn.wi.bias.shape)
+  x = np.random.RandomState(2).randn(3, 8)
+  h = _dense_ref(x, ffn.wi)
+  if activation == 'relu2':
+    assert ffn.wi.kernel.shape == (8, 12)
+    inner = np.maximum(h, 0) ** 2
+  else:  # (silu(x W + b) * (x V + c)): one [d_model, 2, d_ff] kernel, gate first
+    assert ffn.wi.kernel.shape == (8, 2, 12) and ffn.wo.kernel.shape == (12, 8)
+    gate, up = h[:, 0], h[:, 1]
+    inner = gate / (1 + np.exp(-gate)) * up
+  expected = inner @ np.asarray(ffn.wo.kernel[...], np.float64) + np.asarray(ffn.wo.bias[...])
+  np.testing.assert_allclose(ffn(jnp.asarray(x, jnp.float32)), expected, rtol=2e-5, atol=2e-6)
+
+
+def test_swiglu_at_two_thirds_d_ff_keeps_the_parameters():
+  def count(**fields):
+    return sum(v.size for v in _flat(_params(build_model({**TINY, **fields}))).values())
+  plain, gated = count(d_ff=96), count(d_ff=64, activation='swiglu')
+  assert abs(gated - plain) / plain < 0.01  # only the extra bias of the gate
+
+
+def test_qk_norm_attention_equation():
+  attention = layers.MultiHeadAttention(16, 2, qk_norm=True, rngs=nnx.Rngs(0))
+  attention.query_norm.scale[...] = jnp.linspace(0.5, 2.0, 8)
+  x = np.random.RandomState(3).randn(1, 5, 16)
+  out, _ = attention(jnp.asarray(x, jnp.float32))
+  qkv = _dense_ref(x, attention.qkv)  # [1, 5, 3, heads, head_dim]
+  q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+
+  def rms(y, scale):
+    return y / np.sqrt((y ** 2).mean(-1, keepdims=True) + layers.LAYER_NORM_EPS) * scale
+  q = rms(q, np.asarray(attention.query_norm.scale[...]))
+  k = rms(k, np.asarray(attention.key_norm.scale[...]))
+  logits = np.einsum('bqhd,bkhd->bhqk', q, k) / np.sqrt(8)
+  weights = np.exp(logits - logits.max(-1, keepdims=True))
+  weights /= weights.sum(-1, keepdims=True)
+  heads = np.einsum('bhqk,bkhd->bqhd', weights, v)
+  out_kernel = np.asarray(attention.out.kernel[...], np.float64).reshape(16, 16)
+  expected = heads.reshape(1, 5, 16) @ out_kernel + np.asarray(attention.out.bias[...])
+  np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize('fields', [{'qk_norm': True}, {'activation': 'swiglu', 'norm': 'rms_norm',
+                                                        'norm_position': 'pre'}])
+def test_kv_cache_matches_full_forward(fields):
+  module = build_model({**TINY, **fields})
+  src, tgt = _tokens(16, (2, 7)).at[1, 4:].set(0), _tokens(17, (2, 6))
+  full = _method(module, '__call__', src, tgt)
+  cache = module.init_cache(2, tgt.shape[1], _method(module, 'encode', src), src)
+  inputs = jnp.pad(tgt, ((0, 0), (1, 0)))[:, :-1]
+  out = []
+  for t in range(tgt.shape[1]):
+    logits, cache = _method(module, 'step', cache, src, inputs[:, t:t + 1])
+    out.append(logits)
+  np.testing.assert_allclose(jnp.concatenate(out, 1), full, atol=1e-4)
+
+
+@pytest.mark.parametrize('init', ['paper', 'gpt2'])
+def test_zero_init_out(init):
+  plain = _flat(_params(build_model({**TINY, 'init': init})))
+  zeroed = _flat(_params(build_model({**TINY, 'init': init, 'zero_init_out': True})))
+  for name, value in zeroed.items():
+    if name.endswith("['out']['kernel']") or name.endswith("['wo']['kernel']"):
+      assert not value.any() and plain[name].any(), name
+    else:  # every other parameter is drawn as before, from the same keys
+      np.testing.assert_array_equal(value, plain[name], err_msg=name)
+
+
+# ----------------------------------------------------------------------------- training
+
+def test_wsd_schedule():
+  schedule = optim.wsd_schedule(2.0, warmup_steps=10, num_steps=100, decay_fraction=0.2,
+                                min_ratio=0.1)
+  def reference(step):  # the update count from 0, as every schedule here
+    if step < 10:
+      return 2.0 * (step + 1) / 10
+    if step < 80:
+      return 2.0
+    return 2.0 + (0.2 - 2.0) * min(step - 80, 20) / 20
+  for step in (0, 4, 9, 10, 50, 79, 80, 85, 99, 100, 150):
+    assert float(schedule(step)) == pytest.approx(reference(step), rel=1e-6), step
+
+
+def _state_and_batch(config, tx, seed=0):
+  module = build_model(config)
+  params = _params(module)
+  state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                     rng=jax.random.key(seed))
+  batch = {'inputs': _tokens(5, (2, 6)), 'targets': _tokens(6, (2, 5)).at[1, 3:].set(0)}
+  return state, batch
+
+
+def test_z_loss_gradient_and_zero_is_the_plain_step():
+  config = ModelConfig.from_config(TINY)
+  tx = optax.sgd(1.0)
+  state, batch = _state_and_batch(config, tx)
+  plain = steps.make_train_step(config, tx, lambda s: 1.0, label_smoothing=0.1)
+  off = steps.make_train_step(config, tx, lambda s: 1.0, label_smoothing=0.1, z_loss=0.0)
+  on = steps.make_train_step(config, tx, lambda s: 1.0, label_smoothing=0.1, z_loss=0.5)
+  (a, ma), (b, _) = jax.jit(plain)(state, batch), jax.jit(off)(state, batch)
+  assert jax.tree.all(jax.tree.map(lambda x, y: bool(jnp.array_equal(x, y)), a.params,
+                                   b.params))
+  c, mc = jax.jit(on)(state, batch)
+  assert float(mc['loss']) == float(ma['loss'])  # the reported loss is the cross-entropy
+  # The update is minus the gradient of mean(loss + 0.5 * logsumexp(logits)^2).
+  weights = steps.target_weights(batch)
+
+  def objective(params):
+    logits = steps.apply_model(config, params, batch, deterministic=True)
+    from training.losses import cross_entropy_and_accuracy  # pylint: disable=import-outside-toplevel
+    loss, _ = cross_entropy_and_accuracy(logits, batch['targets'], 0.1)
+    z = jax.nn.logsumexp(logits, axis=-1) ** 2
+    return ((loss + 0.5 * z) * weights).sum() / weights.sum()
+  grads = jax.grad(objective)(state.params)
+  expected = jax.tree.map(lambda p, g: p - g, state.params, grads)
+  for x, y in zip(jax.tree.leaves(c.params), jax.tree.leaves(expected), strict=True):
+    np.testing.assert_allclose(x, y, atol=2e-5)
+
+
+def test_muon_takes_the_layers_matrices_and_adam_the_rest():
+  config = default.get_config('tiny')
+  config.optimizer.name = 'muon'
+  config.optimizer.schedule = 'wsd'
+  params = _params(build_model(ModelConfig.from_config({**TINY, 'activation': 'swiglu'})))
+  is_spec = lambda x: x is None or isinstance(x, optax.contrib.MuonDimensionNumbers)  # noqa: E731
+  dims = _flat(jax.tree.map(lambda d: np.asarray(d is not None), optim.muon_dimensions(params),
+                            is_leaf=is_spec))
+  muon = sorted(k for k, v in dims.items() if v)
+  # Per encoder layer qkv, out, wi, wo; per decoder layer those and the cross query, kv, out.
+  assert all(k.endswith("['kernel']") for k in muon) and len(muon) == 2 * 4 + 2 * 7
+  assert not dims["['embed']['embedding']"]
+  spec = optim.muon_dimensions(params)['encoder']['layers'][0]['self_attention']['qkv']['kernel']
+  assert (spec.reduction_axis, spec.output_axis) == ((0,), (2, 3))  # Q, K, V apart
+  tx = optim.make_optimizer(config)
+  state, batch = _state_and_batch(ModelConfig.from_config({**TINY, 'activation': 'swiglu'}), tx)
+  step = jax.jit(steps.make_train_step(ModelConfig.from_config({**TINY, 'activation': 'swiglu'}),
+                                       tx, optim.make_schedule(config), label_smoothing=0.1))
+  new, metrics = step(state, batch)
+  assert bool(metrics['finite'])
+  # An orthogonalised update: the FFN's output kernel moves by a matrix whose leading singular
+  # values are about equal (Newton-Schulz's 5 steps: within ~[0.7, 1.2] of each other; the
+  # gradient has rank <= the batch's 12 tokens, so only the leading ones are set).
+  before = state.params['encoder']['layers'][0]['ffn']['wo']['kernel']
+  after = new.params['encoder']['layers'][0]['ffn']['wo']['kernel']
+  singular = np.linalg.svd(np.asarray(after - before, np.float64), compute_uv=False)
+  assert singular[0] / singular[4] < 1.8, singular[:6]
+
+
+# ----------------------------------------------------------------------------- the outside
+
+@pytest.mark.parametrize('fields, feature', [
+    ({'norm': 'rms_norm'}, 'norm=rms_norm'), ({'qk_norm': True}, 'qk_norm=True'),
+    ({'activation': 'relu2'}, 'activation=relu2'), ({'activation': 'swiglu'}, 'activation=swiglu'),
+])
+def test_exports_refuse_what_they_cannot_compute(fields, feature):
+  config = ModelConfig.from_config({**TINY, **fields})
+  for check in (targets.check_exportable, ct2_export.check):
+    with pytest.raises(targets.UnsupportedConfig) as e:
+      check(config)
+    assert f'config.model.{feature} cannot be exported' in str(e.value)
+    assert '\n' not in str(e.value)
+  zero = ModelConfig.from_config({**TINY, 'zero_init_out': True})
+  targets.check_exportable(zero)  # an initialisation: the trained model exports as any
+  ct2_export.check(zero)
+
+
+def test_show_config_lists_each_option_with_its_doc():
+  from configs import show  # pylint: disable=import-outside-toplevel
+  config = default.get_config()
+  table = show.table(config, config, set(), 'configs/default.py')
+  for field in ('model.norm', 'model.qk_norm', 'model.zero_init_out', 'model.activation',
+                'optimizer.name', 'optimizer.schedule', 'optimizer.decay_fraction',
+                'train.z_loss'):
+    (line,) = [line for line in table.splitlines() if line.split()[:1] == [field]]
+    assert len(line.split()) > 4, line  # value, origin and a doc
+  assert 'rms_norm' in table and 'swiglu' in table and 'muon' in table and 'wsd' in table
