@@ -109,7 +109,7 @@ class OptimizerConfig(Schema):
   b1: float = documented(0.9, "Adam's beta1")
   b2: float = documented(0.98, "Adam's beta2 (the paper: 0.98)")
   eps: float = documented(1e-9, "Adam's epsilon (the paper: 1e-9)")
-  weight_decay: float = documented(0.0, 'decoupled weight decay (needs name=adamw)')
+  weight_decay: float = documented(0.0, 'decoupled weight decay (needs name=adamw or muon)')
   weight_decay_mask: str = documented('ndim', "what decays: 'ndim' (>= 2-D) or 'matrices' "
                                       '(training/optim.py)', choices=WEIGHT_DECAY_MASKS)
   grad_clip_norm: float = documented(0.0, 'clip the global gradient norm (0 = no clipping)')
@@ -138,9 +138,9 @@ class OptimizerConfig(Schema):
       value = getattr(self, name)
       require(is_number(value) and value >= 0,
               f'config.optimizer.{name}={value!r} must be a number >= 0')
-    require(self.name == 'adamw' or not self.weight_decay,
+    require(self.name in ('adamw', 'muon') or not self.weight_decay,
             f'config.optimizer.weight_decay={self.weight_decay!r} needs '
-            'config.optimizer.name=adamw')
+            'config.optimizer.name=adamw (or muon)')
     require(is_number(self.decay_fraction) and 0 < self.decay_fraction <= 1,
             f'config.optimizer.decay_fraction={self.decay_fraction!r} must be in (0, 1]')
     require(in_unit(self.min_learning_rate_ratio, closed=True),

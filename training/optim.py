@@ -141,7 +141,10 @@ def make_optimizer(config, schedule: optax.Schedule | None = None) -> optax.Grad
   elif o.name == 'muon':
     # consistent_rms=0.2 scales each orthogonalised update to AdamW's typical RMS (Liu et al.
     # 2025, Moonlight), so one learning rate and schedule serve the Muon and Adam parameters.
+    rule = o.get('weight_decay_mask', 'ndim')
     opt = optax.contrib.muon(schedule, adam_b1=o.b1, adam_b2=o.b2, eps=o.eps,
+                             weight_decay=o.weight_decay, adam_weight_decay=o.weight_decay,
+                             weight_decay_mask=lambda params: _decay_mask(params, rule),
                              muon_weight_dimension_numbers=muon_dimensions,
                              consistent_rms=0.2)
   else:

@@ -1,0 +1,45 @@
+"""Screening (issue 56): each technique of the last nine years alone against the `multi30k`
+preset (the paper's post-LN Transformer, 4+4 layers, 128 wide, Adam with the rsqrt schedule),
+at a third of its budget (1,500 of 4,500 steps), 2 seeds:
+
+    python sweep.py --sweep=configs/sweeps/screen_multi30k.py --root=runs/screen_multi30k
+
+The protocol (docs/guide.md, "Experiments"): the rows that beat the baseline here are added
+one by one in `configs/sweeps/ladder_multi30k.py` (2-3 seeds), and the best ladder is run at the
+full CPU-hour budget with 3 seeds. Decoding is the preset's validation-chosen setting (beam 6,
+alpha 1.4) without checkpoint averaging, the same for every row; test2016 is the table's.
+Each run: ~18 min on 2 CPU cores (0.7 s/step), so the sweep is ~6 h there, ~20 min on a GPU.
+
+Sources: pre-LN (Xiong et al. 2020; Nguyen and Salazar 2019), RMSNorm (Zhang and Sennrich
+2019), SwiGLU (Shazeer 2020; d_ff 256 -> 170 keeps the parameters), ReLU^2 (So et al. 2021),
+QK-norm (Henry et al. 2020; Dehghani et al. 2023), zero-initialised residual projections and
+Muon (modded-nanogpt; Jordan et al. 2024), WSD (Hu et al. 2024; Hägele et al. 2024), z-loss
+(Chowdhery et al. 2022, PaLM).
+"""
+
+from configs.sweeps import Sweep
+
+# The rsqrt schedule's peak in the preset: 1.25 * 128^-0.5 * 1000^-0.5.
+PEAK = 1.25 * 128 ** -0.5 * 1000 ** -0.5
+
+
+def get_sweep():
+  return Sweep(
+      config='configs/multi30k.py',
+      overrides={'train.num_steps': 1500, 'train.eval_every_steps': 500},
+      rows={
+          'baseline': {},
+          'pre_ln': {'model.norm_position': 'pre'},
+          'rms_norm': {'model.norm': 'rms_norm'},
+          'swiglu': {'model.activation': 'swiglu', 'model.d_ff': 170},
+          'relu2': {'model.activation': 'relu2'},
+          'qk_norm': {'model.qk_norm': True},
+          'zero_init_out': {'model.zero_init_out': True},
+          'muon': {'optimizer.name': 'muon'},
+          'wsd': {'optimizer.schedule': 'wsd', 'optimizer.learning_rate': PEAK,
+                  'optimizer.min_learning_rate_ratio': 0.0},
+          'z_loss': {'train.z_loss': 1e-4},
+      },
+      seeds=2,
+      decode={'beam_size': 6, 'alpha': 1.4},
+      description='Screening: each option alone against the multi30k preset, 1,500 steps.')

@@ -1,0 +1,31 @@
+"""Screening (issue 56) on language modelling: each technique alone against the Tiny
+Shakespeare preset (nanoGPT's CPU settings: pre-LN, GELU, AdamW, cosine schedule; 2,000
+steps), 2 seeds; the table compares validation losses (Welch's t over seeds):
+
+    python sweep.py --sweep=configs/sweeps/screen_shakespeare.py --root=runs/screen_shakespeare
+
+Language modelling may rank the options otherwise than translation
+(configs/sweeps/screen_multi30k.py). The preset is already pre-LN, so the norm-position row is
+post-LN. Each run: ~4 min on 2 CPU cores, the sweep ~80 min.
+"""
+
+from configs.sweeps import Sweep
+
+
+def get_sweep():
+  return Sweep(
+      config='configs/shakespeare_char.py',
+      rows={
+          'baseline': {},
+          'post_ln': {'model.norm_position': 'post'},
+          'rms_norm': {'model.norm': 'rms_norm'},
+          'swiglu': {'model.activation': 'swiglu', 'model.d_ff': 341},
+          'relu2': {'model.activation': 'relu2'},
+          'qk_norm': {'model.qk_norm': True},
+          'zero_init_out': {'model.zero_init_out': True},
+          'muon': {'optimizer.name': 'muon'},  # the preset's weight decay, on both parts
+          'wsd': {'optimizer.schedule': 'wsd'},
+          'z_loss': {'train.z_loss': 1e-4},
+      },
+      seeds=2,
+      description='Screening: each option alone against the Tiny Shakespeare preset.')
