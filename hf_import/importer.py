@@ -5,15 +5,20 @@
   checkpoints/0 a train state at step 0 holding the imported parameters (Orbax, with the
                 model's logical axes: it restores on any mesh), a fresh optimizer state
 
-The workdir is written beside its final path and renamed into place once complete: a failed
-import leaves nothing behind.
+The workdir is written in a private directory beside its final path and renamed into place
+once complete (`write_workdir`): a failed import leaves nothing behind, and nothing that was
+there before is touched.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
+import fcntl
 import os
 import shutil
+import tempfile
 
 import jax
 import numpy as np
@@ -119,8 +124,16 @@ def refuse_existing(workdir: str) -> None:
     raise ImportProblem(f'--workdir={workdir} exists; give a new directory (nothing was written)')
 
 
+STAGING = '.importing-'  # a staging directory: `.NAME.importing-RANDOM` beside NAME
+
+
 def write_workdir(imported: Imported, workdir: str) -> None:
-  """The workdir of `imported` at `workdir` (which must not exist), complete or not at all."""
+  """The workdir of `imported` at `workdir` (which must not exist), complete or not at all.
+
+  It is written in a private directory beside `workdir` (a fresh random name: nothing that was
+  there before is touched) and renamed into place under a lock on the parent directory, so two
+  imports into one `workdir` cannot mix their files: the second is refused. A killed import
+  (SIGKILL) may leave its `.NAME.importing-*` directory behind; nothing else."""
   from configs import base  # pylint: disable=import-outside-toplevel
   from model import ModelConfig  # pylint: disable=import-outside-toplevel
   from training import checkpoint, config_io, mesh, optim, state  # pylint: disable=import-outside-toplevel
@@ -129,10 +142,15 @@ def write_workdir(imported: Imported, workdir: str) -> None:
   config.model.update(imported.model)
   config.data.tokenizer = imported.tokenizer.name
   config.data.vocab_size = imported.tokenizer.vocab_size
-  partial = f'{workdir.rstrip(os.sep)}.importing'
-  shutil.rmtree(partial, ignore_errors=True)  # a killed import's
+  target = os.path.abspath(workdir.rstrip(os.sep) or os.sep)
+  parent, name = os.path.dirname(target), os.path.basename(target)
   try:
-    os.makedirs(partial)
+    os.makedirs(parent, exist_ok=True)
+    partial = tempfile.mkdtemp(prefix=f'.{name}{STAGING}', dir=parent)
+  except OSError as e:
+    raise ImportProblem(f'--workdir={workdir}: cannot write there: {_why(e)} (nothing was '
+                        'written)') from None
+  try:
     config_io.save_config(config, partial)
     imported.tokenizer.save(os.path.join(partial, tokenizers.TOKENIZER_DIR))
     cfg = ModelConfig.from_config(config.model)
@@ -143,7 +161,29 @@ def write_workdir(imported: Imported, workdir: str) -> None:
     saver = checkpoint.Checkpointer(partial, async_save=False)
     saver.save(0, train_state, None)
     saver.close()
-    os.rename(partial, workdir)
+    with _locked(parent):  # the check and the rename, atomic among imports
+      refuse_existing(workdir)
+      os.rename(partial, target)
+  except OSError as e:
+    shutil.rmtree(partial, ignore_errors=True)
+    raise ImportProblem(f'--workdir={workdir}: cannot write there: {_why(e)} (nothing was '
+                        'written)') from None
   except BaseException:
     shutil.rmtree(partial, ignore_errors=True)
     raise
+
+
+def _why(error: OSError) -> str:
+  return 'no space left on device' if error.errno == errno.ENOSPC else (
+      error.strerror or str(error))
+
+
+@contextlib.contextmanager
+def _locked(directory: str):
+  """An exclusive flock on `directory` itself (no lock file is left behind)."""
+  fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    yield
+  finally:
+    os.close(fd)

@@ -244,7 +244,8 @@ def test_bad_checkpoints_are_one_line_and_write_nothing(built, tmp_path):
     with pytest.raises((ImportProblem, Unsupported), match='.') as caught:
       import_checkpoint(source, workdir)
     assert message in str(caught.value) and '\n' not in str(caught.value)
-    assert not os.path.exists(workdir) and not os.path.exists(workdir + '.importing')
+    assert not os.path.exists(workdir)
+    assert not [n for n in os.listdir(tmp_path) if importer.STAGING in n]  # no staging left
   existing = built['marian'][1]
   before = sorted(os.listdir(existing))
   proc = subprocess.run([sys.executable, 'import.py', f'--from={marian}',
@@ -325,3 +326,43 @@ def test_the_guides_offline_lines_run_and_the_fine_tuning_resumes(workdirs, tmp_
   assert f'starting from the parameters of {runs}/imported (its step 0)' in outputs['train']
   assert ('resumed from the checkpoint at step 4' in outputs['resume']
           and 'starting from' not in outputs['resume'])
+
+
+def test_staging_touches_nothing_of_the_users_and_a_racing_import_is_refused(built, tmp_path,
+                                                                            monkeypatch):
+  """Issue 58, cause 1: the staging directory is private (a user's NEW.importing, a file or a
+  symlink at that name, are left as they were), and an import that finds NEW written by
+  another while it staged is refused in one line, the other's workdir untouched."""
+  marian = built['marian'][0]
+  theirs = tmp_path / 'new.importing'
+  theirs.mkdir()
+  (theirs / 'thesis.tex').write_text('hi')
+  (tmp_path / 'other.importing').write_text('a file')
+  os.symlink(str(theirs / 'thesis.tex'), tmp_path / 'third.importing')
+  imported = importer.load(marian)
+  for name in ('new', 'other', 'third'):
+    importer.write_workdir(imported, str(tmp_path / name))
+    assert os.path.isfile(tmp_path / name / 'config.json')
+  assert (theirs / 'thesis.tex').read_text() == 'hi'
+  assert (tmp_path / 'other.importing').read_text() == 'a file'
+  assert os.path.islink(tmp_path / 'third.importing')
+  from training import checkpoint  # pylint: disable=import-outside-toplevel
+  save = checkpoint.Checkpointer.save
+  racing = tmp_path / 'raced'
+
+  raced = []
+
+  def other_import_finishes_meanwhile(self, *args, **kwargs):
+    if not raced:
+      raced.append(True)
+      importer.write_workdir(imported, str(racing))
+    return save(self, *args, **kwargs)
+
+  monkeypatch.setattr(checkpoint.Checkpointer, 'save', other_import_finishes_meanwhile)
+  with pytest.raises(ImportProblem) as caught:
+    importer.write_workdir(imported, str(racing))
+  assert str(caught.value) == (f'--workdir={racing} exists; give a new directory (nothing was '
+                               'written)')
+  assert sorted(os.listdir(tmp_path)) == ['new', 'new.importing', 'other', 'other.importing',
+                                          'raced', 'third', 'third.importing']
+  assert inference.load(str(racing)).translate(['a b']) is not None
