@@ -215,6 +215,8 @@ def window_then_whole(loop, rows, state, sizes: tuple[int, ...], window: int, ca
   When the short cache's calls end with at most `sizes[0]` rows unfinished (most batches), only
   those rows' caches are grown: padding every row's cache cost ~10% of a beam search.
   """
+  if calls == 0:  # the first call made every token (max_new_tokens=1): no loop to trace,
+    return result(state)  # whose body would write past a cache with no room for it
   stop_at = sizes[0] if sizes else 0
   state = loop(rows, state, stop_at, window)
   whole = functools.partial(loop, calls=calls)

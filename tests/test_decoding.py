@@ -425,3 +425,21 @@ def test_pin_is_a_barrier_on_the_cross_attention_cache_only():
   cross = [x for path, x in jax.tree_util.tree_flatten_with_path(cache)[0]
            if getattr(path[-1], 'key', None) in ('cross_key', 'cross_value')]
   assert cross and sum(len(e.invars) for e in barriers) == len(cross)
+
+
+def test_one_new_token_is_the_models_best_first_tokens():
+  """Issue 58, cause 7: max_new_tokens=1 (within the documented bounds) crashed beam search
+  (its loop was traced with no cache room). The k hypotheses are then the k most likely
+  first tokens (EOS excluded by min_new_tokens=1), scored by their log-probabilities; greedy
+  decoding gives the first of them."""
+  model = _model(vocab=12)
+  src = _sources(batch=2, vocab=12)
+  tokens, scores = decoding.beam_search_decode(model, src, beam_size=3, alpha=0.6,
+                                               max_new_tokens=1, min_new_tokens=1)
+  first = _log_probs_full(model, src, np.full((2, 1), 3, np.int32))[:, 0].copy()
+  first[:, EOS] = -np.inf
+  best = np.argsort(-first, axis=1)[:, :3]
+  np.testing.assert_array_equal(np.asarray(tokens)[:, :, 0], best)
+  np.testing.assert_allclose(scores, np.take_along_axis(first, best, 1), rtol=1e-4, atol=1e-5)
+  greedy = decoding.greedy_decode(model, src, max_new_tokens=1)
+  np.testing.assert_array_equal(np.asarray(greedy)[:, 0], best[:, 0])
