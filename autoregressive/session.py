@@ -28,6 +28,7 @@ from autoregressive.decode_loop import Decodable, decoding_model
 from autoregressive.scoring import score_references
 from autoregressive.strategies import Hypothesis
 from autoregressive.translator import Translator, generate as generate_ids
+from common.schema import is_int
 from common.tokens import truncate
 from model.kinds import adapter_of
 
@@ -64,10 +65,11 @@ class Session:
     if unknown:
       raise ValueError(f'unknown decoding setting(s) {unknown}; known: {sorted(known)}')
     decode = dict(self.config.get('decode', {}))
-    most = given.get('max_new_tokens') or decode.get('max_new_tokens',
-                                                     strategies.Limits.max_new_tokens)
+    most = given.get('max_new_tokens')
+    if most is None:
+      most = decode.get('max_new_tokens', strategies.Limits.max_new_tokens)
     model_max = self.module.config.max_len
-    if most > model_max:
+    if is_int(most) and most > model_max:  # a bad value: from_config names it
       self.warn(f'max_new_tokens {most} is more than the model\'s max_len {model_max}; '
                 f'using {model_max}')
       given['max_new_tokens'] = model_max
@@ -106,9 +108,19 @@ class Session:
   def _lines(lines) -> Sequence[str]:
     """`lines` checked: a sequence of strings (a string alone is refused: iterating it would
     translate each character)."""
-    if isinstance(lines, (str, bytes)) or not all(isinstance(x, str) for x in lines):
+    if isinstance(lines, (str, bytes)):
       raise ValueError(f'lines must be a list of strings (one sentence each), got '
                        f'{type(lines).__name__}: pass [text] for one sentence')
+    lines = list(lines)  # once: a generator checked, then read, would be empty
+    for number, line in enumerate(lines, start=1):
+      if not isinstance(line, str):
+        raise ValueError(f'lines must be strings (one sentence each); line {number} is a '
+                         f'{type(line).__name__}')
+      try:
+        line.encode('utf-8')
+      except UnicodeEncodeError as e:  # a lone surrogate: the tokenizer's C++ would fail
+        raise ValueError(f'line {number} is not valid text: {e.reason} at character '
+                         f'{e.start}') from None
     return lines
 
   def translate(self, lines: Sequence[str], **settings) -> list[str]:

@@ -23,6 +23,7 @@ import jax
 
 from autoregressive.decode_loop import decoding_model
 from autoregressive.session import Session
+from configs.schema import DecodeConfig
 from input_pipeline import tokenizers
 from model import ConfigError, abstract_model, bind, build, partitioning
 from model.config import ModelConfig
@@ -119,9 +120,11 @@ def read_model(workdir: str):
     raise RestoreError(f'--workdir {workdir} does not exist')
   try:
     config = config_io.load_config(workdir)
+    # The decode section is read field by field later: a typo ("beam_szie") would be ignored.
+    DecodeConfig.from_config(config.decode)
     return config, abstract_model(config.model)
   except ConfigError as e:
-    raise RestoreError(str(e)) from None
+    raise RestoreError(f'{config_io.config_path(workdir)}: {e}') from None
 
 
 def load(workdir: str, *, step: int | None = None, average_last: int = 1,

@@ -144,10 +144,22 @@ def test_settings_that_do_not_apply_are_refused(mt):
       (lambda: mt.translate('a dog'), 'lines must be a list of strings'),
       (lambda: mt.hypotheses('a dog', nbest=2), 'lines must be a list of strings'),
       (lambda: mt.score('a', 'b'), 'lines must be a list of strings'),
+      # Issue 58, causes 8 and 12: another row's setting, a bool or a string for a number, a
+      # lone surrogate, a line that is not a string.
+      (lambda: mt.translate(['a'], strategy='greedy', beam_size=4),
+       'beam_size applies to beam, not to greedy'),
+      (lambda: mt.translate(['a'], beam_size=True), 'beam_size=True must be an integer'),
+      (lambda: mt.translate(['a'], max_new_tokens='5'), "max_new_tokens='5' must be an integer"),
+      (lambda: mt.translate(['a'], max_new_tokens=0), 'max_new_tokens=0 must be an integer'),
+      (lambda: mt.translate(['a \ud800']), 'line 1 is not valid text: surrogates not allowed'),
+      (lambda: mt.translate(['a', 3]), 'line 2 is a int'),
   ]
   for call, message in cases:
     with pytest.raises(ValueError, match=message):
       call()
+  # A generator of lines is read once, not emptied by the check.
+  assert mt.translate(line for line in LINES) == mt.translate(LINES)
+  assert mt.translate(['a'], strategy='greedy', beam_size=1) == mt.translate(['a'], beam_size=1)
 
 
 def test_score_references_is_forced_decoding(mt):
@@ -289,3 +301,18 @@ def test_attention_plots_have_token_labels_and_report_progress(mt, tmp_path):
   decoder_self = [ax for ax in fig.axes if 'decoder\nlayer_0\nself' in ax.get_ylabel()][0]
   assert [t.get_text() for t in decoder_self.get_xticklabels()] == ['<s>'] + pieces(
       items[0][2])[:-1]
+
+
+def test_a_typo_in_config_json_decode_section_is_refused(workdirs, tmp_path):
+  """Issue 58, cause 12: the model section refused an unknown field, the decode section
+  ignored one ("beam_szie": 8 ran beam 2)."""
+  import shutil  # pylint: disable=import-outside-toplevel
+  workdir = tmp_path / 'mt'
+  shutil.copytree(workdirs['mt'], workdir)
+  config = json.loads((workdir / 'config.json').read_text())
+  config['decode']['beam_szie'] = 8
+  (workdir / 'config.json').write_text(json.dumps(config))
+  with pytest.raises(inference.RestoreError) as caught:
+    inference.load(str(workdir))
+  assert str(caught.value) == (f'{workdir}/config.json: config.decode has unknown field(s) '
+                               "['beam_szie']; did you mean config.decode.beam_size?")

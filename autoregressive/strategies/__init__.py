@@ -65,11 +65,14 @@ def from_config(decode: Mapping[str, Any], overrides: Mapping[str, Any] | None =
   'config.decode.NAME'. An override the chosen strategy does not take is refused."""
   overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
   values = {name: decode[name] for name in config_fields() if name in decode} | overrides
-  row = TABLE[choose(strategy, values.get('beam_size'))]
   owned = fields()
+  for name, value in overrides.items():  # its type and bounds first: beam_size=True is no 1
+    check(owned[name][1], value, where(name))
+  row = TABLE[choose(strategy, values.get('beam_size'))]
   for name in overrides:
     owner = owned[name][0]
-    if owner not in (Limits, row) and not (row is Greedy and name == 'beam_size'):
+    greedy_beam = row is Greedy and name == 'beam_size' and overrides[name] == 1
+    if owner not in (Limits, row) and not greedy_beam:
       raise ValueError(f'{where(name)} applies to {owner.NAME}, not to {row.NAME} '
                        f'(choose it with {where("strategy")}={owner.NAME})')
   named = lambda name: where(name) if name in overrides else f'config.decode.{name}'  # noqa: E731
