@@ -6,25 +6,26 @@ validation only, then decode test2016 once with the settings validation chose.
     python bench/multi30k_recipe.py --workdir=runs/multi30k --skip_train   # a trained run
 
 1. `train.py --config=CONFIG --workdir=WORKDIR` (its wall time), unless `--skip_train`.
-2. `decode.py` on the validation split (data/multi30k/val.*, 1014 sentences) for every
-   `--average_last` x beam x alpha in the grid (averages capped by the checkpoints kept).
+2. The validation split (data/multi30k/val.*, 1014 sentences) decoded for every
+   `--average_last` x beam x alpha in the grid (averages capped by the checkpoints kept), in
+   this process through `inference.load`, as decode.py decodes, and scored as a sweep's runs
+   are (`experiments.evaluate.scores`).
 3. The best cased validation BLEU picks the settings (ties: the cheaper decode); test2016 is
    decoded once with them: cased detokenized sacreBLEU, the literature's lowercased tokenized
-   BLEU and chrF2, with their signatures.
+   BLEU and chrF2, with their signatures. A sweep (`sweep.py`) evaluates its runs with one
+   such setting: choose it here, on validation.
 
-Prints one JSON object (and each decode's line to stderr as it goes): the grid, the choice,
-the test scores and the exact decode command for the README.
+Prints one JSON object (and each grid point's line to stderr as it goes): the grid, the
+choice, the test scores and the exact decode.py command that reproduces them.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
-import re
-import subprocess
 import sys
-import tempfile
 import time
 
 # The repository root, not bench/, goes on the path: bench/decode.py would shadow decode.py.
@@ -34,18 +35,6 @@ from bench.gpu_targets import ROOT, TEST2016, run  # pylint: disable=wrong-impor
 # Relative to the checkout (decode.py runs there), so the printed command is the README's.
 VALIDATION = os.path.join('data', 'multi30k', 'val')  # + .en.gz / .de.gz
 TEST = os.path.relpath(TEST2016, ROOT)
-_SCORE = {'bleu': r'^BLEU = ([\d.]+)  (\S+)', 'bleu_lowercased': r'^BLEU \(lowercased, tokenized\) '
-          r'= ([\d.]+)  (\S+)', 'chrf2': r'^chrF2 = ([\d.]+)  (\S+)'}
-
-
-def scores(stdout: str) -> dict:
-  """decode.py's score lines -> {'bleu': x, 'bleu_signature': s, ...}."""
-  found = {}
-  for name, pattern in _SCORE.items():
-    m = re.search(pattern, stdout, re.MULTILINE)
-    if m:
-      found[name], found[f'{name}_signature'] = float(m.group(1)), m.group(2)
-  return found
 
 
 def decode_flags(average_last: int, beam_size: int, alpha: float) -> list[str]:
@@ -59,15 +48,23 @@ def decode_cmd(workdir: str, corpus: str, output_file: str, flags: list[str]) ->
           f'--output_file={output_file}']
 
 
-def decode(workdir: str, corpus: str, output_file: str, flags: list[str], timeout: int) -> dict:
-  """Runs `decode_cmd`: its scores and wall time."""
+def read_corpus(corpus: str) -> tuple[list[str], list[str]]:
+  """(sources, references) of CORPUS.en.gz / CORPUS.de.gz, relative to the checkout."""
+  out = []
+  for side in ('en', 'de'):
+    with gzip.open(os.path.join(ROOT, f'{corpus}.{side}.gz'), 'rt', encoding='utf-8') as f:
+      out.append(f.read().split('\n')[:-1])
+  return out[0], out[1]
+
+
+def decode(session, corpus: str, beam_size: int, alpha: float) -> tuple[list[str], dict]:
+  """The corpus translated by `session` -> (hypotheses, scores with the wall time)."""
+  from experiments import evaluate  # pylint: disable=import-outside-toplevel
+  sources, references = read_corpus(corpus)
   start = time.perf_counter()
-  proc = subprocess.run([sys.executable, *decode_cmd(workdir, corpus, output_file, flags)],
-                        cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
-  found = scores(proc.stdout + proc.stderr)
-  if proc.returncode != 0 or 'bleu' not in found:
-    raise RuntimeError(f'decode.py {" ".join(flags)} failed: {proc.stderr.strip()[-500:]}')
-  return {**found, 'wall_s': round(time.perf_counter() - start, 1)}
+  hypotheses = session.translate(sources, beam_size=beam_size, alpha=alpha)
+  found = evaluate.scores(hypotheses, references)
+  return hypotheses, {**found, 'wall_s': round(time.perf_counter() - start, 1)}
 
 
 def checkpoints_kept(workdir: str) -> int:
@@ -78,19 +75,19 @@ def checkpoints_kept(workdir: str) -> int:
 
 
 def tune(a, kept: int) -> list[dict]:
-  """Every grid point on validation, cheapest first."""
+  """Every grid point on validation, cheapest first (one restore per checkpoint average)."""
+  import inference  # pylint: disable=import-outside-toplevel
   grid = []
   averages = sorted({min(int(n), kept) for n in a.averages.split(',')})
-  with tempfile.TemporaryDirectory() as tmp:
+  for average in averages:
+    session = inference.load(a.workdir, average_last=average, warn=lambda message: None)
     for beam in sorted(int(b) for b in a.beams.split(',')):
-      for average in averages:
-        for alpha in (float(x) for x in a.alphas.split(',')):
-          point = {'average_last': average, 'beam_size': beam, 'alpha': alpha}
-          point.update(decode(a.workdir, VALIDATION, f'{tmp}/val.de',
-                              decode_flags(average, beam, alpha), a.timeout))
-          print(json.dumps(point), file=sys.stderr, flush=True)
-          grid.append(point)
-  return grid
+      for alpha in (float(x) for x in a.alphas.split(',')):
+        point = {'average_last': average, 'beam_size': beam, 'alpha': alpha}
+        point.update(decode(session, VALIDATION, beam, alpha)[1])
+        print(json.dumps(point), file=sys.stderr, flush=True)
+        grid.append(point)
+  return sorted(grid, key=lambda p: (p['beam_size'], p['average_last'], p['alpha']))
 
 
 def main():
@@ -102,7 +99,7 @@ def main():
   parser.add_argument('--averages', default='1,3,5,10', help='--average_last values to try')
   parser.add_argument('--beams', default='4,6', help='beam sizes to try')
   parser.add_argument('--alphas', default='0.6,1.0,1.4', help='length penalties to try')
-  parser.add_argument('--timeout', type=int, default=7200, help='seconds per subprocess')
+  parser.add_argument('--timeout', type=int, default=7200, help='seconds for train.py')
   a = parser.parse_args()
   report = {'bench': 'multi30k_recipe', 'config': a.config, 'workdir': a.workdir,
             'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}
@@ -117,7 +114,12 @@ def main():
   flags = decode_flags(best['average_last'], best['beam_size'], best['alpha'])
   output = os.path.join(a.workdir, 'test2016.de')
   report['chosen'] = {k: best[k] for k in ('average_last', 'beam_size', 'alpha', 'bleu')}
-  report['test2016'] = decode(a.workdir, TEST, output, flags, a.timeout)
+  import inference  # pylint: disable=import-outside-toplevel
+  session = inference.load(a.workdir, average_last=best['average_last'],
+                           warn=lambda message: None)
+  hypotheses, report['test2016'] = decode(session, TEST, best['beam_size'], best['alpha'])
+  with open(output, 'w', encoding='utf-8') as f:
+    f.write(''.join(f'{h}\n' for h in hypotheses))
   report['test2016_command'] = ' '.join(['python', *decode_cmd(a.workdir, TEST, output, flags)])
   print(json.dumps(report))
 
