@@ -10,6 +10,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from test_model import assert_cache_equals_full_forward
 
 from configs import default
 from hf_export import ctranslate2 as ct2_export, targets
@@ -122,16 +123,7 @@ def test_qk_norm_attention_equation():
 @pytest.mark.parametrize('fields', [{'qk_norm': True}, {'activation': 'swiglu', 'norm': 'rms_norm',
                                                         'norm_position': 'pre'}])
 def test_kv_cache_matches_full_forward(fields):
-  module = build_model({**TINY, **fields})
-  src, tgt = _tokens(16, (2, 7)).at[1, 4:].set(0), _tokens(17, (2, 6))
-  full = _method(module, '__call__', src, tgt)
-  cache = module.init_cache(2, tgt.shape[1], _method(module, 'encode', src), src)
-  inputs = jnp.pad(tgt, ((0, 0), (1, 0)))[:, :-1]
-  out = []
-  for t in range(tgt.shape[1]):
-    logits, cache = _method(module, 'step', cache, src, inputs[:, t:t + 1])
-    out.append(logits)
-  np.testing.assert_allclose(jnp.concatenate(out, 1), full, atol=1e-4)
+  assert_cache_equals_full_forward(build_model({**TINY, **fields}))
 
 
 @pytest.mark.parametrize('init', ['paper', 'gpt2'])

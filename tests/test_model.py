@@ -120,8 +120,12 @@ def test_packed_examples_equal_examples_alone(positional_encoding):
 @pytest.mark.parametrize('positional_encoding', ['sinusoidal', 'learned', 'rope'])
 @pytest.mark.parametrize('norm_position', ['post', 'pre'])
 def test_kv_cache_matches_full_forward_encoder_decoder(positional_encoding, norm_position):
-  module = build_model({**TINY, 'positional_encoding': positional_encoding,
-                        'norm_position': norm_position})
+  assert_cache_equals_full_forward(build_model({**TINY, 'positional_encoding': positional_encoding,
+                                                'norm_position': norm_position}))
+
+
+def assert_cache_equals_full_forward(module):
+  """An encoder-decoder's cached steps give the logits of its full teacher-forced pass."""
   src = tokens(16, (2, 7)).at[1, 4:].set(0)
   tgt = tokens(17, (2, 8))
   full = call(module, src, tgt)
