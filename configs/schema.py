@@ -158,6 +158,8 @@ class TrainConfig(Schema):
   label_smoothing: float = documented(0.1, 'epsilon_ls of the loss (the paper: 0.1)')
   z_loss: float = documented(0.0, 'weight of log(Z)^2 added to the loss per token (PaLM: '
                              '1e-4); 0 = none')
+  ema_decay: float = documented(0.0, 'a moving average of the parameters (e.g. 0.999), kept '
+                                'and checkpointed; evaluation and decoding use it; 0 = none')
   eval_every_steps: int = documented(1000, 'steps between evaluations (loss, BLEU)')
   num_eval_batches: int | None = documented(None, 'batches an evaluation reads (None = the '
                                             'whole split)')
@@ -204,6 +206,8 @@ class TrainConfig(Schema):
             'a float32)')
     require(is_number(self.z_loss) and self.z_loss >= 0,
             f'config.train.z_loss={self.z_loss!r} must be a number >= 0')
+    require(in_unit(self.ema_decay),
+            f'config.train.ema_decay={self.ema_decay!r} must be in [0, 1) (also as a float32)')
 
 
 def parse_profile_steps(value: str) -> tuple[int, int] | None:

@@ -245,3 +245,59 @@ def test_show_config_lists_each_option_with_its_doc():
     (line,) = [line for line in table.splitlines() if line.split()[:1] == [field]]
     assert len(line.split()) > 4, line  # value, origin and a doc
   assert 'rms_norm' in table and 'swiglu' in table and 'muon' in table and 'wsd' in table
+
+
+# ----------------------------------------------------------------------------- EMA
+
+def test_ema_equation_and_off_is_the_plain_optimizer():
+  tx = optim.with_ema(optax.sgd(0.5), 0.9)
+  params = {'w': jnp.array([1.0, -2.0])}
+  state = tx.init(params)
+  ema, p = np.array([1.0, -2.0]), np.array([1.0, -2.0])
+  for n in range(1, 6):
+    grads = {'w': jnp.array([0.3 * n, 0.1])}
+    updates, state = tx.update(grads, state, params)
+    params = optax.apply_updates(params, updates)
+    p = p - 0.5 * np.array([0.3 * n, 0.1])
+    d = min(0.9, (1 + n) / (10 + n))
+    ema = d * ema + (1 - d) * p
+    np.testing.assert_allclose(state.ema['w'], ema, rtol=1e-6)
+    np.testing.assert_allclose(params['w'], p, rtol=1e-6)
+  np.testing.assert_allclose(optim.evaluated_params(TrainState(0, params, state, None))['w'], ema,
+                             rtol=1e-6)
+  config = default.get_config('tiny')
+  assert not isinstance(optim.make_optimizer(config).init(params), optim.EmaState)
+  config.train.ema_decay = 0.99
+  assert isinstance(optim.make_optimizer(config).init(params), optim.EmaState)
+
+
+def test_ema_is_checkpointed_evaluated_and_decoded(tmp_path):
+  """A run with train.ema_decay keeps the average in its checkpoints; decoding (and
+  `init_from`) restores the average, not the last parameters; a resume may not turn it off."""
+  import inference  # pylint: disable=import-outside-toplevel
+  from training import checkpoint, config_io, trainer  # pylint: disable=import-outside-toplevel
+  config = default.get_config('tiny')
+  t = config.train
+  t.num_steps, t.checkpoint_every_steps, t.eval_every_steps, t.num_eval_batches = 6, 6, 6, 1
+  t.ema_decay = 0.5
+  config.decode.num_eval_sentences = 0
+  workdir = str(tmp_path / 'ema')
+  import contextlib  # pylint: disable=import-outside-toplevel
+  import io  # pylint: disable=import-outside-toplevel
+  with contextlib.redirect_stdout(io.StringIO()):
+    final = trainer.train_and_evaluate(config, workdir)['state']
+  assert isinstance(final.opt_state, optim.EmaState)
+  stored_ema, step = checkpoint.restore_params(workdir, ema=True)
+  last, _ = checkpoint.restore_params(workdir)
+  assert step == 6
+  for a, b in zip(jax.tree.leaves(stored_ema), jax.tree.leaves(final.opt_state.ema),
+                  strict=True):
+    np.testing.assert_array_equal(a, b)
+  assert any(not np.array_equal(a, c) for a, c in zip(jax.tree.leaves(stored_ema),
+                                                     jax.tree.leaves(last), strict=True))
+  restored = inference.Restored(workdir)
+  np.testing.assert_array_equal(restored.params['embed']['embedding'],
+                                stored_ema['embed']['embedding'])
+  config.train.ema_decay = 0.0
+  with pytest.raises(config_io.IncompatibleWorkdirError, match='train.ema_decay=0.5'):
+    config_io.check_compatible(config, workdir)

@@ -318,28 +318,40 @@ class _Damaged(Exception):  # files failing their checksums (the message: the sh
   pass
 
 
+# Where a checkpoint keeps the parameters to restore: the trained ones, or their moving average
+# (`config.train.ema_decay`: `training.optim.EmaState`, the optimizer state's `ema`).
+PARAMS, EMA = ('params',), ('opt_state', 'ema')
+
+
 def _restore_params_at(manager: ocp.CheckpointManager, workdir: str, step: int, sharding,
-                       unverified: _Unverified) -> Any:
+                       unverified: _Unverified, subtree: tuple[str, ...] = PARAMS) -> Any:
   problem = files.verify_checksums(step_dir(workdir, step), skip=('data',))
   if problem is not None:  # found before Orbax starts reading: nothing is left pending
     raise _Damaged(problem)
   unverified.check(step)
   stored = _state_metadata(manager, step)
-  if 'params' not in stored:
-    raise ValueError(f'checkpoint {step} has no params')
-  if problem := files.older_layout(stored['params'], step, workdir):
+  for key in subtree:
+    if not isinstance(stored, dict) or key not in stored:
+      raise ValueError(f'checkpoint {step} has no {"/".join(subtree)}')
+    stored = stored[key]
+  if problem := files.older_layout(stored, step, workdir):
     raise CheckpointError(problem)
   place = (lambda *_: sharding) if isinstance(sharding, jax.sharding.Sharding) else sharding
   target = jax.tree_util.tree_map_with_path(lambda path, m: jax.ShapeDtypeStruct(
-      tuple(m.shape), m.dtype, sharding=place(path, tuple(m.shape))), stored['params'])
+      tuple(m.shape), m.dtype, sharding=place(path, tuple(m.shape))), stored)
+  for key in reversed(subtree):
+    target = {key: target}
   restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-      item={'params': target}, restore_args=ocp.checkpoint_utils.construct_restore_args(
-          {'params': target}), partial_restore=True)))
-  return files.int_keys(restored['state']['params'])
+      item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+      partial_restore=True)))['state']
+  for key in subtree:
+    restored = restored[key]
+  return files.int_keys(restored)
 
 
 def _load_params(workdir: str, candidates: list[int], count: int, sharding,
-                 strict_step: int | None) -> list[tuple[int, Any]]:
+                 strict_step: int | None, subtree: tuple[str, ...] = PARAMS
+                 ) -> list[tuple[int, Any]]:
   """The params of up to `count` readable checkpoints among `candidates`, newest first; a
   damaged one is skipped with a warning, except `strict_step` (asked for by number)."""
   where = checkpoint_dir(workdir)
@@ -348,7 +360,7 @@ def _load_params(workdir: str, candidates: list[int], count: int, sharding,
   with contextlib.closing(_manager(workdir, read_only=True)) as manager:
     for s in reversed(candidates):
       try:
-        loaded.append((s, _restore_params_at(manager, workdir, s, sharding, unverified)))
+        loaded.append((s, _restore_params_at(manager, workdir, s, sharding, unverified, subtree)))
       except CheckpointError:  # readable, but not this version's: no fallback
         raise
       except Exception as e:  # pylint: disable=broad-except
@@ -363,7 +375,7 @@ def _load_params(workdir: str, candidates: list[int], count: int, sharding,
 
 
 def restore_params(workdir: str, step: int | None = None, average_last: int = 1,
-                   sharding: Any = None) -> tuple[Any, int]:
+                   sharding: Any = None, ema: bool = False) -> tuple[Any, int]:
   """Parameters only (no optimizer state, no model code needed) -> (params, step).
 
   `step=None` takes the newest readable checkpoint (falling back past a damaged one with a
@@ -371,6 +383,7 @@ def restore_params(workdir: str, step: int | None = None, average_last: int = 1,
   Arrays are placed with `sharding` (default: the first local device), whatever mesh wrote
   them; a function `(key path, shape) -> Sharding` places each leaf by itself (its shards are
   read straight onto their devices: `inference.restore` lays parameters out on a mesh so).
+  `ema`: the moving average of the parameters instead (a run with `config.train.ema_decay`).
   Raises `CheckpointError` (one line) when there is nothing to restore.
   """
   if average_last < 1:
@@ -384,7 +397,8 @@ def restore_params(workdir: str, step: int | None = None, average_last: int = 1,
   sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   candidates = [s for s in steps if step is None or s <= step]
   with files.quiet_orbax_logs():
-    loaded = _load_params(workdir, candidates, average_last, sharding, strict_step=step)
+    loaded = _load_params(workdir, candidates, average_last, sharding, strict_step=step,
+                          subtree=EMA if ema else PARAMS)
   if not loaded:
     raise CheckpointError(f'no readable checkpoint in {where} (tried steps {candidates})')
   if len(loaded) < average_last:

@@ -34,7 +34,7 @@ SHAPE_FIELDS = (
     'model.d_model', 'model.num_heads', 'model.d_ff', 'model.max_len',
     'model.share_embeddings', 'model.logits_via_embedding', 'model.positional_encoding',
     'model.norm_position', 'model.scan_layers', 'model.scale_embeddings', 'model.norm',
-    'model.qk_norm', 'model.activation', 'data.dataset',
+    'model.qk_norm', 'model.activation', 'train.ema_decay', 'data.dataset',
     'data.tokenizer', 'data.vocab_size', 'data.source_lang', 'data.target_lang',
 )
 

@@ -71,6 +71,9 @@ def params(config):
   from training.metrics import log  # pylint: disable=import-outside-toplevel
   if source(config) is None:
     return None
-  found, step = checkpoint.restore_params(source(config))
-  log(f'starting from the parameters of {source(config)} (its step {step})')
+  from training import config_io  # pylint: disable=import-outside-toplevel
+  ema = bool(config_io.load_config(source(config)).train.get('ema_decay', 0.0))
+  found, step = checkpoint.restore_params(source(config), ema=ema)
+  averaged = ' (their moving average)' if ema else ''
+  log(f'starting from the parameters{averaged} of {source(config)} (its step {step})')
   return found

@@ -8,6 +8,7 @@ steps from 1, so `rsqrt(step) = lr * d_model^-0.5 * min((step+1)^-0.5, (step+1) 
 from __future__ import annotations
 
 import math
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -124,6 +125,38 @@ def muon_dimensions(params):
   return jax.tree_util.tree_map_with_path(dims, params)
 
 
+class EmaState(NamedTuple):
+  """The optimizer state with an exponential moving average of the parameters (`with_ema`):
+  the inner optimizer's, the updates counted, and the average (shaped and laid out like the
+  parameters, checkpointed with the rest; `state.opt_state.ema`)."""
+  inner: Any
+  count: jax.Array
+  ema: Any
+
+
+def with_ema(tx: optax.GradientTransformation, decay: float) -> optax.GradientTransformation:
+  """`tx`, keeping ema <- d * ema + (1 - d) * params after each update, d = min(decay,
+  (1 + n) / (10 + n)) at update n (TensorFlow's ExponentialMovingAverage with num_updates:
+  early updates are not dominated by the initial parameters). Starts at the initial params."""
+  def init(params):
+    return EmaState(tx.init(params), jnp.zeros([], jnp.int32), params)
+
+  def update(updates, state, params=None):
+    updates, inner = tx.update(updates, state.inner, params)
+    new_params = optax.apply_updates(params, updates)
+    count = state.count + 1
+    d = jnp.minimum(decay, (1.0 + count) / (10.0 + count))
+    ema = jax.tree.map(lambda e, p: d * e + (1.0 - d) * p, state.ema, new_params)
+    return updates, EmaState(inner, count, ema)
+  return optax.GradientTransformation(init, update)
+
+
+def evaluated_params(state) -> Any:
+  """The parameters evaluation and decoding use: the moving average when the run keeps one
+  (`config.train.ema_decay` > 0), else the parameters."""
+  return state.opt_state.ema if isinstance(state.opt_state, EmaState) else state.params
+
+
 def make_optimizer(config, schedule: optax.Schedule | None = None) -> optax.GradientTransformation:
   """Global-norm clipping (if `grad_clip_norm` > 0) then Adam, AdamW or Muon (with Adam for
   what is not a layer's matrix: `muon_dimensions`) with the schedule."""
@@ -150,5 +183,6 @@ def make_optimizer(config, schedule: optax.Schedule | None = None) -> optax.Grad
   else:
     raise ValueError(f'config.optimizer.name={o.name!r} is not one of {list(OPTIMIZERS)}')
   if o.grad_clip_norm:
-    return optax.chain(optax.clip_by_global_norm(o.grad_clip_norm), opt)
-  return opt
+    opt = optax.chain(optax.clip_by_global_norm(o.grad_clip_norm), opt)
+  decay = config.train.get('ema_decay', 0.0) if 'train' in config else 0.0
+  return with_ema(opt, decay) if decay else opt

@@ -237,7 +237,8 @@ class _Run:
     cfg = self.config
     with self.progress.outside('eval'), telemetry.CompileTimer() as compiling:
       with self._compiling('the evaluation step') as timer:
-        results = evaluation.evaluate(eval_step, state.params, self.datasets.eval_batches(),
+        results = evaluation.evaluate(eval_step, optim.evaluated_params(state),
+                                      self.datasets.eval_batches(),
                                       self.mesh, cfg.train.num_eval_batches)
       self._compiled('the evaluation step', timer)
       results.pop('num_tokens', None)
@@ -263,7 +264,8 @@ class _Run:
   def bleu(self, state) -> tuple[float | None, str]:
     """BLEU of the first `num_eval_sentences` validation sentences, computed on process 0
     (with the parameters as they are laid out on one process, else gathered to it)."""
-    params = state.params if jax.process_count() == 1 else mesh_lib.to_host(state.params)
+    params = optim.evaluated_params(state)
+    params = params if jax.process_count() == 1 else mesh_lib.to_host(params)
     if not metrics_lib.is_main_process():
       return None, ''
     dec = self.config.decode
