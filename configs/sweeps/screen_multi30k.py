@@ -8,13 +8,14 @@ The protocol (docs/guide.md, "Experiments"): the rows that beat the baseline her
 one by one in `configs/sweeps/ladder_multi30k.py` (2-3 seeds), and the best ladder is run at the
 full CPU-hour budget with 3 seeds. Decoding is the preset's validation-chosen setting (beam 6,
 alpha 1.4) without checkpoint averaging, the same for every row; test2016 is the table's.
-Each run: ~18 min on 2 CPU cores (0.7 s/step), so the sweep is ~6 h there, ~20 min on a GPU.
+Each run: ~18 min on 2 CPU cores (0.7 s/step), so the sweep (22 runs) is ~6.5 h there.
 
 Sources: pre-LN (Xiong et al. 2020; Nguyen and Salazar 2019), RMSNorm (Zhang and Sennrich
 2019), SwiGLU (Shazeer 2020; d_ff 256 -> 170 keeps the parameters), ReLU^2 (So et al. 2021),
 QK-norm (Henry et al. 2020; Dehghani et al. 2023), zero-initialised residual projections and
 Muon (modded-nanogpt; Jordan et al. 2024), WSD (Hu et al. 2024; Hägele et al. 2024), z-loss
-(Chowdhery et al. 2022, PaLM).
+(Chowdhery et al. 2022, PaLM), a moving average of the weights (Polyak and Juditsky 1992;
+against the preset's checkpoint averaging, which this sweep's decoding leaves out).
 """
 
 from configs.sweeps import Sweep
@@ -39,6 +40,7 @@ def get_sweep():
           'wsd': {'optimizer.schedule': 'wsd', 'optimizer.learning_rate': PEAK,
                   'optimizer.min_learning_rate_ratio': 0.0},
           'z_loss': {'train.z_loss': 1e-4},
+          'ema': {'train.ema_decay': 0.999},
       },
       seeds=2,
       decode={'beam_size': 6, 'alpha': 1.4},

@@ -6,7 +6,7 @@ steps), 2 seeds; the table compares validation losses (Welch's t over seeds):
 
 Language modelling may rank the options otherwise than translation
 (configs/sweeps/screen_multi30k.py). The preset is already pre-LN, so the norm-position row is
-post-LN. Each run: ~4 min on 2 CPU cores, the sweep ~80 min.
+post-LN. Each run: ~4 min on 2 CPU cores, the sweep (22 runs) ~90 min.
 """
 
 from configs.sweeps import Sweep
@@ -26,6 +26,7 @@ def get_sweep():
           'muon': {'optimizer.name': 'muon'},  # the preset's weight decay, on both parts
           'wsd': {'optimizer.schedule': 'wsd'},
           'z_loss': {'train.z_loss': 1e-4},
+          'ema': {'train.ema_decay': 0.999},
       },
       seeds=2,
       description='Screening: each option alone against the Tiny Shakespeare preset.')
