@@ -150,3 +150,25 @@ def test_end_to_end_tiny_run_with_overrides_and_resume(tmp_path):
   assert 'different model/data setup: model.d_model=32 (new 64)' in proc.stderr
   with open(os.path.join(workdir, 'config.json')) as f:
     assert json.load(f)['model']['d_model'] == 32
+
+
+def test_a_change_of_the_state_layout_is_refused_and_config_json_kept(workdirs, tmp_path):
+  """Issue 58, cause 2: a field that changes the train state's tree but was not on the hand-made
+  list (final_logits_bias adds a bias, optimizer.name another state) rewrote config.json before
+  the refusal, and decode.py then refused the workdir. The fields are found by building both
+  states abstractly; nothing is written."""
+  import shutil  # pylint: disable=import-outside-toplevel
+  workdir = str(tmp_path / 'mt')
+  shutil.copytree(workdirs['mt'], workdir)
+  with open(os.path.join(workdir, 'config.json'), 'rb') as f:
+    before = f.read()
+  base = ['--config=configs/default.py:tiny', f'--workdir={workdir}']
+  runs = [[*base, '--config.model.final_logits_bias=True'],
+          [*base, '--config.optimizer.name=muon'], [*base, '--config.model.embedding_norm=True']]
+  for (code, _, err), field in zip(mains.run_mains(runs, 'train.py', devices=1),
+                                   ('model.final_logits_bias=False (new True)',
+                                    "optimizer.name='adam' (new 'muon')",
+                                    'model.embedding_norm=False (new True)'), strict=True):
+    assert code == 2 and f'holds a run with a different model/data setup: {field};' in err, err
+    with open(os.path.join(workdir, 'config.json'), 'rb') as f:
+      assert f.read() == before

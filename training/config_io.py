@@ -109,6 +109,8 @@ def check_compatible(config, workdir: str) -> list[str]:
   new = to_dict(config)
   clashes = [f'{f}={_get(old, f)!r} (new {_get(new, f)!r})' for f in SHAPE_FIELDS
              if _get(old, f) != _get(new, f)]
+  if not clashes:
+    clashes = _layout_changes(old, new)
   if clashes:
     raise IncompatibleWorkdirError(
         f'{workdir} holds a run with a different model/data setup: {", ".join(clashes)}; '
@@ -126,6 +128,37 @@ def check_compatible(config, workdir: str) -> list[str]:
 
   walk(old, new, '')
   return changed
+
+
+def _layout_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+  """The fields whose change alters the train state's tree (a parameter's shape, a parameter
+  more or less, another optimizer state), found by building both abstractly rather than from a
+  list kept by hand: `final_logits_bias` adds a bias, `optimizer.name` another state."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from model import build  # pylint: disable=import-outside-toplevel
+  from training import optim  # pylint: disable=import-outside-toplevel
+
+  def layout(values):
+    config = ml_collections.ConfigDict(values)
+    try:
+      params = build.param_shapes(ModelConfig.from_config(config.model))
+      opt = jax.eval_shape(optim.make_optimizer(config).init, params)
+    except (ConfigError, ValueError, KeyError, TypeError):
+      return None  # a config this version cannot build: validate_config names its field
+    return jax.tree.map(lambda x: (x.shape, x.dtype), (params, opt))
+
+  before, after = layout(old), layout(new)
+  if before is None or after is None or before == after:
+    return []
+  changed = [(section, k) for section in ('model', 'optimizer', 'train')
+             for k in sorted(set(old.get(section, {})) | set(new.get(section, {})))
+             if old.get(section, {}).get(k) != new.get(section, {}).get(k)]
+
+  def alone(section, key):  # the old config with only this field changed
+    return {**old, section: {**old[section], key: new[section][key]}}
+  named = [(s, k) for s, k in changed if k in new.get(s, {}) and layout(alone(s, k)) != before]
+  return [f'{s}.{k}={old[s].get(k)!r} (new {new[s].get(k)!r})' for s, k in named or changed]
 
 
 def validate_config(config, *, num_devices: int = 1, process_count: int = 1) -> ModelConfig:
