@@ -100,7 +100,18 @@ def load(directory: str) -> Imported:
   except (ValueError, IndexError) as e:
     raise ImportProblem(f'{directory}: the weights do not fit config.json ({e})') from None
   _check_shapes(directory, cfg, params)
+  _check_finite(directory, params)
   return Imported(arch.name, fields, params, tokenizer)
+
+
+def _check_finite(directory: str, params) -> None:
+  """Every weight finite: a NaN decodes to empty lines with exit 0, an inf to '!!!!'."""
+  for path, value in jax.tree_util.tree_flatten_with_path(params)[0]:
+    bad = int(np.size(value) - np.count_nonzero(np.isfinite(value)))
+    if bad:
+      name = '/'.join(str(getattr(k, 'key', k)) for k in path)
+      raise ImportProblem(f'{directory}: {name} has {bad} non-finite value(s) (NaN or inf); '
+                          'nothing was written')
 
 
 def _check_shapes(directory: str, cfg, params) -> None:

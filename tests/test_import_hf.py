@@ -366,3 +366,24 @@ def test_staging_touches_nothing_of_the_users_and_a_racing_import_is_refused(bui
   assert sorted(os.listdir(tmp_path)) == ['new', 'new.importing', 'other', 'other.importing',
                                           'raced', 'third', 'third.importing']
   assert inference.load(str(racing)).translate(['a b']) is not None
+
+
+@pytest.mark.parametrize('value', [float('nan'), float('inf')])
+def test_non_finite_weights_are_refused(built, tmp_path, value):
+  """Issue 58, cause 6: a NaN weight imported gave empty translations with exit 0, an inf
+  '!!!!!!!!'. Refused in one line naming the weight; nothing written."""
+  from safetensors.numpy import load_file, save_file  # pylint: disable=import-outside-toplevel
+  source = _copy(built['marian'][0], str(tmp_path / 'bad'))
+  path = os.path.join(source, 'model.safetensors')
+  tensors = load_file(path)
+  name = next(k for k in sorted(tensors) if k.endswith('fc1.weight'))
+  tensors[name] = tensors[name].copy()
+  tensors[name].flat[3] = value
+  save_file(tensors, path, metadata={'format': 'pt'})
+  workdir = str(tmp_path / 'new')
+  with pytest.raises(ImportProblem) as caught:
+    import_checkpoint(source, workdir)
+  message = str(caught.value)
+  assert 'has 1 non-finite value(s) (NaN or inf); nothing was written' in message, message
+  assert '/ffn/wi/kernel' in message and '\n' not in message
+  assert not os.path.exists(workdir)
