@@ -172,3 +172,23 @@ def test_a_change_of_the_state_layout_is_refused_and_config_json_kept(workdirs, 
     assert code == 2 and f'holds a run with a different model/data setup: {field};' in err, err
     with open(os.path.join(workdir, 'config.json'), 'rb') as f:
       assert f.read() == before
+
+
+def test_a_fine_tune_resumes_without_its_init_from_directory(workdirs, tmp_path):
+  """Issue 58, cause 11: once a fine-tune has a checkpoint, its own config.json and
+  checkpoints are enough to resume; the init_from directory may be gone."""
+  import shutil  # pylint: disable=import-outside-toplevel
+  source, workdir = str(tmp_path / 'source'), str(tmp_path / 'ft')
+  shutil.copytree(workdirs['mt'], source)
+  args = ['--config=configs/default.py:tiny', f'--workdir={workdir}',
+          f'--config.train.init_from={source}', '--config.decode.num_eval_sentences=0',
+          '--config.train.num_eval_batches=1', '--config.train.checkpoint_every_steps=2']
+  (code, out, err), = mains.run_mains([[*args, '--config.train.num_steps=2']], 'train.py',
+                                      devices=1)
+  assert code == 0, err
+  shutil.rmtree(source)
+  (code, out, err), = mains.run_mains([[*args, '--config.train.num_steps=4']], 'train.py',
+                                      devices=1)
+  assert code == 0, err
+  assert 'resumed from the checkpoint at step 2' in out + err
+  assert 'done: step 4/4' in out + err

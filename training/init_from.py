@@ -25,13 +25,18 @@ def source(config) -> str | None:
   return config.train.get('init_from') or None
 
 
-def configure(config, overridden: frozenset[str] = frozenset()) -> None:
+def configure(config, overridden: frozenset[str] = frozenset(),
+              workdir: str | None = None) -> None:
   """DIR's model section and tokenizer fields into `config` (in place), but the model fields
-  named in `overridden` (dotted, e.g. 'model.dropout_rate'); refuses a shape field there."""
+  named in `overridden` (dotted, e.g. 'model.dropout_rate'); refuses a shape field there.
+  A `workdir` that has started from DIR (its config.json and a checkpoint) resumes from its
+  own config.json: DIR is no longer needed, and may be gone."""
   directory = source(config)
   if directory is None:
     return
-  if not os.path.isfile(config_io.config_path(directory)):
+  if workdir is not None and _started(workdir):
+    directory = workdir
+  elif not os.path.isfile(config_io.config_path(directory)):
     raise ConfigError(f'config.train.init_from={directory!r} is not a workdir (no config.json '
                       'there): give import.py\'s or a trained run\'s workdir')
   start = config_io.load_config(directory)
@@ -45,6 +50,11 @@ def configure(config, overridden: frozenset[str] = frozenset()) -> None:
       config.model[field.name] = start.model.get(field.name, field.default)
   for field in TOKENIZER_FIELDS:
     config.data[field] = start.data[field]
+
+
+def _started(workdir: str) -> bool:
+  from training import checkpoint  # pylint: disable=import-outside-toplevel
+  return os.path.isfile(config_io.config_path(workdir)) and bool(checkpoint.list_steps(workdir))
 
 
 def copy_tokenizer(config, workdir: str) -> None:

@@ -102,7 +102,7 @@ class _Run:
 
   def __init__(self, config, workdir: str, datasets=None, preset=None, on_second_interrupt=None,
                overridden=frozenset()):
-    init_from.configure(config, overridden)
+    init_from.configure(config, overridden, workdir)
     self.config, self.workdir, self.preset = config, workdir, preset
     self.on_second_interrupt = on_second_interrupt
     self.model_config = config_io.validate_config(
