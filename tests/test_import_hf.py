@@ -387,3 +387,34 @@ def test_non_finite_weights_are_refused(built, tmp_path, value):
   assert 'has 1 non-finite value(s) (NaN or inf); nothing was written' in message, message
   assert '/ffn/wi/kernel' in message and '\n' not in message
   assert not os.path.exists(workdir)
+
+
+def test_init_from_refusals_leave_the_workdir_as_they_found_it(built, workdirs, tmp_path):
+  """Issue 58, cause 3: a refused fine-tune left the imported tokenizer's files behind (the
+  next train.py then failed on them); a workdir with another tokenizer was trained with it; a
+  source without checkpoints was refused only after config.json and its tokenizer were
+  written."""
+  import shutil  # pylint: disable=import-outside-toplevel
+  marian = built['marian'][1]
+  empty = str(tmp_path / 'no_checkpoints')
+  os.makedirs(empty)
+  shutil.copy(os.path.join(marian, 'config.json'), empty)
+  other = str(tmp_path / 'other_tokenizer')
+  os.makedirs(other)
+  shutil.copytree(os.path.join(workdirs['mt'], 'tokenizer'), os.path.join(other, 'tokenizer'))
+  before = sorted(os.listdir(os.path.join(other, 'tokenizer')))
+  refused, fresh = str(tmp_path / 'refused'), str(tmp_path / 'fresh')
+  base = ['--config.train.num_steps=1', '--config.decode.num_eval_sentences=0']
+  runs = [[f'--workdir={refused}', f'--config.train.init_from={marian}',
+           '--config.data.dataset=parallel_text',
+           f'--config.data.train_files={tmp_path}/missing.en,{tmp_path}/missing.de', *base],
+          [f'--workdir={fresh}', f'--config.train.init_from={empty}', *base],
+          [f'--workdir={other}', f'--config.train.init_from={marian}', *base]]
+  results = mains.run_mains(runs, 'train.py', devices=1)
+  (code, _, err), (code2, _, err2), (code3, _, err3) = results
+  assert code == 2 and 'missing.en' in err, err
+  assert not os.path.exists(refused) or os.listdir(refused) == [], os.listdir(refused)
+  assert code2 == 2 and 'has no checkpoint to start from' in err2 and not os.path.exists(fresh)
+  assert code3 == 2 and 'holds another tokenizer than config.train.init_from' in err3, err3
+  assert sorted(os.listdir(other)) == ['tokenizer']
+  assert sorted(os.listdir(os.path.join(other, 'tokenizer'))) == before

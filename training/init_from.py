@@ -39,6 +39,13 @@ def configure(config, overridden: frozenset[str] = frozenset(),
   elif not os.path.isfile(config_io.config_path(directory)):
     raise ConfigError(f'config.train.init_from={directory!r} is not a workdir (no config.json '
                       'there): give import.py\'s or a trained run\'s workdir')
+  else:  # checked before anything is written into the new workdir
+    from training import checkpoint  # pylint: disable=import-outside-toplevel
+    if not checkpoint.list_steps(directory):
+      raise ConfigError(f'config.train.init_from={directory!r} has no checkpoint to start from '
+                        f'({checkpoint.checkpoint_dir(directory)})')
+    if workdir is not None:
+      _check_same_tokenizer(directory, workdir)
   start = config_io.load_config(directory)
   clashes = sorted(f for f in overridden if f in config_io.SHAPE_FIELDS and
                    f.startswith('model.'))
@@ -50,6 +57,26 @@ def configure(config, overridden: frozenset[str] = frozenset(),
       config.model[field.name] = start.model.get(field.name, field.default)
   for field in TOKENIZER_FIELDS:
     config.data[field] = start.data[field]
+
+
+def _check_same_tokenizer(directory: str, workdir: str) -> None:
+  """A workdir that already holds a tokenizer (a refused or killed start) must hold DIR's:
+  another one would train DIR's parameters on other token ids."""
+  from input_pipeline import tokenizers  # pylint: disable=import-outside-toplevel
+  if not tokenizers.has_tokenizer(workdir):
+    return
+  mine, theirs = (_tokenizer_files(d) for d in (workdir, directory))
+  if mine != theirs:
+    raise ConfigError(f'{workdir} holds another tokenizer than config.train.init_from='
+                      f'{directory!r}: use another --workdir (nothing was changed)')
+
+
+def _tokenizer_files(workdir: str) -> dict[str, bytes]:
+  from common.files import read_regular  # pylint: disable=import-outside-toplevel
+  from input_pipeline import tokenizers  # pylint: disable=import-outside-toplevel
+  directory = os.path.join(workdir, tokenizers.TOKENIZER_DIR)
+  return {name: read_regular(os.path.join(directory, name)) for name in sorted(os.listdir(
+      directory)) if not name.startswith('.') and os.path.isfile(os.path.join(directory, name))}
 
 
 def _started(workdir: str) -> bool:

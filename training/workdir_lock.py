@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import socket
 
 # The lock-file helpers live in common.lock_file (input_pipeline locks with them too); their
@@ -61,6 +62,10 @@ class WorkdirLock:
           with contextlib.suppress(OSError):
             os.unlink(path)  # the lock file last: the workdir stays locked until then
     self.release()
+    tokenizer = os.path.join(self._workdir, 'tokenizer')
+    if not started and 'tokenizer' not in self._found and os.path.isdir(tokenizer) and (
+        not os.path.islink(tokenizer)):  # a tokenizer this run wrote or copied (any kind's files)
+      shutil.rmtree(tokenizer, ignore_errors=True)
     for rel in _SETUP_DIRS if not started else ():
       path = os.path.join(self._workdir, rel) if rel else self._workdir
       if rel not in self._found and not os.path.islink(path):
