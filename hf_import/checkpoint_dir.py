@@ -10,6 +10,8 @@ import re
 
 import numpy as np
 
+from common.files import NotARegularFileError, open_regular, read_regular
+
 WEIGHTS = ('model.safetensors', 'model.safetensors.index.json', 'pytorch_model.bin')
 # A Hub id (`--from=Helsinki-NLP/opus-mt-en-de`): owner/name, no path of this machine.
 _HUB_ID = re.compile(r'^[A-Za-z0-9][\w.-]*/[\w.-]+$')
@@ -35,15 +37,34 @@ def resolve(path: str) -> str:
                         f'{" ".join(str(e).split())[:200]}') from None
 
 
+def _inside(directory: str, name: str) -> str:
+  """DIRECTORY/NAME, refused unless the name stays inside the checkpoint directory (an
+  absolute or `..` shard path in an index would read another file). Symlinks are followed:
+  the Hub's cache links each file to its blob; what they reach must be a regular file.
+  """
+  normal = os.path.normpath(name)
+  if os.path.isabs(name) or normal == os.pardir or normal.startswith(os.pardir + os.sep):
+    raise ImportProblem(f'{directory}: {name!r} is outside the checkpoint directory')
+  return os.path.join(directory, normal)
+
+
+def _read(path: str) -> bytes:
+  """A regular file's bytes (`common.files.read_regular`: a FIFO would block forever, a
+  symlink to /dev/zero read until memory runs out)."""
+  try:
+    return read_regular(path)
+  except NotARegularFileError as e:
+    raise ImportProblem(str(e)) from None
+
+
 def read_json(directory: str, name: str, required: bool = True) -> dict:
-  path = os.path.join(directory, name)
-  if not os.path.isfile(path):
+  path = _inside(directory, name)
+  if not os.path.lexists(path):
     if required:
       raise ImportProblem(f'{directory} is not a transformers checkpoint: {name} not found')
     return {}
   try:
-    with open(path, encoding='utf-8') as f:
-      found = json.load(f)
+    found = json.loads(_read(path))
   except (OSError, ValueError) as e:
     raise ImportProblem(f'cannot read {path}: {type(e).__name__}: {e}') from None
   if not isinstance(found, dict):
@@ -52,14 +73,26 @@ def read_json(directory: str, name: str, required: bool = True) -> dict:
 
 
 def read_bytes(directory: str, name: str, what: str) -> bytes:
-  path = os.path.join(directory, name)
+  path = _inside(directory, name)
   try:
-    with open(path, 'rb') as f:
-      return f.read()
+    return _read(path)
   except FileNotFoundError:
     raise ImportProblem(f'{directory} has no {name} ({what})') from None
   except OSError as e:
     raise ImportProblem(f'cannot read {path}: {e.strerror or e}') from None
+
+
+def _regular(directory: str, name: str) -> str:
+  """DIRECTORY/NAME if it is a regular file inside the directory (a weights file is read by
+  safetensors or torch, not by `_read`: checked first)."""
+  path = _inside(directory, name)
+  try:
+    open_regular(path).close()
+  except NotARegularFileError as e:
+    raise ImportProblem(str(e)) from None
+  except OSError as e:
+    raise ImportProblem(f'cannot read {path}: {e.strerror or e}') from None
+  return path
 
 
 def _safetensors(path: str) -> dict[str, np.ndarray]:
@@ -79,18 +112,20 @@ def _torch_bin(path: str) -> dict[str, np.ndarray]:
 
 def state_dict(directory: str) -> dict[str, np.ndarray]:
   """name -> float32 array of every weight the directory holds."""
-  found = [name for name in WEIGHTS if os.path.isfile(os.path.join(directory, name))]
+  found = [name for name in WEIGHTS if os.path.lexists(os.path.join(directory, name))]
   if not found:
     raise ImportProblem(f'{directory} is not a transformers checkpoint: none of '
                         f'{", ".join(WEIGHTS)} found')
   name = found[0]
-  path = os.path.join(directory, name)
+  path = _regular(directory, name)
   try:
     if name == 'model.safetensors.index.json':
-      shards = sorted(set(read_json(directory, name).get('weight_map', {}).values()))
+      shards = read_json(directory, name).get('weight_map', {})
+      if not isinstance(shards, dict) or not all(isinstance(v, str) for v in shards.values()):
+        raise ImportProblem(f'{path}: weight_map is not an object of file names')
       weights = {}
-      for shard in shards:
-        weights.update(_safetensors(os.path.join(directory, shard)))
+      for shard in sorted(set(shards.values())):
+        weights.update(_safetensors(_regular(directory, shard)))
     elif name.endswith('.safetensors'):
       weights = _safetensors(path)
     else:

@@ -418,3 +418,29 @@ def test_init_from_refusals_leave_the_workdir_as_they_found_it(built, workdirs, 
   assert code3 == 2 and 'holds another tokenizer than config.train.init_from' in err3, err3
   assert sorted(os.listdir(other)) == ['tokenizer']
   assert sorted(os.listdir(os.path.join(other, 'tokenizer'))) == before
+
+
+def test_import_reads_only_regular_files_inside_the_checkpoint(built, tmp_path):
+  """Issue 58, cause 10: a FIFO at a tokenizer file hung the import forever, a symlink to
+  /dev/zero read until memory ran out, an absolute shard path in the index read a file outside
+  the checkpoint. Each is one line now."""
+  import json  # pylint: disable=import-outside-toplevel
+  from safetensors.numpy import load_file, save_file  # pylint: disable=import-outside-toplevel
+  marian = built['marian'][0]
+  fifo = _copy(marian, str(tmp_path / 'fifo'), drop=('source.spm',))
+  os.mkfifo(os.path.join(fifo, 'source.spm'))
+  zero = _copy(marian, str(tmp_path / 'zero'), drop=('vocab.json',))
+  os.symlink('/dev/zero', os.path.join(zero, 'vocab.json'))
+  outside = _copy(marian, str(tmp_path / 'outside'), drop=('model.safetensors',))
+  tensors = load_file(os.path.join(marian, 'model.safetensors'))
+  shard = str(tmp_path / 'elsewhere.safetensors')
+  save_file(tensors, shard, metadata={'format': 'pt'})
+  with open(os.path.join(outside, 'model.safetensors.index.json'), 'w') as f:
+    json.dump({'weight_map': {name: shard for name in tensors}}, f)
+  for source, message in ((fifo, 'source.spm is a FIFO, not a regular file'),
+                          (zero, 'vocab.json is a device, not a regular file'),
+                          (outside, f'{shard!r} is outside the checkpoint directory')):
+    with pytest.raises(ImportProblem) as caught:
+      import_checkpoint(source, str(tmp_path / 'new'))
+    assert message in str(caught.value) and '\n' not in str(caught.value)
+    assert not os.path.exists(tmp_path / 'new')
