@@ -81,6 +81,7 @@ def load(directory: str) -> Imported:
   sd = checkpoint_dir.state_dict(directory)
   if arch.prefix:
     sd = {k.removeprefix(arch.prefix): v for k, v in sd.items()}
+  _check_against_config(directory, hf, arch, sd)
   try:
     fields = arch.model(hf, sd)
   except KeyError as e:
@@ -112,6 +113,38 @@ def _check_finite(directory: str, params) -> None:
       name = '/'.join(str(getattr(k, 'key', k)) for k in path)
       raise ImportProblem(f'{directory}: {name} has {bad} non-finite value(s) (NaN or inf); '
                           'nothing was written')
+
+
+# Buffers some transformers versions saved and others do not (GPT-2's causal mask, BERT's
+# position ids): not weights, never read.
+_BUFFERS = ('.attn.bias', '.attn.masked_bias', 'position_ids', 'token_type_ids')
+
+
+def _check_against_config(directory: str, hf: dict, arch, sd: dict) -> None:
+  """Every tensor of the checkpoint is one the model config.json describes, with the shape
+  config.json implies (transformers' own model, built on the meta device: nothing is
+  allocated): a tensor left over (n_layer=1 over two layers' weights) or of another shape
+  (n_positions=16 over 64 rows, one element more in a bias) is refused before any slicing."""
+  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
+  cls = getattr(transformers, arch.name)
+  try:
+    config = cls.config_class.from_dict(dict(hf))
+    with torch.device('meta'):
+      expected = {k.removeprefix(arch.prefix): tuple(v.shape)
+                  for k, v in cls(config).state_dict().items()}
+  except Exception as e:  # noqa: BLE001  (transformers' own refusal of a value)
+    raise ImportProblem(f'{directory}/config.json describes no {arch.name}: {type(e).__name__}: '
+                        f'{" ".join(str(e).split())[:200]}') from None
+  for name in sorted(sd):
+    shape = tuple(np.shape(sd[name]))
+    if name not in expected:
+      if not name.endswith(_BUFFERS):
+        raise ImportProblem(f'{directory}: the checkpoint has {name} {shape}, which the model '
+                            'of its config.json does not (more layers than n_layer?)')
+    elif shape != expected[name]:
+      raise ImportProblem(f'{directory}: {name} has shape {shape} in the checkpoint but '
+                          f'config.json makes it {expected[name]}')
 
 
 def _check_shapes(directory: str, cfg, params) -> None:

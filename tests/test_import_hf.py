@@ -237,7 +237,18 @@ def test_bad_checkpoints_are_one_line_and_write_nothing(built, tmp_path):
       (_copy(marian, str(tmp_path / 'heads'), decoder_attention_heads=2),
        'decoder_attention_heads=2 cannot be imported'),
       (_copy(marian, str(tmp_path / 'spm'), drop=('target.spm',)), 'has no target.spm'),
-      (_copy(marian, str(tmp_path / 'shape'), d_model=48), 'the weights do not fit'),
+      (_copy(marian, str(tmp_path / 'shape'), d_model=48),
+       'model.decoder.layers.0.encoder_attn.k_proj.bias has shape (32,) in the checkpoint but '
+       'config.json makes it (48,)'),
+      # Issue 58, cause 4: weights that do not fit config.json were dropped or sliced, exit 0.
+      (_copy(built['gpt2'][0], str(tmp_path / 'layers'), n_layer=1),
+       'the checkpoint has transformer.h.1.attn.c_attn.bias (96,), which the model of its '
+       'config.json does not'),
+      (_copy(built['gpt2'][0], str(tmp_path / 'positions'), n_positions=16),
+       'wpe.weight has shape (64, 32) in the checkpoint but config.json makes it (16, 32)'),
+      (_copy(built['bert'][0], str(tmp_path / 'rows'), vocab_size=290),
+       'has shape (300, 32) in the checkpoint but config.json makes it (290, 32)'),
+      (_copy(marian, str(tmp_path / 'dropout'), dropout='abc'), 'describes no MarianMTModel'),
   ]
   for source, message in cases:
     workdir = str(tmp_path / 'new')
@@ -425,6 +436,7 @@ def test_import_reads_only_regular_files_inside_the_checkpoint(built, tmp_path):
   /dev/zero read until memory ran out, an absolute shard path in the index read a file outside
   the checkpoint. Each is one line now."""
   import json  # pylint: disable=import-outside-toplevel
+
   from safetensors.numpy import load_file, save_file  # pylint: disable=import-outside-toplevel
   marian = built['marian'][0]
   fifo = _copy(marian, str(tmp_path / 'fifo'), drop=('source.spm',))
