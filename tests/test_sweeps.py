@@ -22,8 +22,10 @@ from experiments.sweep_file import SweepError
 TINY = 'configs/default.py:tiny'
 # Few steps of the tiny model, a checkpoint every 5, no BLEU during training: the sweep's
 # own evaluation decodes the first sentences of both splits (greedy, 4 tokens: cheap).
-QUICK = {'train.num_steps': 40, 'train.checkpoint_every_steps': 5, 'train.max_checkpoints': 2,
-         'train.eval_every_steps': 40, 'train.log_every_steps': 20,
+# 60 steps: the third run is interrupted after its first checkpoint, well before its end even
+# on a loaded machine.
+QUICK = {'train.num_steps': 60, 'train.checkpoint_every_steps': 5, 'train.max_checkpoints': 2,
+         'train.eval_every_steps': 60, 'train.log_every_steps': 20,
          'train.num_eval_batches': 1, 'decode.num_eval_sentences': 0}
 DECODE = {'beam_size': 1, 'max_new_tokens': 4}
 EVAL_SENTENCES = 60
