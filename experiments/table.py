@@ -107,12 +107,25 @@ def compare(plan: Plan, rows: list[RowResults]) -> dict[str, significance.Compar
   return out
 
 
-def _minutes(run: Run) -> float | None:
+def _events(run: Run):
+  """The run's TensorBoard scalars (`training.report.Run`), or None before it has any."""
   from training import report  # pylint: disable=import-outside-toplevel
   try:
-    return report.load_run(run.workdir).minutes
+    return report.load_run(run.workdir)
   except (FileNotFoundError, OSError):
     return None
+
+
+def _minutes(run: Run) -> float | None:
+  events = _events(run)
+  return None if events is None else events.minutes
+
+
+def _final_loss(run: Run) -> float | None:
+  """The trainer's last validation loss (teacher-forced: a figure with little seed noise)."""
+  events = _events(run)
+  points = [] if events is None else events.scalars.get('eval/loss', [])
+  return points[-1].value if points and points[-1].step == run.num_steps else None
 
 
 def markdown(plan: Plan, rows: list[RowResults]) -> str:
@@ -125,7 +138,7 @@ def markdown(plan: Plan, rows: list[RowResults]) -> str:
             f'Δ vs {plan.baseline} [95% interval]', 'p', 'verdict']
   others = [m for m in evaluate.METRICS if m != metric] if translation else []
   header += [f'test {NAMES[m]}' for m in others]
-  header += ['valid BLEU'] if translation else []
+  header += ['valid BLEU', 'valid loss'] if translation else []
   header += ['parameters', 'train min/run', 'eval min/run']
   lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
   for row in rows:
@@ -143,7 +156,9 @@ def markdown(plan: Plan, rows: list[RowResults]) -> str:
     cells = [row.name, seeds, _mean_sd(values, digits), _range(values, digits), delta, p,
              verdict]
     cells += [_mean_sd(row.values(m), 2) for m in others]
-    cells += [_mean_sd(row.values('bleu', 'validation'), 2)] if translation else []
+    if translation:
+      losses = [x for x in (_final_loss(r) for r in row.planned) if x is not None]
+      cells += [_mean_sd(row.values('bleu', 'validation'), 2), _mean_sd(losses, 3)]
     params = {r.get('parameters') for r in row.results} - {None}
     minutes = [m for m in (_minutes(r) for r in row.planned) if m is not None]
     evals = [r['eval_wall_s'] / 60 for r in row.results if 'eval_wall_s' in r]
@@ -169,11 +184,16 @@ def _preamble(plan: Plan, rows: list[RowResults], translation: bool) -> list[str
           f'- {finished} of {len(plan.runs)} runs finished; written '
           f'{time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}']
   if translation:
-    decode = {evaluate.AVERAGE_LAST: 1, **sweep.decode}
-    signature = next((r.results[0]['test'].get('bleu_signature') for r in rows if r.results),
-                     None)
-    out.append(f'- evaluation: the whole validation and test splits decoded with {decode} '
-               f'(the config\'s decode section for what is not given); BLEU `{signature}`')
+    first = next((r.results[0] for r in rows if r.results), {})
+    search = first.get('search', '?')
+    average = first.get('decode', {}).get(evaluate.AVERAGE_LAST, 1)
+    cap = sweep.eval_sentences
+    splits = f'the first {cap} sentences of' if cap else 'the whole'
+    averaged = ('no checkpoint averaging' if average == 1 else
+                f'the last {average} checkpoints averaged')
+    out.append(f'- evaluation: {splits} validation and test splits, {search}, {averaged} (the '
+               f'sweep\'s decode={dict(sweep.decode)}, else the config\'s decode section); '
+               f'BLEU `{first.get("test", {}).get("bleu_signature")}`')
   return out
 
 
@@ -184,7 +204,8 @@ def _notes(plan: Plan, translation: bool) -> str:
             f'({significance.SAMPLES} resamples, sacreBLEU\'s method and seed) of the '
             f'seed-averaged outputs; "significant" at p < {significance.LEVEL}. The bootstrap '
             f'measures the test set\'s sampling noise; compare the seed sd beside it: a Δ '
-            f'within the seed spread is not a finding, whatever p says.\n')
+            f'within the seed spread is not a finding, whatever p says. valid loss: the '
+            f'trainer\'s teacher-forced validation loss at the last step (per token).\n')
   return (f'\nmean ± sd over seeds. Δ: the row\'s mean minus the baseline\'s, with the 95% '
           f'interval and p of Welch\'s t-test over seeds; "significant" at p < '
           f'{significance.LEVEL}.\n')

@@ -226,7 +226,7 @@ def test_table(swept):
   assert (root / 'curves.png').stat().st_size > 10_000
   rows = [line for line in text.splitlines() if line.startswith('| ') and '---' not in line]
   header, post, pre, nan = rows
-  assert 'test BLEU' in header and 'Δ vs post' in header
+  assert 'test BLEU' in header and 'Δ vs post' in header and 'valid loss' in header
   assert post.startswith('| post | 2/2 |') and '| baseline |' in post
   assert pre.startswith('| pre | 2/2 |') and 'significant' in pre
   assert nan.startswith('| nan | 0/2 (unfinished) |')
