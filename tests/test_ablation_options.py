@@ -161,7 +161,7 @@ def _state_and_batch(config, tx, seed=0):
   return state, batch
 
 
-def test_z_loss_gradient_and_zero_is_the_plain_step():
+def test_z_loss_gradient():
   config = ModelConfig.from_config(TINY)
   tx = optax.sgd(1.0)
   state, batch = _state_and_batch(config, tx)
