@@ -47,14 +47,20 @@ def results_path(workdir: str) -> str:
   return os.path.join(workdir, EVAL_DIR, RESULTS_FILE)
 
 
-def read_results(workdir: str) -> dict[str, Any] | None:
-  """results.json of an evaluated run, or None (not evaluated, or unreadable)."""
+def read_json_object(path: str) -> dict[str, Any] | None:
+  """A JSON object file (a regular file only: a FIFO would block), or None when it is
+  missing, unreadable or not an object."""
   from common.files import read_regular  # pylint: disable=import-outside-toplevel
   try:
-    results = json.loads(read_regular(results_path(workdir)))
+    found = json.loads(read_regular(path))
   except (OSError, ValueError):
     return None
-  return results if isinstance(results, dict) else None
+  return found if isinstance(found, dict) else None
+
+
+def read_results(workdir: str) -> dict[str, Any] | None:
+  """results.json of an evaluated run, or None (not evaluated, or unreadable)."""
+  return read_json_object(results_path(workdir))
 
 
 def scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any]:

@@ -19,6 +19,8 @@ import sys
 import time
 from typing import Any
 
+from experiments import evaluate
+
 DONE, FAILED, INTERRUPTED, RUNNING = 'done', 'failed', 'interrupted', 'running'
 
 
@@ -30,12 +32,7 @@ def write_status(path: str, **status) -> None:
 
 
 def read_status(path: str) -> dict[str, Any]:
-  try:
-    with open(path, encoding='utf-8') as f:
-      status = json.load(f)
-  except (OSError, ValueError):
-    return {}
-  return status if isinstance(status, dict) else {}
+  return evaluate.read_json_object(path) or {}
 
 
 def last_error(log_path: str) -> str:
@@ -102,7 +99,6 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
                 error=last_error(log_file))
   write_status(status_file, state=RUNNING, phase='evaluate', job_pid=os.getpid(),
                started=started)
-  from experiments import evaluate  # pylint: disable=import-outside-toplevel
   try:
     results = evaluate.evaluate(workdir, spec['decode'], translates=spec['translates'],
                                 sentences=spec.get('eval_sentences'))

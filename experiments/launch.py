@@ -48,16 +48,12 @@ def eval_settings(plan: Plan) -> dict[str, Any]:
   return {evaluate.AVERAGE_LAST: 1, **plan.sweep.decode}
 
 
-def eval_sentences(plan: Plan) -> int | None:
-  return plan.sweep.eval_sentences
-
-
 def job_spec(plan: Plan, run: Run) -> dict[str, Any]:
   """What `job.run_job` needs: plain data, so that it pickles for any executor."""
   from experiments.sweep_file import REPO  # pylint: disable=import-outside-toplevel
   return {'row': run.row, 'seed': run.seed, 'workdir': os.path.abspath(run.workdir),
           'args': list(run.args), 'num_steps': run.num_steps, 'translates': run.translates,
-          'decode': eval_settings(plan), 'eval_sentences': eval_sentences(plan),
+          'decode': eval_settings(plan), 'eval_sentences': plan.sweep.eval_sentences,
           'status_file': os.path.abspath(status_file(plan, run)),
           'log_file': os.path.abspath(log_file(plan, run)), 'repo': REPO}
 
@@ -71,7 +67,7 @@ def _evaluated(plan: Plan, run: Run) -> bool:
   if not run.translates:
     return True
   return (results.get('decode') is not None and _same_decode(results['decode'], plan, run)
-          and results.get('eval_sentences') == eval_sentences(plan))
+          and results.get('eval_sentences') == plan.sweep.eval_sentences)
 
 
 def _same_decode(recorded: dict, plan: Plan, run: Run) -> bool:

@@ -16,6 +16,19 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+# Issue 56's screening rows that read the same against any preset: each option alone, at its
+# usual setting (the sweep files add the rows that depend on their preset: the other norm
+# position, SwiGLU's d_ff, the WSD peak).
+OPTIONS_ALONE = {
+    'rms_norm': {'model.norm': 'rms_norm'},
+    'relu2': {'model.activation': 'relu2'},
+    'qk_norm': {'model.qk_norm': True},
+    'zero_init_out': {'model.zero_init_out': True},
+    'muon': {'optimizer.name': 'muon'},
+    'z_loss': {'train.z_loss': 1e-4},
+    'ema': {'train.ema_decay': 0.999},
+}
+
 # The sweep file's `slurm` fields (sweep.py's --slurm_* flags override them).
 SLURM_FIELDS = ('partition', 'time_min', 'gpus_per_node', 'cpus_per_task', 'mem_gb',
                 'array_parallelism', 'account', 'qos', 'constraint')

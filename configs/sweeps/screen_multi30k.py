@@ -18,7 +18,7 @@ Muon (modded-nanogpt; Jordan et al. 2024), WSD (Hu et al. 2024; Hägele et al. 2
 against the preset's checkpoint averaging, which this sweep's decoding leaves out).
 """
 
-from configs.sweeps import Sweep
+from configs.sweeps import OPTIONS_ALONE, Sweep
 
 # The rsqrt schedule's peak in the preset: 1.25 * 128^-0.5 * 1000^-0.5.
 PEAK = 1.25 * 128 ** -0.5 * 1000 ** -0.5
@@ -30,17 +30,11 @@ def get_sweep():
       overrides={'train.num_steps': 1500, 'train.eval_every_steps': 500},
       rows={
           'baseline': {},
+          **OPTIONS_ALONE,
           'pre_ln': {'model.norm_position': 'pre'},
-          'rms_norm': {'model.norm': 'rms_norm'},
           'swiglu': {'model.activation': 'swiglu', 'model.d_ff': 170},
-          'relu2': {'model.activation': 'relu2'},
-          'qk_norm': {'model.qk_norm': True},
-          'zero_init_out': {'model.zero_init_out': True},
-          'muon': {'optimizer.name': 'muon'},
           'wsd': {'optimizer.schedule': 'wsd', 'optimizer.learning_rate': PEAK,
                   'optimizer.min_learning_rate_ratio': 0.0},
-          'z_loss': {'train.z_loss': 1e-4},
-          'ema': {'train.ema_decay': 0.999},
       },
       seeds=2,
       decode={'beam_size': 6, 'alpha': 1.4},

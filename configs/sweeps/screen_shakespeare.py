@@ -9,7 +9,7 @@ Language modelling may rank the options otherwise than translation
 post-LN. Each run: ~4 min on 2 CPU cores, the sweep (22 runs) ~90 min.
 """
 
-from configs.sweeps import Sweep
+from configs.sweeps import OPTIONS_ALONE, Sweep
 
 
 def get_sweep():
@@ -17,16 +17,10 @@ def get_sweep():
       config='configs/shakespeare_char.py',
       rows={
           'baseline': {},
+          **OPTIONS_ALONE,
           'post_ln': {'model.norm_position': 'post'},
-          'rms_norm': {'model.norm': 'rms_norm'},
           'swiglu': {'model.activation': 'swiglu', 'model.d_ff': 341},
-          'relu2': {'model.activation': 'relu2'},
-          'qk_norm': {'model.qk_norm': True},
-          'zero_init_out': {'model.zero_init_out': True},
-          'muon': {'optimizer.name': 'muon'},  # the preset's weight decay, on both parts
           'wsd': {'optimizer.schedule': 'wsd'},
-          'z_loss': {'train.z_loss': 1e-4},
-          'ema': {'train.ema_decay': 0.999},
       },
       seeds=2,
       description='Screening: each option alone against the Tiny Shakespeare preset.')
