@@ -77,11 +77,21 @@ def pytest_workers(backend: str) -> int:
 
 
 def summarize_tests(part: dict) -> dict:
+  """Counts from pytest's last line or, when the part was stopped at its limit before that
+  line, from the per-test lines (-v) that came before: what had finished still counts."""
+  out = part['stdout']
   counts = {k: int(n) for n, k in re.findall(
-      r'(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)', part['stdout'][-3000:])}
+      r'(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)', out[-3000:])}
+  if not counts:
+    for outcome in re.findall(r'(PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) tests/', out):
+      key = {'XFAIL': 'xfailed', 'XPASS': 'xpassed', 'ERROR': 'errors'}.get(outcome,
+                                                                          outcome.lower())
+      counts[key] = counts.get(key, 0) + 1
+    counts['stopped_early'] = part['rc'] == 'timeout'
   counts['errors'] = counts.pop('error', 0) + counts.pop('errors', 0)
-  failed = re.findall(r'^(?:FAILED|ERROR) (\S+)', part['stdout'], flags=re.M)
-  return {**counts, 'failed_tests': failed[:40]}
+  failed = re.findall(r'^(?:FAILED|ERROR) (\S+)', out, flags=re.M)
+  failed += re.findall(r'^\[gw\d+\] \[ *\d+%\] (?:FAILED|ERROR) (\S+)', out, flags=re.M)
+  return {**counts, 'failed_tests': sorted(set(failed))[:40]}
 
 
 def summarize_train(part: dict) -> dict:
@@ -128,13 +138,15 @@ def summarize_default_run(train: dict, decode: dict) -> dict:
 def plan(args, info: dict, out_dir: str) -> list[tuple[str, list[str], float]]:
   """(name, command, time limit in s) of each part, in order of importance."""
   py = sys.executable
-  workers = pytest_workers(info.get('backend', 'cpu'))
-  tests = [py, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', '--no-header', '-rfE']
+  workers = args.test_workers or pytest_workers(info.get('backend', 'cpu'))
+  # -v: one line per finished test, so a suite stopped at its limit still reports what ran.
+  tests = [py, '-m', 'pytest', '-v', '-p', 'no:cacheprovider', '--no-header', '-rfE',
+           '--durations=25']
   if workers > 1 and _has_xdist():
     tests += ['-n', str(workers)]
   run_dir = os.path.join(out_dir, 'default_run')
   return [
-      ('tests', tests, 300),
+      ('tests', tests, args.tests_limit_s),
       ('train bf16', train_step_cmd('bfloat16', 20, flax_wmt_dir=args.flax_wmt_dir), 150),
       ('decode', decode_bench_cmd('auto', 10), 90),
       ('default run', [py, 'train.py', f'--workdir={run_dir}', *args.default_run_args.split()],
@@ -189,6 +201,9 @@ def main() -> None:
   ap.add_argument('--budget_s', type=float, default=540, help='wall-time budget of all parts')
   ap.add_argument('--out', default=os.path.join(ROOT, 'runs', 'accelerator_check',
                                                 'result.json'))
+  ap.add_argument('--tests_limit_s', type=float, default=300, help="the suite's time limit")
+  ap.add_argument('--test_workers', type=int, default=0,
+                  help='xdist workers of the suite (0: one per two cores, at most 6)')
   ap.add_argument('--skip', default='', help='comma-separated parts to leave out')
   ap.add_argument('--default_run_args', default='',
                   help="extra train.py flags of the default run, e.g. a quick smoke check: "
