@@ -25,6 +25,7 @@ users' runs keep XLA's defaults.
 
 import atexit
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -50,10 +51,37 @@ CACHE_MIN_COMPILE_SECS = '0.2'
 # can read an entry another one is still writing, and warn on stderr. (Never reached.)
 CACHE_MAX_BYTES = str(16 << 30)
 
+# Set by the run's first process once it has checked SUITE_XLA_FLAGS: its workers inherit it.
+_FLAGS_CHECKED_ENV = 'TRANSFORMER_JAX_TEST_XLA_FLAGS_CHECKED'
+
+
+def _flags_this_xla_knows(flags: list[str]) -> list[str]:
+  """`flags` less those the installed XLA does not know. XLA aborts a process whose XLA_FLAGS
+  name an unknown flag, with no Python error: each xdist worker then dies at its first JAX
+  call (jax 0.11.2's XLA dropped a CPU flag that 0.10.2 has). One short probe process says."""
+  probe = subprocess.run([sys.executable, '-c', 'import jax; jax.devices()'], text=True,
+                         env=dict(os.environ, XLA_FLAGS=' '.join(flags)), capture_output=True,
+                         timeout=300, check=False)
+  if probe.returncode == 0:
+    return flags
+  named = ' '.join(re.findall(r'Unknown flags? in XLA_FLAGS: (.*)', probe.stderr))
+  unknown = {f.partition('=')[0] for f in named.split()}
+  kept = [f for f in flags if f.partition('=')[0] not in unknown] if unknown else [
+      f for f in flags if f not in SUITE_XLA_FLAGS or f == DETERMINISTIC_XLA_FLAG]
+  sys.stderr.write(f'conftest: this XLA refuses {" ".join(sorted(set(flags) - set(kept)))}; '
+                   'the suite runs without it\n')
+  return kept
+
+
 os.environ['JAX_DEFAULT_MATMUL_PRECISION'] = SUITE_MATMUL_PRECISION
-os.environ['XLA_FLAGS'] = ' '.join(
-    [*os.environ.get('XLA_FLAGS', '').split(),
-     *(f for f in SUITE_XLA_FLAGS if f not in os.environ.get('XLA_FLAGS', ''))])
+_flags = [*os.environ.get('XLA_FLAGS', '').split(),
+          *(f for f in SUITE_XLA_FLAGS if f not in os.environ.get('XLA_FLAGS', ''))]
+if not os.environ.get(_FLAGS_CHECKED_ENV):
+  _flags = _flags_this_xla_knows(_flags)
+  os.environ[_FLAGS_CHECKED_ENV] = '1'
+else:  # a worker: the flags its controller kept, as the environment carries them
+  _flags = os.environ.get('XLA_FLAGS', '').split()
+os.environ['XLA_FLAGS'] = ' '.join(_flags)
 
 
 def _run_cache_dir() -> str:
