@@ -7,6 +7,7 @@ sizes, decoding speed and the default run end to end, as one table (and a JSON f
 Parts, in order of importance, each a subprocess with its own time limit; together they fit
 `--budget_s` (default 9 minutes): a part that would not fit is reported as not run.
 
+  cudnn tests  tests/test_attention_impls.py -k cudnn, one process, -x: the GPU-only kernels
   tests        python -m pytest -n N (xdist workers sized to the machine), no GPU memory
                preallocation; the suite itself runs at the highest matmul precision
   train bf16   bench/train_step.py: the paper's base model, batch 256 x 64, bfloat16 (with the
@@ -83,7 +84,11 @@ def summarize_tests(part: dict) -> dict:
   counts = {k: int(n) for n, k in re.findall(
       r'(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)', out[-3000:])}
   if not counts:
-    for outcome in re.findall(r'(PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) tests/', out):
+    # '[gw0] [ 1%] PASSED tests/...' (xdist) or 'tests/... PASSED [ 1%]' (one process)
+    for outcome in re.findall(r'(?:^|\] )(PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) tests/'
+                              r'|^tests/\S+ (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)', out,
+                              flags=re.M):
+      outcome = outcome[0] or outcome[1]
       key = {'XFAIL': 'xfailed', 'XPASS': 'xpassed', 'ERROR': 'errors'}.get(outcome,
                                                                           outcome.lower())
       counts[key] = counts.get(key, 0) + 1
@@ -91,6 +96,7 @@ def summarize_tests(part: dict) -> dict:
   counts['errors'] = counts.pop('error', 0) + counts.pop('errors', 0)
   failed = re.findall(r'^(?:FAILED|ERROR) (\S+)', out, flags=re.M)
   failed += re.findall(r'^\[gw\d+\] \[ *\d+%\] (?:FAILED|ERROR) (\S+)', out, flags=re.M)
+  failed += re.findall(r'^(tests/\S+) (?:FAILED|ERROR)', out, flags=re.M)
   return {**counts, 'failed_tests': sorted(set(failed))[:40]}
 
 
@@ -139,13 +145,20 @@ def plan(args, info: dict, out_dir: str) -> list[tuple[str, list[str], float]]:
   """(name, command, time limit in s) of each part, in order of importance."""
   py = sys.executable
   workers = args.test_workers or pytest_workers(info.get('backend', 'cpu'))
-  # -v: one line per finished test, so a suite stopped at its limit still reports what ran.
-  tests = [py, '-m', 'pytest', '-v', '-p', 'no:cacheprovider', '--no-header', '-rfE',
+  # -vv (pyproject's addopts has -q): one line per finished test, so a suite stopped at its
+  # limit still reports what ran.
+  tests = [py, '-m', 'pytest', '-vv', '-p', 'no:cacheprovider', '--no-header', '-rfE',
            '--durations=25']
+  # The GPU-only kernels first, in one process, stopping at the first failure so that its
+  # traceback is printed within the part's limit (on 2026-11-27 four failed and the limit
+  # cut the report).
+  cudnn = [*tests[:-1], '-n', '0', '-x', '--tb=short', '-k', 'cudnn',
+           'tests/test_attention_impls.py']
   if workers > 1 and _has_xdist():
     tests += ['-n', str(workers)]
   run_dir = os.path.join(out_dir, 'default_run')
   return [
+      ('cudnn tests', cudnn, 120),
       ('tests', tests, args.tests_limit_s),
       ('train bf16', train_step_cmd('bfloat16', 20, flax_wmt_dir=args.flax_wmt_dir), 150),
       ('decode', decode_bench_cmd('auto', 10), 90),
@@ -190,8 +203,9 @@ def _fmt(value) -> str:
   return str(value)
 
 
-SUMMARIES = {'tests': summarize_tests, 'train bf16': summarize_train,
-             'train f32': summarize_train, 'decode': summarize_decode}
+SUMMARIES = {'cudnn tests': summarize_tests, 'tests': summarize_tests,
+             'train bf16': summarize_train, 'train f32': summarize_train,
+             'decode': summarize_decode}
 
 
 def main() -> None:
@@ -226,7 +240,7 @@ def main() -> None:
                                              runs.get('default run', {}).get('rc') != 0):
       result['parts'][name] = {'rc': 'not run', 'why': 'skipped' if skipped else 'budget'}
       continue
-    part_env = env if name == 'tests' else bench_env
+    part_env = env if name.endswith('tests') else bench_env
     runs[name] = part = run_part(name, cmd, min(limit, left), out_dir, part_env)
     summary = SUMMARIES.get(name, lambda p: {})(part)
     result['parts'][name] = {'rc': part['rc'], 'wall_s': part['wall_s'], **summary,
