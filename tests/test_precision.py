@@ -34,6 +34,15 @@ def test_suite_runs_at_highest_precision():
   assert jax.config.jax_default_matmul_precision == 'highest'
 
 
+def test_suite_drops_the_xla_flags_this_xla_does_not_know():
+  """jax 0.11.2's XLA aborted every xdist worker on a CPU flag 0.10.2 has: the suite keeps
+  only the flags the installed XLA accepts, and the deterministic-ops flag is one of them."""
+  import conftest  # pylint: disable=import-outside-toplevel
+  kept = conftest._flags_this_xla_knows(['--xla_cpu_no_such_flag=1',
+                                         conftest.DETERMINISTIC_XLA_FLAG])
+  assert kept == [conftest.DETERMINISTIC_XLA_FLAG]
+
+
 @pytest.mark.parametrize('precision', accelerator.MATMUL_PRECISIONS)
 def test_float32_matmul_error_within_input_rounding(precision):
   rng = np.random.RandomState(0)
