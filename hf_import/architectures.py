@@ -42,7 +42,7 @@ def _require(hf: dict, field: str, allowed: tuple, why: str, default=None):
 
 def _activation(hf: dict, field: str) -> str:
   value = hf.get(field, 'gelu')
-  if value not in ACTIVATIONS:
+  if not isinstance(value, str) or value not in ACTIVATIONS:
     _refuse(field, value, f'the feed-forward activations are {", ".join(sorted(ACTIVATIONS))}')
   return ACTIVATIONS[value]
 
@@ -132,21 +132,82 @@ class Architecture:
   model: Callable  # (config.json dict, state dict) -> config.model fields
   params: Callable  # (state dict, ModelConfig, vocab order) -> our params
   tokenizer: str  # the tokenizer kind it comes with (input_pipeline.tokenizers)
+  # config.json's token ids the conversion reads: each must be a token id of the model.
+  token_ids: tuple[str, ...]
+  # tokenizer.json's model type ('huggingface' tokenizers): another is another model's.
+  tokenizer_model: str | None = None
   # A prefix the weights may carry (a BertForMaskedLM checkpoint keeps its encoder under
   # 'bert.'): dropped on reading.
   prefix: str = ''
 
 
 ARCHITECTURES = {a.name: a for a in (
-    Architecture('MarianMTModel', marian_model, convert.marian_params, 'marian'),
-    Architecture('GPT2LMHeadModel', gpt2_model, convert.gpt2_params, 'huggingface'),
-    Architecture('BertModel', bert_model, convert.bert_params, 'huggingface', prefix='bert.'),
+    Architecture('MarianMTModel', marian_model, convert.marian_params, 'marian',
+                 ('pad_token_id', 'eos_token_id')),
+    Architecture('GPT2LMHeadModel', gpt2_model, convert.gpt2_params, 'huggingface',
+                 ('bos_token_id',), 'BPE'),
+    Architecture('BertModel', bert_model, convert.bert_params, 'huggingface', ('pad_token_id',),
+                 'WordPiece', prefix='bert.'),
 )}
+def decode_settings(generation: dict, kind: str, max_len: int) -> dict:
+  """generation_config.json -> `config.decode` fields: the inverse of what export.py writes
+  (hf_export.targets), so a round trip keeps them. A translation model's beam size, length
+  penalty (carried as alpha, as the export writes alpha: transformers divides by
+  len ** length_penalty where decode.py uses ((5 + len) / 6) ** alpha) and new-token bounds
+  (max_length counts the decoder's start token); a language model's sampling settings
+  (do_sample off: greedy, our temperature 0). A field it leaves out keeps our default."""
+  out = {}
+  if 'min_new_tokens' in generation:
+    out['min_new_tokens'] = generation['min_new_tokens']
+  if kind == 'decoder_only':
+    sampled = generation.get('do_sample', False)
+    out['temperature'] = generation.get('temperature', 1.0) if sampled else 0.0
+    if sampled:
+      out['top_k'] = generation.get('top_k', 50)  # transformers' default
+    return out
+  for field, ours in (('num_beams', 'beam_size'), ('length_penalty', 'alpha')):
+    if field in generation:
+      out[ours] = generation[field]
+  new = generation.get('max_new_tokens')
+  if new is None and isinstance(generation.get('max_length'), int):
+    new = generation['max_length'] - 1
+  if isinstance(new, int) and not isinstance(new, bool):
+    out['max_new_tokens'] = min(new, max_len)
+  elif new is not None:
+    out['max_new_tokens'] = new  # refused, with its name, by config.decode's checks
+  return out
+
+
+# Optional ids: checked where config.json gives them.
+OPTIONAL_TOKEN_IDS = ('pad_token_id', 'bos_token_id', 'eos_token_id', 'decoder_start_token_id')
+# BertConfig's default pad id, where config.json leaves it out.
+DEFAULT_TOKEN_IDS = {'BertModel': {'pad_token_id': 0}}
+
+
+def token_ids(hf: dict, arch: Architecture) -> None:
+  """Every token id config.json gives (and each the conversion needs) is an integer below
+  its vocab_size, else `Unsupported` naming it: a pad id of 9999 or null would otherwise be a
+  traceback, or an embedding row that does not exist."""
+  vocab = hf.get('vocab_size')
+  if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1:
+    _refuse('vocab_size', vocab, 'it must be a positive integer')
+  defaults = DEFAULT_TOKEN_IDS.get(arch.name, {})
+  for field in dict.fromkeys((*arch.token_ids, *OPTIONAL_TOKEN_IDS)):
+    if field not in hf and field in defaults:
+      continue
+    value = hf.get(field)
+    if value is None and field not in arch.token_ids:
+      continue
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < vocab:
+      _refuse(field, value, f'{arch.name} needs it' if value is None else
+              f'token ids are integers from 0 to vocab_size - 1 = {vocab - 1}')
 
 
 def architecture(hf: dict) -> Architecture:
   """The row of config.json's `architectures`, or `Unsupported` naming it."""
   names = hf.get('architectures') or []
+  if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+    _refuse('architectures', names, 'it must be a list of class names')
   for name in names:
     if name in ARCHITECTURES:
       return ARCHITECTURES[name]

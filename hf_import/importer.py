@@ -37,6 +37,7 @@ class Imported:
   model: dict
   params: dict
   tokenizer: object
+  decode: dict = dataclasses.field(default_factory=dict)  # `config.decode` fields
 
 
 def _marian_tokenizer(directory: str, hf: dict):
@@ -47,6 +48,10 @@ def _marian_tokenizer(directory: str, hf: dict):
   files = {name: checkpoint_dir.read_bytes(directory, name, 'a MarianTokenizer file')
            for name in pretrained.FILES['marian']}
   vocab = checkpoint_dir.read_json(directory, 'vocab.json')
+  for piece, i in vocab.items():  # each id names an embedding row of the model
+    if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < hf['vocab_size']:
+      raise ImportProblem(f'{directory}/vocab.json gives {piece!r} the id {i!r}, but the '
+                          f'model has ids 0 to {hf["vocab_size"] - 1} (config.json vocab_size)')
   specials = {key: str(settings.get(f'{key}_token', default)) for key, default in
               (('eos', '</s>'), ('unk', '<unk>'), ('pad', '<pad>'))}
   missing = [token for token in specials.values() if token not in vocab]
@@ -54,13 +59,18 @@ def _marian_tokenizer(directory: str, hf: dict):
     raise ImportProblem(f'{directory}/vocab.json has no {missing[0]!r} token')
   order = vocab_order(hf['vocab_size'], hf['pad_token_id'], hf['eos_token_id'],
                       vocab[specials['unk']])
-  return pretrained.MarianTokenizer(files['source.spm'], files['target.spm'], vocab, order,
-                                    specials)
+  try:
+    return pretrained.MarianTokenizer(files['source.spm'], files['target.spm'], vocab, order,
+                                      specials)
+  except RuntimeError as e:  # sentencepiece's refusal of a file that is not one of its models
+    raise ImportProblem(f'{directory}: source.spm or target.spm is not a sentencepiece model '
+                        f'({" ".join(str(e).split())[:120]})') from None
 
 
-def _huggingface_tokenizer(directory: str, hf: dict, kind: str):
+def _huggingface_tokenizer(directory: str, hf: dict, kind: str, arch):
   data = checkpoint_dir.read_bytes(directory, 'tokenizer.json', 'the fast tokenizer file '
                                    '(save the tokenizer with transformers to write it)')
+  _check_tokenizer_json(directory, data, hf['vocab_size'], arch)
   if kind == 'decoder_only':  # GPT-2: its BOS (<|endoftext|>) starts every text, as our pad
     start, eos = hf.get('bos_token_id'), hf.get('eos_token_id')
     order = vocab_order(hf['vocab_size'], start, None if eos == start else eos, None)
@@ -73,11 +83,37 @@ def _huggingface_tokenizer(directory: str, hf: dict, kind: str):
     raise ImportProblem(f'cannot read {directory}/tokenizer.json: {e}') from None
 
 
+def _check_tokenizer_json(directory: str, data: bytes, vocab_size: int, arch) -> None:
+  """The tokenizer is the model's kind (GPT-2's byte-level BPE, BERT's WordPiece) and every id
+  it can give is a row of the model's embedding: another model's tokenizer is refused here,
+  not met as an IndexError when decoding."""
+  import json  # pylint: disable=import-outside-toplevel
+  try:
+    spec = json.loads(data)
+    model = spec['model']
+    ids = list((model.get('vocab') or {}).values()) if isinstance(model.get('vocab'), dict) else []
+    ids += [t['id'] for t in spec.get('added_tokens') or []]
+    kind = model.get('type')
+  except (ValueError, KeyError, TypeError, AttributeError) as e:
+    raise ImportProblem(f'cannot read {directory}/tokenizer.json: {type(e).__name__}: '
+                        f'{" ".join(str(e).split())[:120]}') from None
+  if arch.tokenizer_model and kind != arch.tokenizer_model:
+    raise ImportProblem(f'{directory}/tokenizer.json is a {kind} tokenizer, but '
+                        f'{arch.name} comes with a {arch.tokenizer_model} one (another '
+                        "model's tokenizer?)")
+  bad = [i for i in ids if not isinstance(i, int) or isinstance(i, bool)
+         or not 0 <= i < vocab_size]
+  if bad:
+    raise ImportProblem(f'{directory}/tokenizer.json has the id {bad[0]!r}, but the model has '
+                        f'ids 0 to {vocab_size - 1} (config.json vocab_size)')
+
+
 def load(directory: str) -> Imported:
   """Reads and converts the checkpoint in `directory`; raises ImportProblem or
   architectures.Unsupported (one line each)."""
   hf = checkpoint_dir.read_json(directory, 'config.json')
   arch = architectures.architecture(hf)
+  architectures.token_ids(hf, arch)
   sd = checkpoint_dir.state_dict(directory)
   if arch.prefix:
     sd = {k.removeprefix(arch.prefix): v for k, v in sd.items()}
@@ -87,7 +123,7 @@ def load(directory: str) -> Imported:
   except KeyError as e:
     raise ImportProblem(f'{directory}/config.json has no {e.args[0]!r}') from None
   tokenizer = (_marian_tokenizer(directory, hf) if arch.tokenizer == 'marian' else
-               _huggingface_tokenizer(directory, hf, fields['kind']))
+               _huggingface_tokenizer(directory, hf, fields['kind'], arch))
   from model import ModelConfig  # pylint: disable=import-outside-toplevel
   try:
     cfg = ModelConfig.from_config(fields)
@@ -102,7 +138,22 @@ def load(directory: str) -> Imported:
     raise ImportProblem(f'{directory}: the weights do not fit config.json ({e})') from None
   _check_shapes(directory, cfg, params)
   _check_finite(directory, params)
-  return Imported(arch.name, fields, params, tokenizer)
+  return Imported(arch.name, fields, params, tokenizer, _decode_settings(directory, fields))
+
+
+def _decode_settings(directory: str, fields: dict) -> dict:
+  """generation_config.json's settings as `config.decode` fields (none without the file),
+  checked as config.decode is."""
+  if fields['kind'] == 'encoder_only':  # BertModel generates nothing
+    return {}
+  generation = checkpoint_dir.read_json(directory, 'generation_config.json', required=False)
+  decode = architectures.decode_settings(generation, fields['kind'], fields['max_len'])
+  from configs.schema import DecodeConfig  # pylint: disable=import-outside-toplevel
+  try:
+    DecodeConfig.from_config(decode)
+  except ConfigError as e:
+    raise ImportProblem(f'{directory}/generation_config.json: {e}') from None
+  return decode
 
 
 def _check_finite(directory: str, params) -> None:
@@ -184,6 +235,10 @@ def write_workdir(imported: Imported, workdir: str) -> None:
   refuse_existing(workdir)
   config = base.base_config()
   config.model.update(imported.model)
+  config.decode.update(imported.decode)
+  # Decoding stops at max_len tokens whatever the bound says: written as it acts (and as an
+  # export writes it, so that a round trip keeps it).
+  config.decode.max_new_tokens = min(config.decode.max_new_tokens, imported.model['max_len'])
   config.data.tokenizer = imported.tokenizer.name
   config.data.vocab_size = imported.tokenizer.vocab_size
   target = os.path.abspath(workdir.rstrip(os.sep) or os.sep)

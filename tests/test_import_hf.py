@@ -202,6 +202,9 @@ def test_an_import_exports_and_imports_back_to_the_same_parameters(built, name, 
   import_checkpoint(exported, again)
   assert _params_equal(checkpoint.restore_params(workdir)[0],
                        checkpoint.restore_params(again)[0])
+  # generation_config.json's settings come back (they were dropped: beam 2 came back as 4).
+  decode = [_config(w)['decode'] for w in (workdir, again)]
+  assert decode[1] == decode[0]
   first, second = load_tokenizer(workdir), load_tokenizer(again)
   theirs = transformers.AutoTokenizer.from_pretrained(exported)
   for line in ckpts.multi30k('test_2016_flickr', 'en', 20):
@@ -209,6 +212,12 @@ def test_an_import_exports_and_imports_back_to_the_same_parameters(built, name, 
     assert theirs(line).input_ids == first.encode(line)
   if name == 'bert':
     _bert_export_computes_ours(workdir, exported)
+
+
+def _config(workdir: str) -> dict:
+  import json  # pylint: disable=import-outside-toplevel
+  with open(os.path.join(workdir, 'config.json')) as f:
+    return json.load(f)
 
 
 def _copy(source: str, target: str, drop=(), **config) -> str:
@@ -456,3 +465,70 @@ def test_import_reads_only_regular_files_inside_the_checkpoint(built, tmp_path):
       import_checkpoint(source, str(tmp_path / 'new'))
     assert message in str(caught.value) and '\n' not in str(caught.value)
     assert not os.path.exists(tmp_path / 'new')
+
+
+def _edit_json(directory: str, name: str, change) -> str:
+  import json  # pylint: disable=import-outside-toplevel
+  path = os.path.join(directory, name)
+  with open(path) as f:
+    data = json.load(f)
+  change(data)
+  with open(path, 'w') as f:
+    json.dump(data, f)
+  return directory
+
+
+def test_tokenizer_and_config_values_are_checked_against_the_model(built, tmp_path):
+  """Issue 58, causes 5 and 9: a tokenizer with ids the model lacks, another model's
+  tokenizer, a special token id outside the vocabulary or null, a value of the wrong type, a
+  sentencepiece file that is not one, bad generation settings: one line each before anything
+  is written (they were tracebacks, or an import that failed only when decoding)."""
+  marian, gpt2, bert = (built[n][0] for n in ('marian', 'gpt2', 'bert'))
+  vocab = _config(built['marian'][1])['model']['vocab_size']
+
+  def copy(source, name, **config):
+    return _copy(source, str(tmp_path / name), **config)
+
+  garbage = copy(marian, 'garbage_spm')
+  with open(os.path.join(garbage, 'source.spm'), 'wb') as f:
+    f.write(b'not a model' * 10)
+  other = copy(gpt2, 'bert_tokenizer')
+  import shutil  # pylint: disable=import-outside-toplevel
+  shutil.copy(os.path.join(bert, 'tokenizer.json'), os.path.join(other, 'tokenizer.json'))
+  cases = [
+      (_edit_json(copy(marian, 'big_id'), 'vocab.json', lambda v: v.update(zzz=vocab + 9)),
+       f"vocab.json gives 'zzz' the id {vocab + 9}, but the model has ids 0 to {vocab - 1}"),
+      (_edit_json(copy(marian, 'word_id'), 'vocab.json', lambda v: v.update(zzz='one')),
+       "vocab.json gives 'zzz' the id 'one'"),
+      (garbage, 'source.spm or target.spm is not a sentencepiece model'),
+      (other, 'tokenizer.json is a WordPiece tokenizer, but GPT2LMHeadModel comes with a BPE'),
+      (copy(marian, 'pad_big', pad_token_id=9999), 'config.json pad_token_id=9999 cannot be '
+       f'imported: token ids are integers from 0 to vocab_size - 1 = {vocab - 1}'),
+      (copy(marian, 'pad_null', pad_token_id=None), 'pad_token_id=None cannot be imported: '
+       'MarianMTModel needs it'),
+      (_edit_json(copy(gpt2, 'no_bos'), 'config.json', lambda c: c.pop('bos_token_id')),
+       'bos_token_id=None cannot be imported: GPT2LMHeadModel needs it'),
+      (copy(marian, 'arch_int', architectures=5), 'architectures=5 cannot be imported'),
+      (copy(marian, 'arch_nested', architectures=[['MarianMTModel']]),
+       "architectures=[['MarianMTModel']] cannot be imported"),
+      (copy(marian, 'act_list', activation_function=['relu']),
+       "field 'activation_function': TypeError: Field 'activation_function' expected str"),
+      (_edit_json(copy(marian, 'beams'), 'generation_config.json',
+                  lambda g: g.update(num_beams=0)), 'generation_config.json: config.decode'),
+  ]
+  for source, message in cases:
+    workdir = str(tmp_path / 'new')
+    with pytest.raises((ImportProblem, Unsupported), match='.') as caught:
+      import_checkpoint(source, workdir)
+    assert message in str(caught.value) and '\n' not in str(caught.value), source
+    assert not os.path.exists(workdir)
+    assert not [n for n in os.listdir(tmp_path) if importer.STAGING in n]
+
+
+def test_generation_settings_are_carried_into_config_decode(built, tmp_path):
+  """A checkpoint's beam size and new-token bound become config.decode's (an import used to
+  drop them: beam 2 / 32 tokens decoded as beam 4 / 128)."""
+  source = _edit_json(_copy(built['marian'][0], str(tmp_path / 'gen')), 'generation_config.json',
+                      lambda g: g.update(num_beams=2, max_new_tokens=32, length_penalty=0.0))
+  decode = importer.load(source).decode
+  assert (decode['beam_size'], decode['max_new_tokens'], decode['alpha']) == (2, 32, 0.0)
