@@ -247,7 +247,9 @@ def write_workdir(imported: Imported, workdir: str) -> None:
     os.makedirs(parent, exist_ok=True)
     partial = tempfile.mkdtemp(prefix=f'.{name}{STAGING}', dir=parent)
   except OSError as e:
-    raise ImportProblem(f'--workdir={workdir}: cannot write there: {_why(e)} (nothing was '
+    blocker = _file_in_the_way(parent)
+    why = f'{blocker} is a file, not a directory' if blocker else _why(e)
+    raise ImportProblem(f'--workdir={workdir}: cannot write there: {why} (nothing was '
                         'written)') from None
   try:
     config_io.save_config(config, partial)
@@ -270,6 +272,13 @@ def write_workdir(imported: Imported, workdir: str) -> None:
   except BaseException:
     shutil.rmtree(partial, ignore_errors=True)
     raise
+
+
+def _file_in_the_way(path: str) -> str | None:
+  """The nearest existing ancestor of `path` (itself included) if it is not a directory."""
+  while not os.path.lexists(path) and os.path.dirname(path) != path:
+    path = os.path.dirname(path)
+  return None if os.path.isdir(path) else path
 
 
 def _why(error: OSError) -> str:

@@ -523,6 +523,11 @@ def test_tokenizer_and_config_values_are_checked_against_the_model(built, tmp_pa
     assert message in str(caught.value) and '\n' not in str(caught.value), source
     assert not os.path.exists(workdir)
     assert not [n for n in os.listdir(tmp_path) if importer.STAGING in n]
+  (tmp_path / 'a_file').write_text('mine')  # a target under a regular file
+  with pytest.raises(ImportProblem, match=f'cannot write there: {tmp_path}/a_file is a file, '
+                     'not a directory'):
+    import_checkpoint(marian, str(tmp_path / 'a_file' / 'new'))
+  assert (tmp_path / 'a_file').read_text() == 'mine'
 
 
 def test_generation_settings_are_carried_into_config_decode(built, tmp_path):
