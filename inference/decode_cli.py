@@ -162,7 +162,19 @@ def plan_translation(F, config, where: str) -> Plan:
             '{flag} does not apply to --score_reference (it scores the given references: '
             'nothing is searched)')
     return Plan('score')
+  if F.strategy == strategies.Sampling.NAME:
+    _refuse_sampling_flags_at_temperature_0(F, config)
   return Plan('translate', _settings(F, config, strategies.fields(), F.strategy))
+
+
+def _refuse_sampling_flags_at_temperature_0(F, config) -> None:
+  """At temperature 0 sampling is greedy: a top_k, top_p or seed would be ignored."""
+  temperature = F.temperature
+  if temperature is None:
+    temperature = config.decode.temperature  # load_config filled a missing one in
+  if temperature == 0:
+    _refuse(F, ('top_k', 'top_p', 'seed'), '{flag} applies to sampling, but the temperature '
+            'is 0 (greedy)')
 
 
 def plan_generation(F, config, where: str, kind: str) -> Plan:
@@ -175,12 +187,7 @@ def plan_generation(F, config, where: str, kind: str) -> Plan:
   names = ('min_new_tokens', 'max_new_tokens', *SAMPLING_FLAGS, 'seed')
   settings = _settings(F, config, names, strategies.Sampling.NAME,
                        rename={'max_new_tokens': 'num_tokens'})
-  temperature = F.temperature
-  if temperature is None:
-    temperature = config.decode.temperature  # load_config filled a missing one in
-  if temperature == 0:
-    _refuse(F, ('top_k', 'top_p', 'seed'), '{flag} applies to sampling, but the temperature '
-            'is 0 (greedy)')
+  _refuse_sampling_flags_at_temperature_0(F, config)
   return Plan('generate', settings)
 
 

@@ -258,6 +258,11 @@ MT_REFUSALS = {
                                                       '--score_reference',
     '--score_reference=README.md --strategy=greedy': '--strategy does not apply to '
                                                      '--score_reference',
+    # As for a language model (issue 58, cause 8): at temperature 0 sampling is greedy.
+    '--strategy=sampling --temperature=0 --top_k=5': '--top_k applies to sampling, but the '
+                                                     'temperature is 0',
+    '--strategy=sampling --temperature=0 --seed=3': '--seed applies to sampling, but the '
+                                                    'temperature is 0',
 }
 LM_REFUSALS = {
     '--temperature=1e308': '--temperature=1e+308 must be 0 (greedy) or a number in [0.001, 1000]',
