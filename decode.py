@@ -35,6 +35,7 @@ import sys
 from absl import app, flags, logging
 
 import common.command_line  # noqa: F401  (first: a faster start, see its docstring)
+from common.errors import exit_code
 from inference import decode_cli
 from training import cli
 
@@ -105,7 +106,7 @@ def main(argv) -> None:
   try:
     decode_cli.run(FLAGS)
   except cli.UsageError as e:
-    cli.fail(PROG, e, code=getattr(e, 'exit_code', 2))  # 1: a damaged tokenizer file
+    cli.fail(PROG, e, code=exit_code(e))  # 1: a full disk, a damaged tokenizer file
   except KeyboardInterrupt:
     cli.fail(PROG, 'interrupted', code=130)
   except BrokenPipeError:  # the reader of stdout went away (`| head`): stop quietly

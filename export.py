@@ -41,6 +41,7 @@ import sys
 from absl import app, flags, logging
 
 import common.command_line  # noqa: F401  (first: a faster start, see its docstring)
+from common.errors import exit_code
 
 FLAGS = flags.FLAGS
 
@@ -92,7 +93,7 @@ def main(argv) -> None:
                              average_last=FLAGS.average_last, overwrite=FLAGS.overwrite,
                              format=FLAGS.format)
   except (cli.UsageError, ExportError) as e:
-    cli.fail('export.py', e)
+    cli.fail('export.py', e, code=exit_code(e))  # 1: a full disk
   except ImportError as e:  # an optional package of the format: name its extra
     cli.fail('export.py', _missing_package(e))
   except KeyboardInterrupt:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from absl import app, flags, logging
 
 import common.command_line  # noqa: F401  (first: a faster start, see its docstring)
+from common.errors import exit_code
 
 FLAGS = flags.FLAGS
 
@@ -46,7 +47,7 @@ def main(argv) -> None:
   try:
     imported = import_checkpoint(source, workdir)
   except (ImportProblem, Unsupported) as e:
-    cli.fail('import.py', e)
+    cli.fail('import.py', e, code=exit_code(e))  # 1: a full disk
   except KeyboardInterrupt:
     cli.fail('import.py', f'interrupted; nothing was written at {workdir}', code=130)
   print(describe(imported, source, workdir), flush=True)

@@ -40,6 +40,7 @@ import stat
 import tempfile
 import weakref
 
+from common.errors import carried
 from common.files import inside
 from common.lock_file import open_lock_file, still_linked
 
@@ -179,7 +180,7 @@ def make_output_dir(path: str, *, what: str = 'output', workdirs=()) -> str:
   try:
     os.makedirs(real, exist_ok=True)
   except OSError as e:
-    raise OutputError(f'cannot create {what} {path}: {e.strerror or e}') from None
+    raise carried(OutputError(f'cannot create {what} {path}: {e.strerror or e}'), e) from None
   return real
 
 
@@ -296,8 +297,8 @@ class OutputFile:
     reason = e.strerror or str(e)
     if e.errno == errno.ENOSPC:
       reason = 'No space left on device'
-    return OutputError(f'cannot write {self.what} {self.shown}: {reason} (nothing written: '
-                       f'{self.shown} is as it was)')
+    return carried(OutputError(f'cannot write {self.what} {self.shown}: {reason} (nothing '
+                               f'written: {self.shown} is as it was)'), e)
 
   def write(self, data: bytes | str) -> None:
     try:

@@ -20,6 +20,7 @@ import shutil
 
 from common import interrupts
 from common.atomic_file import OutputError, OutputLock
+from common.errors import carried
 from hf_export import output_dir as out_lib, targets
 from hf_export.output_dir import ExportError
 from hf_export.tokenizer import save_tokenizer
@@ -156,10 +157,10 @@ def export_workdir(workdir: str, output_dir: str, *, step: int | None = None,
     with OutputLock(path, '--output_dir', output_dir):
       what, _ = _write(fmt, path, restored, (model_config, tokenizer, config), metadata)
   except OutputError as e:
-    raise ExportError(str(e)) from None
+    raise carried(ExportError(str(e)), e) from None
   except OSError as e:
-    raise ExportError(f'cannot write {output_dir}: {e.strerror or e} (nothing written: '
-                      f'{output_dir} is as it was)') from None
+    raise carried(ExportError(f'cannot write {output_dir}: {e.strerror or e} (nothing '
+                              f'written: {output_dir} is as it was)'), e) from None
   averaged = f' (average of the last {average_last})' if average_last > 1 else ''
   return f'wrote {what} of step {restored.step}{averaged} to {output_dir}'
 

@@ -23,7 +23,7 @@ import tempfile
 import jax
 import numpy as np
 
-from common.errors import ConfigError
+from common.errors import ConfigError, carried
 from hf_import import architectures, checkpoint_dir
 from hf_import.checkpoint_dir import ImportProblem
 from hf_import.convert import vocab_order
@@ -249,8 +249,8 @@ def write_workdir(imported: Imported, workdir: str) -> None:
   except OSError as e:
     blocker = _file_in_the_way(parent)
     why = f'{blocker} is a file, not a directory' if blocker else _why(e)
-    raise ImportProblem(f'--workdir={workdir}: cannot write there: {why} (nothing was '
-                        'written)') from None
+    raise carried(ImportProblem(f'--workdir={workdir}: cannot write there: {why} (nothing '
+                                'was written)'), e) from None
   try:
     config_io.save_config(config, partial)
     imported.tokenizer.save(os.path.join(partial, tokenizers.TOKENIZER_DIR))
@@ -267,8 +267,8 @@ def write_workdir(imported: Imported, workdir: str) -> None:
       os.rename(partial, target)
   except OSError as e:
     shutil.rmtree(partial, ignore_errors=True)
-    raise ImportProblem(f'--workdir={workdir}: cannot write there: {_why(e)} (nothing was '
-                        'written)') from None
+    raise carried(ImportProblem(f'--workdir={workdir}: cannot write there: {_why(e)} (nothing '
+                                'was written)'), e) from None
   except BaseException:
     shutil.rmtree(partial, ignore_errors=True)
     raise

@@ -17,6 +17,7 @@ from typing import NamedTuple
 from autoregressive import strategies
 from common import atomic_file
 from common.dtype_limits import INT32_MAX
+from common.errors import carried
 from common.files import inside
 from training import cli
 
@@ -282,7 +283,7 @@ def run(F) -> None:
         from inference.decode_runs import translate  # pylint: disable=import-outside-toplevel
         translate(F, session, the_plan, lines, references)
     except streaming.InputError as e:  # a stream's non-UTF-8 line, an unwritable output
-      raise cli.UsageError(str(e)) from None
+      raise carried(cli.UsageError(str(e)), e) from None
 
 
 def _matmul_precision(config):

@@ -33,6 +33,7 @@ from flax import nnx
 
 from autoregressive.decode_loop import decoding_model
 from common.atomic_file import OutputError, make_output_dir, write_output
+from common.errors import carried
 from inference.streaming import InputError
 from model.build import bind
 from model.kinds import adapter_of
@@ -109,7 +110,7 @@ def _write_png(fig, path: str) -> str:
   try:
     write_output(path, png.getvalue(), what='attention plot', sync=False)
   except OutputError as e:
-    raise InputError(str(e)) from None
+    raise carried(InputError(str(e)), e) from None
   return path
 
 
@@ -118,7 +119,7 @@ def _make_dir(path: str) -> None:
   try:
     make_output_dir(path, what='attention plot directory')
   except OutputError as e:
-    raise InputError(str(e)) from None
+    raise carried(InputError(str(e)), e) from None
 
 
 class _Heatmap:

@@ -22,6 +22,7 @@ import threading
 from collections.abc import Iterator, Sequence
 
 from common.atomic_file import OutputError, OutputFile
+from common.errors import carried
 
 
 class InputError(ValueError):
@@ -162,7 +163,7 @@ class Output:
       try:
         self._file = OutputFile(path, what='--output_file', workdirs=workdirs)
       except OutputError as e:
-        raise InputError(str(e)) from None
+        raise carried(InputError(str(e)), e) from None
 
   def write(self, text: str) -> None:
     if not text:
@@ -174,12 +175,13 @@ class Output:
       else:
         self._file.write(text)
     except OutputError as e:
-      raise InputError(str(e)) from None
+      raise carried(InputError(str(e)), e) from None
     except BrokenPipeError:  # the reader went away (`| head`): decode.py stops quietly
       raise
     except OSError as e:  # stdout on a full disk (`> file`, `> /dev/full`)
       _drop_stdout()
-      raise InputError(f'cannot write the output to stdout: {e.strerror or e}') from None
+      raise carried(InputError(f'cannot write the output to stdout: {e.strerror or e}'),
+                    e) from None
 
   def close(self) -> None:
     """Puts the file in place (stdout: nothing to do)."""
@@ -187,7 +189,7 @@ class Output:
       try:
         self._file.commit()
       except OutputError as e:
-        raise InputError(str(e)) from None
+        raise carried(InputError(str(e)), e) from None
 
 
 def _drop_stdout() -> None:

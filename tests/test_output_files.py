@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from common.atomic_file import OutputError, OutputFile, write_output
+from common.errors import EXIT_FAILED, EXIT_REFUSED, exit_code
 from inference import streaming
 
 
@@ -166,6 +167,37 @@ def test_a_full_disk_is_one_line_and_leaves_the_file_as_it_was(tmp_path):
   assert one_line(error) == (f'cannot write --output_file {path}: No space left on device '
                              f'(nothing written: {path} is as it was)')
   assert path.read_text() == 'before\n' and os.listdir(tmp_path) == ['out.txt']
+  assert exit_code(error.value) == EXIT_FAILED  # a failure of the machine, as in train.py
+
+
+def test_a_full_disk_ends_export_and_import_with_exit_1(workdirs, tmp_path, monkeypatch):
+  """One exit status per kind of end, in every command (common.errors): a full disk is 1
+  (train.py's), where export.py and import.py said 2, a refused input's."""
+  from hf_export import ExportError, export_workdir, writer  # pylint: disable=import-outside-toplevel
+  from hf_import import importer  # pylint: disable=import-outside-toplevel
+  from hf_import.checkpoint_dir import ImportProblem  # pylint: disable=import-outside-toplevel
+
+  def full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+  monkeypatch.setattr(writer, '_write', full)
+  with pytest.raises(ExportError, match='No space left on device') as error:
+    export_workdir(workdirs['mt'], str(tmp_path / 'hf'))
+  assert exit_code(error.value) == EXIT_FAILED and not (tmp_path / 'hf').exists()
+  # The disk fills while the tokenizer is written, after config.json.
+  imported = importer.Imported('MarianMTModel', {'max_len': 8}, {}, _NoSpaceTokenizer())
+  with pytest.raises(ImportProblem, match='no space left on device') as error:
+    importer.write_workdir(imported, str(tmp_path / 'new'))
+  assert exit_code(error.value) == EXIT_FAILED and not (tmp_path / 'new').exists()
+  with pytest.raises(ImportProblem) as error:
+    importer.refuse_existing(str(tmp_path))
+  assert exit_code(error.value) == EXIT_REFUSED
+
+
+class _NoSpaceTokenizer:
+  name, vocab_size = 'marian', 8
+
+  def save(self, directory):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
 def test_a_real_full_disk_too(tmp_path):
@@ -298,7 +330,7 @@ def test_decode_py_refuses_a_workdir_file_and_a_full_stdout_in_one_line(workdirs
   assert open(config, 'rb').read() == before
   with open('/dev/full', 'w') as full:
     proc = _decode(workdirs['mt'], f'--input_file={source}', stdout=full)
-  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert proc.returncode == 1, proc.stderr[-2000:]  # a full disk: exit 1, as in train.py
   assert proc.stderr.strip().splitlines()[-1] == (
       'decode.py: error: cannot write the output to stdout: No space left on device')
   assert 'Traceback' not in proc.stderr and 'Exception ignored' not in proc.stderr
