@@ -429,9 +429,14 @@ def test_init_from_refusals_leave_the_workdir_as_they_found_it(built, workdirs, 
            '--config.data.dataset=parallel_text',
            f'--config.data.train_files={tmp_path}/missing.en,{tmp_path}/missing.de', *base],
           [f'--workdir={fresh}', f'--config.train.init_from={empty}', *base],
-          [f'--workdir={other}', f'--config.train.init_from={marian}', *base]]
+          [f'--workdir={other}', f'--config.train.init_from={marian}', *base],
+          # The tokenizer's size was silently replaced by the source's.
+          [f'--workdir={fresh}', f'--config.train.init_from={marian}',
+           '--config.data.vocab_size=999', *base]]
   results = mains.run_mains(runs, 'train.py', devices=1)
-  (code, _, err), (code2, _, err2), (code3, _, err3) = results
+  (code, _, err), (code2, _, err2), (code3, _, err3), (code4, _, err4) = results
+  assert code4 == 2 and ('--config.data.vocab_size=999 cannot be set with config.train.'
+                         f'init_from: the tokenizer of {marian} fixes it') in err4, err4
   assert code == 2 and 'missing.en' in err, err
   assert not os.path.exists(refused) or os.listdir(refused) == [], os.listdir(refused)
   assert code2 == 2 and 'has no checkpoint to start from' in err2 and not os.path.exists(fresh)
@@ -537,3 +542,17 @@ def test_generation_settings_are_carried_into_config_decode(built, tmp_path):
                       lambda g: g.update(num_beams=2, max_new_tokens=32, length_penalty=0.0))
   decode = importer.load(source).decode
   assert (decode['beam_size'], decode['max_new_tokens'], decode['alpha']) == (2, 32, 0.0)
+
+
+def test_ctrl_c_while_the_checkpoint_is_written_leaves_nothing(built, tmp_path, monkeypatch):
+  """Also seen in issue 58: Ctrl-C during the checkpoint's write left
+  `NEW.importing/checkpoints/0.orbax-checkpoint-tmp` behind, while import.py said nothing was
+  written."""
+  from training import checkpoint  # pylint: disable=import-outside-toplevel
+
+  def interrupted(*args, **kwargs):
+    raise KeyboardInterrupt
+  monkeypatch.setattr(checkpoint.Checkpointer, 'save', interrupted)
+  with pytest.raises(KeyboardInterrupt):
+    import_checkpoint(built['marian'][0], str(tmp_path / 'new'))
+  assert os.listdir(tmp_path) == []

@@ -55,7 +55,11 @@ def configure(config, overridden: frozenset[str] = frozenset(),
   for field in dataclasses.fields(ModelConfig):
     if f'model.{field.name}' not in overridden:
       config.model[field.name] = start.model.get(field.name, field.default)
-  for field in TOKENIZER_FIELDS:
+  for field in TOKENIZER_FIELDS:  # the tokenizer is DIR's: a value given for it is refused
+    if f'data.{field}' in overridden and config.data[field] != start.data[field]:
+      raise ConfigError(f'--config.data.{field}={config.data[field]!r} cannot be set with '
+                        f'config.train.init_from: the tokenizer of {directory} fixes it '
+                        f'({start.data[field]!r})')
     config.data[field] = start.data[field]
 
 
