@@ -180,7 +180,7 @@ def test_z_loss_gradient():
     loss, _ = cross_entropy_and_accuracy(logits, batch['targets'], 0.1)
     z = jax.nn.logsumexp(logits, axis=-1) ** 2
     return ((loss + 0.5 * z) * weights).sum() / weights.sum()
-  grads = jax.grad(objective)(state.params)
+  grads = jax.jit(jax.grad(objective))(state.params)
   expected = jax.tree.map(lambda p, g: p - g, state.params, grads)
   for x, y in zip(jax.tree.leaves(c.params), jax.tree.leaves(expected), strict=True):
     np.testing.assert_allclose(x, y, atol=2e-5)

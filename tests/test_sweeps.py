@@ -20,15 +20,15 @@ from experiments import launch, sweep_file
 from experiments.sweep_file import SweepError
 
 TINY = 'configs/default.py:tiny'
-# Few steps of the tiny model, a checkpoint every 5, no BLEU during training: the sweep's
+# Few steps of the tiny model, a checkpoint every 10, no BLEU during training: the sweep's
 # own evaluation decodes the first sentences of both splits (greedy, 4 tokens: cheap).
 # 60 steps: the third run is interrupted after its first checkpoint, well before its end even
 # on a loaded machine.
-QUICK = {'train.num_steps': 60, 'train.checkpoint_every_steps': 5, 'train.max_checkpoints': 2,
+QUICK = {'train.num_steps': 60, 'train.checkpoint_every_steps': 10, 'train.max_checkpoints': 2,
          'train.eval_every_steps': 60, 'train.log_every_steps': 20,
          'train.num_eval_batches': 1, 'decode.num_eval_sentences': 0}
 DECODE = {'beam_size': 1, 'max_new_tokens': 4}
-EVAL_SENTENCES = 60
+EVAL_SENTENCES = 24
 
 
 def _sweep_file(tmp_path, rows: dict, name: str = 'exp', **fields) -> str:
@@ -164,8 +164,11 @@ def swept(tmp_path_factory):
                                                                      'post/seed_1')}}
   with_nan = _sweep_file(tmp, {**rows, 'nan': {'optimizer.learning_rate': 1e30}}, name='exp2')
   rerun = _sweep(f'--sweep={with_nan}', f'--root={root}')
-  again = _sweep(f'--sweep={with_nan}', f'--root={root}')
-  dry = _sweep(f'--sweep={with_nan}', f'--root={root}', '--dry_run')
+  # Two more that start no job: in one interpreter.
+  again, dry = ((code, out + err) for code, out, err in run_mains(
+      [[f'--sweep={with_nan}', f'--root={root}', '--executor=local'],
+       [f'--sweep={with_nan}', f'--root={root}', '--executor=local', '--dry_run']],
+      script='sweep.py'))
   return {'root': root, 'interrupted': interrupted, 'rerun': rerun, 'again': again, 'dry': dry,
           'plan': sweep_file.plan(sweep_file.load(with_nan), str(root), with_nan)}
 
