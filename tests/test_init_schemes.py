@@ -50,10 +50,23 @@ def test_gpt2_init_stds_zero_biases_and_scaled_residual_projections():
   assert 'decoder/layers/2/ffn/wo/kernel' in flat and 'embed/embedding' in flat
 
 
+# Elements 0, 1, 1000 and -1 of some of the paper init's tensors at seed 0 (jax 0.10.2, flax
+# 0.12.8, 2026-11-27): the init is the default and unchanged, not merely equal to itself.
+PAPER_INIT_REFERENCE = {
+    'decoder/layers/0/self_attention/qkv/kernel': [0.061612244695425034, 0.06311919540166855,
+                                                   0.05332804098725319, -0.012124705128371716],
+    'embed/embedding': [0.06275089085102081, -0.05664607509970665, 0.03899304196238518,
+                        -0.025581764057278633],
+    'decoder/layers/1/ffn/wi/kernel': [-0.04460228234529495, -0.06455519795417786,
+                                       -0.04963434860110283, -0.04737445339560509],
+}
+
+
 def test_paper_init_is_the_default_and_unchanged():
-  default, paper = _params(_config())[1], _params(_config(init='paper'))[1]
-  assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), default, paper))
-  flat = _flat(default)
+  flat = _flat(_params(_config())[1])
+  for name, values in PAPER_INIT_REFERENCE.items():
+    np.testing.assert_allclose(flat[name].reshape(-1)[[0, 1, 1000, -1]], values, rtol=1e-6,
+                               err_msg=name)
   qkv = flat['decoder/layers/0/self_attention/qkv/kernel']  # Glorot uniform over [256, 768]
   assert np.abs(qkv).max() <= np.sqrt(6 / (256 + 768))
   assert flat['embed/embedding'].std() == pytest.approx(256 ** -0.5, rel=0.1)
