@@ -6,6 +6,7 @@ search, where no float near-tie decides (`beam_reference`), and never an empty o
 import functools
 
 import beam_reference
+import extras
 import jax
 import numpy as np
 import optax
@@ -18,7 +19,7 @@ from hf_export import ctranslate2 as ct2_export
 from model import bind, build_model, params_of
 from model.build import as_config
 
-ctranslate2 = pytest.importorskip('ctranslate2')  # the [ct2] extra, which [test] includes
+ctranslate2 = extras.require('ctranslate2')  # the [ct2] extra, which [test] includes
 
 VOCAB, SRC_LEN, MAX_NEW = 24, 10, 16
 PAD_BOOST = 6.0

@@ -6,12 +6,12 @@ import json
 import os
 
 import export_workdirs
-import pytest
+import extras
 
 from bench import decode_engines
 
-pytest.importorskip('ctranslate2')
-pytest.importorskip('transformers')
+extras.require('ctranslate2')
+extras.require('transformers')
 
 
 def test_bench_runs_every_engine_and_checks_outputs(tmp_path_factory, capsys):

@@ -17,6 +17,7 @@ import textwrap
 
 import beam_reference
 import export_workdirs
+import extras
 import jax
 import numpy as np
 import pytest
@@ -27,7 +28,7 @@ from hf_export import UnsupportedConfig, convert, ctranslate2 as ct2_export
 from input_pipeline.tokenizers import CharTokenizer
 from model import build_model
 
-ctranslate2 = pytest.importorskip('ctranslate2')  # the [ct2] extra, which [test] includes
+ctranslate2 = extras.require('ctranslate2')  # the [ct2] extra, which [test] includes
 
 ROOT = export_workdirs.ROOT
 CHARS = export_workdirs.CHARS

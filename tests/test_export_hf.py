@@ -15,6 +15,7 @@ import sys
 import textwrap
 
 import export_workdirs
+import extras
 import jax
 import numpy as np
 import pytest
@@ -27,8 +28,8 @@ from model import build_model
 from model.layers import LAYER_NORM_EPS
 from model.stacks import stack_layer_params
 
-torch = pytest.importorskip('torch')  # the [hf] extra, which [test] includes
-transformers = pytest.importorskip('transformers')
+torch = extras.require('torch')  # the [hf] extra, which [test] includes
+transformers = extras.require('transformers')
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, 'data', 'multi30k')

@@ -13,6 +13,7 @@ import os
 import re
 
 import export_workdirs
+import extras
 import pytest
 import test_train_synthetic as syn
 
@@ -80,7 +81,7 @@ def site(tmp_path_factory):
 
 
 def _export_for_transformers(root) -> None:
-  pytest.importorskip('transformers')
+  extras.require('transformers')
   import hf_export  # pylint: disable=import-outside-toplevel
   target = root / 'runs' / 'default_hf'
   if not target.exists():
@@ -88,7 +89,7 @@ def _export_for_transformers(root) -> None:
 
 
 def _export_for_ctranslate2(root) -> None:
-  pytest.importorskip('ctranslate2')
+  extras.require('ctranslate2')
   import hf_export  # pylint: disable=import-outside-toplevel
   target = root / 'runs' / 'default_ct2'
   if not target.exists():

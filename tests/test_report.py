@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 
+import extras
 import pytest
 from tensorboardX import SummaryWriter
 
@@ -133,8 +134,7 @@ def test_a_fifo_among_the_event_files_is_refused_not_waited_on(resumed):
 
 def test_tensorboard_reads_the_same_event_files(resumed):
   """The guide's `tensorboard --logdir DIR` (the [tb] extra)."""
-  event_accumulator = pytest.importorskip(
-      'tensorboard.backend.event_processing.event_accumulator')
+  event_accumulator = extras.require('tensorboard.backend.event_processing.event_accumulator')
   acc = event_accumulator.EventAccumulator(resumed)
   acc.Reload()
   assert 'train/loss' in acc.Tags()['scalars'] and 'eval/bleu' in acc.Tags()['scalars']
