@@ -5,7 +5,9 @@ import os
 import subprocess
 import sys
 
+import jax
 import mains
+import numpy as np
 import pytest
 import test_train_synthetic as syn
 
@@ -143,6 +145,17 @@ def test_end_to_end_tiny_run_with_overrides_and_resume(tmp_path):
   assert 'resumed from the checkpoint at step 4' in proc.stdout
   assert 'train.num_steps: 4 -> 6' in proc.stdout
   assert 'step 6/6' in proc.stdout and 'step 2/' not in proc.stdout
+  # ... exactly: its step 6 is bitwise a straight 6-step run's, through train.py and the real
+  # data pipeline (the schedule does not read num_steps), on any machine and without root.
+  straight = str(tmp_path.parent / f'{tmp_path.name}_straight')  # beside the workdir
+  proc = _train(args[0], f'--workdir={straight}', '--config.train.num_steps=6', *args[3:-1],
+                '--config.decode.num_eval_sentences=0')
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  from training import checkpoint  # pylint: disable=import-outside-toplevel
+  (resumed, step), (once, step_once) = (checkpoint.restore_params(w) for w in (workdir, straight))
+  assert step == step_once == 6
+  for a, b in zip(jax.tree.leaves(resumed), jax.tree.leaves(once), strict=True):
+    np.testing.assert_array_equal(a, b)
 
   # A different model shape in the same workdir: refused, nothing overwritten.
   proc = _train(*args[:2], '--config.model.d_model=64', *args[2:])
