@@ -4,7 +4,7 @@ trained workdirs under the names the guide uses (`runs/default`: a translation m
 `runs/shakespeare`: a character language model, `runs/default_hf` and `runs/default_ct2`: the
 first one exported for `transformers` and for CTranslate2). Paths under /tmp/ in a block are
 moved into that directory. When a block ends with `# ...` comment lines, they are its expected
-output, line for line.
+output, line for line; a `print(...)  # -> VALUE` line's output must be VALUE.
 """
 
 import contextlib
@@ -54,6 +54,23 @@ def expected_output(code: str) -> list[str] | None:
   while lines and lines[-1].startswith('# '):
     tail.insert(0, lines.pop()[2:])
   return tail or None
+
+
+# `print(ARGS)  # -> VALUE`: the line's own expected output.
+_INLINE = re.compile(r'^(?P<indent> *)print\((?P<args>.*)\)\s+# -> (?P<value>.*)$')
+
+
+def with_inline_checks(code: str) -> tuple[str, int]:
+  """`code` with each `print(ARGS)  # -> VALUE` line turned into `__expect('VALUE', ARGS)`
+  (which prints as print does and records a mismatch), and the number of such lines."""
+  lines, count = [], 0
+  for line in code.splitlines():
+    m = _INLINE.match(line)
+    if m:
+      count += 1
+      line = f'{m["indent"]}__expect({m["value"].strip()!r}, {m["args"]})'
+    lines.append(line)
+  return '\n'.join(lines) + '\n', count
 
 
 def _train(workdir: str, config) -> None:
@@ -110,12 +127,19 @@ def test_block_runs(site, where, code, monkeypatch):
   if 'default_ct2' in code:
     _export_for_ctranslate2(site)
   monkeypatch.chdir(site)
-  source = code.replace("'/tmp/", f"'{site}/tmp_")
-  out = io.StringIO()
+  source, inline = with_inline_checks(code.replace("'/tmp/", f"'{site}/tmp_"))
+  out, checked = io.StringIO(), []
+
+  def expect(value, *args):
+    text = ' '.join(map(str, args))
+    checked.append((text, value))
+    print(text)
   with contextlib.redirect_stdout(out):
-    exec(compile(source, where, 'exec'), {'__name__': '__guide__'})  # noqa: S102
+    exec(compile(source, where, 'exec'), {'__name__': '__guide__', '__expect': expect})  # noqa: S102
   printed = out.getvalue().splitlines()
   assert printed, f'{where} printed nothing'
+  assert len(checked) == inline and all(text == value for text, value in checked), (where,
+                                                                                    checked)
   expected = expected_output(code)
   if expected is not None:
     assert printed == expected, where
