@@ -149,6 +149,11 @@ ARCHITECTURES = {a.name: a for a in (
     Architecture('BertModel', bert_model, convert.bert_params, 'huggingface', ('pad_token_id',),
                  'WordPiece', prefix='bert.'),
 )}
+# transformers' GenerationConfig defaults for what a generation_config.json leaves out (theirs,
+# not decode.py's: those are in autoregressive.strategies).
+TRANSFORMERS_SAMPLING = {'temperature': 1.0, 'top_k': 50}
+
+
 def decode_settings(generation: dict, kind: str, max_len: int) -> dict:
   """generation_config.json -> `config.decode` fields: the inverse of what export.py writes
   (hf_export.targets), so a round trip keeps them. A translation model's beam size, length
@@ -160,11 +165,10 @@ def decode_settings(generation: dict, kind: str, max_len: int) -> dict:
   if 'min_new_tokens' in generation:
     out['min_new_tokens'] = generation['min_new_tokens']
   if kind == 'decoder_only':
-    sampled = generation.get('do_sample', False)
-    out['temperature'] = generation.get('temperature', 1.0) if sampled else 0.0
-    if sampled:
-      out['top_k'] = generation.get('top_k', 50)  # transformers' default
-    return out
+    if not generation.get('do_sample', False):
+      return {**out, 'temperature': 0.0}  # greedy
+    theirs = {**TRANSFORMERS_SAMPLING, **generation}
+    return {**out, 'temperature': theirs['temperature'], 'top_k': theirs['top_k']}
   for field, ours in (('num_beams', 'beam_size'), ('length_penalty', 'alpha')):
     if field in generation:
       out[ours] = generation[field]
