@@ -343,6 +343,18 @@ def test_the_guides_offline_lines_run_and_the_fine_tuning_resumes(workdirs, tmp_
   text = 'A man in an orange hat.'
   assert (load_tokenizer(str(runs / 'imported')).encode(text) ==
           load_tokenizer(str(runs / 'default')).encode(text))
+  # The guide: decoding the import gives the original's translations, the one change being
+  # Marian's LayerNorm epsilon: the original model under that epsilon translates alike.
+  import inference  # pylint: disable=import-outside-toplevel
+  from autoregressive.session import Session  # pylint: disable=import-outside-toplevel
+  from model.build import with_options  # pylint: disable=import-outside-toplevel
+  original = inference.load(str(runs / 'default'))
+  epsilon = inference.load(str(runs / 'imported')).module.config.layer_norm_epsilon
+  assert epsilon != original.module.config.layer_norm_epsilon
+  same = Session(with_options(original.module, layer_norm_epsilon=epsilon), original.tokenizer,
+                 original.config)
+  sources = (tmp_path / 'test.en').read_text().splitlines()
+  assert imported.splitlines() == same.translate(sources)
   assert f'starting from the parameters of {runs}/imported (its step 0)' in outputs['train']
   assert ('resumed from the checkpoint at step 4' in outputs['resume']
           and 'starting from' not in outputs['resume'])
