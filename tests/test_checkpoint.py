@@ -5,7 +5,7 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
+import threading
 
 import jax
 import numpy as np
@@ -138,16 +138,21 @@ def _start(workdir, overrides):
 
 
 def _wait_for(proc, pattern, timeout=240):
-  deadline = time.time() + timeout
+  """`proc`'s lines up to the first holding `pattern`. A run that is stuck, silent or too slow
+  is killed at `timeout` by a timer (a deadline checked between lines is never reached while
+  a read blocks), and the test fails with what it printed."""
+  watchdog = threading.Timer(timeout, proc.kill)
+  watchdog.start()
   lines = []
-  for line in proc.stdout:
-    lines.append(line)
-    if pattern in line:
-      return lines
-    if time.time() > deadline:
-      break
+  try:
+    for line in proc.stdout:
+      lines.append(line)
+      if pattern in line:
+        return lines
+  finally:
+    watchdog.cancel()
   proc.kill()
-  raise AssertionError(f'{pattern!r} not seen:\n{"".join(lines)}')
+  raise AssertionError(f'{pattern!r} not seen within {timeout} s:\n{"".join(lines)}')
 
 
 def test_sigterm_saves_and_sigkill_loses_only_recent_steps(tmp_path):
