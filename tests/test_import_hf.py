@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import beam_reference
 import hf_checkpoints as ckpts
 import jax
 import mains
@@ -108,11 +109,22 @@ def test_a_trained_model_in_opus_layout_searches_as_generate(tmp_path_factory):
     generated = model.generate(**batch, num_beams=beam, length_penalty=0.0, max_new_tokens=32,
                                early_stopping='never', min_new_tokens=1, do_sample=False,
                                forced_eos_token_id=None)
-    assert [_until(row[1:], 0) for row in generated.tolist()] == [
-        session.tokenizer.to_theirs(ids) for ids in found]
+    # The same tokens, but where a float near-tie decides (measured by the NumPy reference
+    # search): another CPU's arithmetic may break it the other way (issue 62).
+    mine = [list(ids) for ids in found]
+    generated_ids = [session.tokenizer.to_ours(_until(row[1:], 0)) for row in generated.tolist()]
+    sources = session.encode(src)
+
+    def reference(i, beam=beam, sources=sources):
+      search = beam_reference.model_next_log_probs(session.module, sources[i], 32, beam)
+      return beam_reference.beam_search(search, k=beam, max_new_tokens=32)
+    ties = beam_reference.differences_are_ties(mine, generated_ids, reference)
+    assert ties <= 1
     assert sum(ids[-1] == session.tokenizer.eos_id for ids in found) >= 4  # most end
-    assert theirs.batch_decode(generated, skip_special_tokens=True) == [
-        session.tokenizer.decode(ids) for ids in found]
+    texts = theirs.batch_decode(generated, skip_special_tokens=True)
+    same = [i for i in range(len(src)) if session.tokenizer.to_theirs(mine[i]) ==
+            session.tokenizer.to_theirs(generated_ids[i])]
+    assert [texts[i] for i in same] == [session.tokenizer.decode(mine[i]) for i in same]
 
 
 def test_gpt2_equals_transformers(built):
