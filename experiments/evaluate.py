@@ -110,6 +110,7 @@ def evaluate(workdir: str, decode: Mapping[str, Any], *, translates: bool,
 def _translation(workdir: str, decode: Mapping[str, Any], sentences: int | None
                  ) -> dict[str, Any]:
   import inference  # pylint: disable=import-outside-toplevel
+  from inference.decode_runs import stopped_at_limit  # pylint: disable=import-outside-toplevel
   from input_pipeline import sources  # pylint: disable=import-outside-toplevel
   from training import checkpoint  # pylint: disable=import-outside-toplevel
   settings = {k: v for k, v in decode.items() if k != AVERAGE_LAST}
@@ -117,6 +118,7 @@ def _translation(workdir: str, decode: Mapping[str, Any], sentences: int | None
   average = min(int(decode.get(AVERAGE_LAST, 1)), max(kept, 1))
   warnings: list[str] = []
   session = inference.load(workdir, average_last=average, warn=warnings.append)
+  translator = session.translator(**settings)
   data = session.config.data
   out: dict[str, Any] = {'step': session.step, 'parameters': _parameters(session.module),
                          'decode': {**settings, AVERAGE_LAST: average},
@@ -125,12 +127,16 @@ def _translation(workdir: str, decode: Mapping[str, Any], sentences: int | None
   for split, name in zip(SPLITS, (data.eval_split, data.test_split), strict=True):
     examples = sources.split_texts(data, name)[:sentences]
     started = time.perf_counter()
-    hypotheses = session.translate([e['source'] for e in examples], **settings)
+    found = session.hypotheses([e['source'] for e in examples], **settings)
+    hypotheses = [h[0].text if h else '' for h in found]
     references = [e['target'] for e in examples]
     _write(split_file(workdir, split, 'hyp'), hypotheses)
     _write(split_file(workdir, split, 'ref'), references)
     out[split] = {'split': name, 'sentences': len(examples),
                   'empty': sum(not h.strip() for h in hypotheses),
+                  # stopped at max_new_tokens without EOS, as decode.py counts them
+                  'cut': sum(bool(h) and stopped_at_limit(h[0].tokens, translator)
+                             for h in found),
                   'decode_wall_s': round(time.perf_counter() - started, 1),
                   **scores(hypotheses, references)}
   out['warnings'] = sorted(set(warnings))[:5]

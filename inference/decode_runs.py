@@ -56,7 +56,7 @@ def translate(F, session, plan, lines, references) -> None:
         tokens += sum(len(h.tokens) for h in hyps[:1])
         if source is not None:
           empty += not hyps or not hyps[0].text
-          cut += bool(hyps) and _cut(hyps[0].tokens, translator)
+          cut += bool(hyps) and stopped_at_limit(hyps[0].tokens, translator)
         if F.attention_plot and source is not None and hyps:
           plotted.append((first + i, source, hyps[0].tokens))
   out.close()
@@ -76,7 +76,7 @@ def translate(F, session, plan, lines, references) -> None:
     plot(F, session, plotted)
 
 
-def _cut(tokens, translator) -> bool:
+def stopped_at_limit(tokens, translator) -> bool:
   """Whether an output stopped at the token limit, not at EOS (likely a repetition loop)."""
   eos = translator.eos_id
   return len(tokens) >= translator.limits.max_new_tokens and (eos is None or tokens[-1] != eos)

@@ -214,6 +214,8 @@ def test_each_run_is_an_evaluated_workdir(swept):
       assert results['eval_sentences'] == EVAL_SENTENCES
       for split, count in (('validation', EVAL_SENTENCES), ('test', EVAL_SENTENCES)):
         assert results[split]['sentences'] == count
+        # 4 new tokens after 60 steps: nearly every line stops at the limit, not at EOS.
+        assert 0 < results[split]['cut'] <= count
         hyps = (workdir / 'sweep_eval' / f'{split}.hyp').read_text().split('\n')[:-1]
         refs = (workdir / 'sweep_eval' / f'{split}.ref').read_text().split('\n')[:-1]
         assert len(hyps) == len(refs) == count
