@@ -186,7 +186,7 @@ def test_z_loss_gradient():
     np.testing.assert_allclose(x, y, atol=2e-5)
 
 
-def test_muon_takes_the_layers_matrices_and_adam_the_rest():
+def test_muon_takes_the_layers_matrices_and_adam_the_rest(tmp_path):
   config = default.get_config('tiny')
   config.optimizer.name = 'muon'
   config.optimizer.schedule = 'wsd'
@@ -201,11 +201,25 @@ def test_muon_takes_the_layers_matrices_and_adam_the_rest():
   spec = optim.muon_dimensions(params)['encoder']['layers'][0]['self_attention']['qkv']['kernel']
   assert (spec.reduction_axis, spec.output_axis) == ((0,), (2, 3))  # Q, K, V apart
   tx = optim.make_optimizer(config)
-  state, batch = _state_and_batch(ModelConfig.from_config({**TINY, 'activation': 'swiglu'}), tx)
-  step = jax.jit(steps.make_train_step(ModelConfig.from_config({**TINY, 'activation': 'swiglu'}),
-                                       tx, optim.make_schedule(config), label_smoothing=0.1))
+  model_config = ModelConfig.from_config({**TINY, 'activation': 'swiglu'})
+  _, batch = _state_and_batch(model_config, tx)
+  # Laid out on a mesh and checkpointed as train.py does: Muon's partitioned state (each part
+  # a parameter tree with MaskedNodes for the other's) failed there, though a step ran.
+  from training import checkpoint, mesh  # pylint: disable=import-outside-toplevel
+  from training.state import abstract_train_state, create_train_state  # pylint: disable=import-outside-toplevel
+  state = create_train_state(model_config, tx, 0, mesh.make_mesh(1))
+  step = jax.jit(steps.make_train_step(model_config, tx, optim.make_schedule(config),
+                                       label_smoothing=0.1))
   new, metrics = step(state, batch)
   assert bool(metrics['finite'])
+  saver = checkpoint.Checkpointer(str(tmp_path), async_save=False)
+  saver.save(1, new, None)
+  restored, _, at = saver.restore(abstract_train_state(model_config, tx, 0, mesh.make_mesh(1)),
+                                  allow_fresh_data=True)
+  saver.close()
+  assert at == 1
+  for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(new), strict=True):
+    np.testing.assert_array_equal(a, b)
   # An orthogonalised update: the FFN's output kernel moves by a matrix whose leading singular
   # values are about equal (Newton-Schulz's 5 steps: within ~[0.7, 1.2] of each other; the
   # gradient has rank <= the batch's 12 tokens, so only the leading ones are set).

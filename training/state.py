@@ -60,9 +60,12 @@ def _layout(config, tx, mesh, rules) -> tuple[TrainState, TrainState]:
                       rng=jax.eval_shape(jax.random.PRNGKey, 0))
   params = partitioning.shardings(build.logical_axes(config), param_shapes, mesh, rules)
   replicated = mesh_lib.replicated(mesh)
+  # A partitioned optimizer (Muon's matrices beside Adam's rest) holds each part's state as a
+  # parameter tree with `MaskedNode`s where the other part's parameters are: kept as they are.
   opt_state = optax.tree_utils.tree_map_params(
-      tx, lambda _, sharding: sharding, shapes.opt_state, params,
-      transform_non_params=lambda _: replicated)
+      tx, lambda leaf, sharding: leaf if isinstance(leaf, optax.MaskedNode) else sharding,
+      shapes.opt_state, params, transform_non_params=lambda _: replicated,
+      is_leaf=lambda x: isinstance(x, optax.MaskedNode))
   return shapes, TrainState(step=replicated, params=params, opt_state=opt_state, rng=replicated)
 
 
