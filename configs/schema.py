@@ -55,6 +55,10 @@ def _check_positive(section: Schema, names) -> None:
             f'{section.dotted(name)}={value!r} must be a positive integer')
 
 
+# The fields that name a parallel_text dataset's files, one per split.
+PARALLEL_TEXT_FILES = ('train_files', 'eval_files', 'test_files')
+
+
 @dataclasses.dataclass(frozen=True)
 class DataConfig(Schema):
   """`config.data`: the dataset, the tokenizer and how examples become rows."""
@@ -93,6 +97,10 @@ class DataConfig(Schema):
     for name in ('num_workers', 'tokenizer_max_sentences'):
       value = getattr(self, name)
       require(is_int(value) and value >= 0, f'config.data.{name}={value!r} must be an integer >= 0')
+    for name in PARALLEL_TEXT_FILES:  # read by no other dataset: a typo'd run trained on it
+      require(self.dataset == 'parallel_text' or getattr(self, name) is None,
+              f'config.data.{name} applies only to dataset=parallel_text (dataset='
+              f'{self.dataset!r} reads no files)')
 
 
 @dataclasses.dataclass(frozen=True)

@@ -125,15 +125,6 @@ runpy.run_path('train.py', run_name='__main__')
 """
 
 
-def _params_equal(workdir_a, workdir_b):
-  import jax  # pylint: disable=import-outside-toplevel
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  (a, step_a), (b, step_b) = checkpoint.restore_params(workdir_a), checkpoint.restore_params(
-      workdir_b)
-  pairs = zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
-  return step_a == step_b and all(np.array_equal(x, y) for x, y in pairs)
-
-
 def _fill(mount, leave: int = 0) -> None:
   """Another program takes the free space of `mount` but `leave` bytes (a file `filler`)."""
   stat = os.statvfs(mount)
@@ -150,8 +141,8 @@ def test_a_full_disk_during_or_before_a_write_is_one_line_and_the_run_resumes(te
      (TensorStore waking Orbax's closed loop) came before it; checkpoint 2 intact;
   2. resumed with less space than a checkpoint needs: the free-space check refuses
      checkpoint 4 before writing it, the same line;
-  3. with the space back, the run resumes from checkpoint 2 and ends bitwise equal to a run
-     that was never stopped."""
+  3. with the space back, the run resumes from checkpoint 2 and ends (that it ends bitwise
+     equal to a run never stopped is test_train_cli's end-to-end test)."""
   mount = _tmpfs(tmp_path / 'fs', '4m')
   try:
     workdir = str(mount / 'w')
@@ -177,10 +168,6 @@ def test_a_full_disk_during_or_before_a_write_is_one_line_and_the_run_resumes(te
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert 'resumed from the checkpoint at step 2' in proc.stdout
     assert checkpoint.list_steps(workdir) == [2, 4, 6]
-    reference = str(tmp_path / 'reference')
-    proc = _run_cli('train.py', *_text_args(text_files, reference, *args[-3:]))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert _params_equal(workdir, reference)
   finally:
     subprocess.run(['umount', '-l', str(mount)], check=False)  # -l: an open event file
 

@@ -22,10 +22,10 @@ from experiments.sweep_file import SweepError
 TINY = 'configs/default.py:tiny'
 # Few steps of the tiny model, a checkpoint every 10, no BLEU during training: the sweep's
 # own evaluation decodes the first sentences of both splits (greedy, 4 tokens: cheap).
-# 60 steps: the third run is interrupted after its first checkpoint, well before its end even
+# 40 steps: the third run is interrupted after its first checkpoint, well before its end even
 # on a loaded machine.
-QUICK = {'train.num_steps': 60, 'train.checkpoint_every_steps': 10, 'train.max_checkpoints': 2,
-         'train.eval_every_steps': 60, 'train.log_every_steps': 20,
+QUICK = {'train.num_steps': 40, 'train.checkpoint_every_steps': 10, 'train.max_checkpoints': 2,
+         'train.eval_every_steps': 40, 'train.log_every_steps': 20,
          'train.num_eval_batches': 1, 'decode.num_eval_sentences': 0}
 DECODE = {'beam_size': 1, 'max_new_tokens': 4}
 EVAL_SENTENCES = 24
@@ -146,7 +146,7 @@ def _checkpoints(workdir) -> list[int]:
 @pytest.fixture(scope='module')
 def swept(tmp_path_factory):
   """A 2-row x 2-seed sweep interrupted (Ctrl-C) during its third run, run again with a third
-  row that fails at run time (a NaN loss), then once more."""
+  row that fails at run time (a dataset name the schema cannot check), then once more."""
   tmp = tmp_path_factory.mktemp('sweep')
   rows = {'post': {'model.norm_position': 'post'}, 'pre': {'model.norm_position': 'pre'}}
   first = _sweep_file(tmp, rows)
@@ -162,15 +162,15 @@ def swept(tmp_path_factory):
                  'checkpoints': _checkpoints(third),
                  'digests': {name: _digest(root / name) for name in ('post/seed_0',
                                                                      'post/seed_1')}}
-  with_nan = _sweep_file(tmp, {**rows, 'nan': {'optimizer.learning_rate': 1e30}}, name='exp2')
-  rerun = _sweep(f'--sweep={with_nan}', f'--root={root}')
+  with_typo = _sweep_file(tmp, {**rows, 'typo': {'data.dataset': 'multi31k'}}, name='exp2')
+  rerun = _sweep(f'--sweep={with_typo}', f'--root={root}')
   # Two more that start no job: in one interpreter.
   again, dry = ((code, out + err) for code, out, err in run_mains(
-      [[f'--sweep={with_nan}', f'--root={root}', '--executor=local'],
-       [f'--sweep={with_nan}', f'--root={root}', '--executor=local', '--dry_run']],
+      [[f'--sweep={with_typo}', f'--root={root}', '--executor=local'],
+       [f'--sweep={with_typo}', f'--root={root}', '--executor=local', '--dry_run']],
       script='sweep.py'))
   return {'root': root, 'interrupted': interrupted, 'rerun': rerun, 'again': again, 'dry': dry,
-          'plan': sweep_file.plan(sweep_file.load(with_nan), str(root), with_nan)}
+          'plan': sweep_file.plan(sweep_file.load(with_typo), str(root), with_typo)}
 
 
 def test_interrupted_sweep_keeps_finished_runs_and_resumes(swept):
@@ -192,13 +192,13 @@ def test_interrupted_sweep_keeps_finished_runs_and_resumes(swept):
 def test_failed_run_reported_and_the_others_finish(swept):
   code, out = swept['rerun']
   assert code == 1, out
-  failures = [line for line in out.splitlines() if 'FAILED nan/' in line]
-  assert len(failures) == 2 and all('non-finite loss' in line for line in failures), out
+  failures = [line for line in out.splitlines() if 'FAILED typo/' in line]
+  assert len(failures) == 2 and all("unknown dataset 'multi31k'" in line for line in failures), out
   # A rerun without --retry_failed trains nothing and says why.
   code, out = swept['again']
   assert code == 1 and 'start ' not in out, out
   assert 'failed before (--retry_failed reruns them)' in out, out
-  assert out.count('failed before: nan/seed_') == 2, out
+  assert out.count('failed before: typo/seed_') == 2, out
 
 
 def test_each_run_is_an_evaluated_workdir(swept):
@@ -214,7 +214,7 @@ def test_each_run_is_an_evaluated_workdir(swept):
       assert results['eval_sentences'] == EVAL_SENTENCES
       for split, count in (('validation', EVAL_SENTENCES), ('test', EVAL_SENTENCES)):
         assert results[split]['sentences'] == count
-        # 4 new tokens after 60 steps: nearly every line stops at the limit, not at EOS.
+        # 4 new tokens after 40 steps: nearly every line stops at the limit, not at EOS.
         assert 0 < results[split]['cut'] <= count
         hyps = (workdir / 'sweep_eval' / f'{split}.hyp').read_text().split('\n')[:-1]
         refs = (workdir / 'sweep_eval' / f'{split}.ref').read_text().split('\n')[:-1]
@@ -230,11 +230,11 @@ def test_table(swept):
   text = (root / 'summary.md').read_text()
   assert (root / 'curves.png').stat().st_size > 10_000
   rows = [line for line in text.splitlines() if line.startswith('| ') and '---' not in line]
-  header, post, pre, nan = rows
+  header, post, pre, typo = rows
   assert 'test BLEU' in header and 'Δ vs post' in header and 'valid loss' in header
   assert post.startswith('| post | 2/2 |') and '| baseline |' in post
   assert pre.startswith('| pre | 2/2 |') and 'significant' in pre
-  assert nan.startswith('| nan | 0/2 (unfinished) |')
+  assert typo.startswith('| typo | 0/2 (unfinished) |')
   # The table's mean is the runs' own figures.
   plan = swept['plan']
   values = [json.loads((root / 'pre' / f'seed_{s}' / 'sweep_eval' / 'results.json')
