@@ -1,9 +1,9 @@
 """Decoding on the KV cache: greedy, sampling (temperature, top-k, top-p) and beam search, over
 token ids (the strategy table, `autoregressive.strategies`, runs them on batches).
 
-Every function runs the whole generation inside one jitted `lax.while_loop` over the
-model's `cache` collection (no per-token Python round trips, no recomputation of the
-prefix) and stops early once every sequence of the batch has finished. Compiled
+Every function runs the whole generation inside one jitted `lax.while_loop` that carries the
+model's KV cache, a pytree (no per-token Python round trips, no recomputation of the
+prefix), and stops early once every sequence of the batch has finished. Compiled
 functions are cached by `jax.jit` (static: the model's config, and the shapes; the parameters
 are a traced pure dict), so repeated calls with the same shapes do not recompile. The public
 functions take the NNX model (or its `decode_loop.decoding_model` form, which callers that
@@ -27,7 +27,8 @@ one, e.g. characters) keeps the EOS and has zeros after it. The pad id 0 is neve
 generated.
 
 Beam search (`autoregressive.beam_search`) keeps alive and finished beams with fairseq's selection
-rule and the GNMT length penalty; beam size 1 is exactly greedy decoding. The loops share
+rule and the GNMT length penalty; beam size 1 is greedy decoding only at `alpha=0` (with a
+penalty a beam of one may go on past an EOS). The loops share
 `autoregressive.decode_loop`; what differs by model kind comes from its adapter (`model.kinds`).
 """
 

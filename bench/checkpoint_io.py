@@ -52,7 +52,7 @@ def _state(config):
             if jax.numpy.issubdtype(x.dtype, jax.numpy.floating) else x
             for k, x in zip(keys, leaves, strict=True)]
   state = jax.tree.unflatten(treedef, leaves)
-  abstract = state_lib.abstract_train_state(model_config, tx, config.train.seed, mesh)
+  abstract = state_lib.abstract_train_state(model_config, tx, mesh)
   return state, abstract
 
 

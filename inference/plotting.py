@@ -164,16 +164,6 @@ class _Heatmap:
     self.fig.clear()
 
 
-def plot_heatmap(weights: np.ndarray, row_labels: Sequence[str], col_labels: Sequence[str],
-                 title: str, path: str, *, xlabel: str = 'keys', ylabel: str = 'queries') -> str:
-  """One heatmap `weights` `[rows, cols]` (rows sum to 1) with labelled axes -> PNG at `path`."""
-  figure = _Heatmap(row_labels, col_labels, xlabel=xlabel, ylabel=ylabel)
-  try:
-    return figure.save(np.asarray(weights), title, path)
-  finally:
-    figure.close()
-
-
 def _panels(maps, index, source_pieces, target_pieces):
   """(name, weights `[heads, rows, cols]`, row labels, col labels, xlabel, ylabel) of every
   attention module of sentence `index`, in layer order, cut to the sentence's lengths."""
@@ -312,13 +302,3 @@ def plot_lines(module, piece, items, out_dir: str, *, heads: str = 'all',
       if progress is not None:
         progress(1)
   return written
-
-
-def plot_sequences(module, piece, sources, outputs, out_dir: str, *, limit: int,
-                   heads: str) -> int:
-  """`plot_lines` of the first `limit` (0 = all) non-empty outputs: `sources[i]` the source ids
-  of line i (None: an empty line, skipped; ignored by a decoder-only model), `outputs[i]` its
-  output ids."""
-  chosen = [(i, s, outputs[i]) for i, s in enumerate(sources) if s is not None and outputs[i]]
-  return plot_lines(module, piece, chosen[:limit] if limit > 0 else chosen, out_dir,
-                    heads=heads)

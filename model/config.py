@@ -96,7 +96,7 @@ class ModelConfig(Schema):
                                    'values)', choices=IMPLEMENTATIONS)
   remat: bool = documented(False, 'rematerialise each layer in the backward pass')
   scan_layers: bool = documented(
-      False, 'nn.scan over layers: one compiled layer, params [layers, ...]')
+      False, 'jax.lax.scan over layers: one compiled layer, params [layers, ...]')
   dropout_rng_impl: str = documented('hash', "dropout bits ('hash': a fused integer hash)",
                                      choices=DROPOUT_RNGS)
   init: str = documented('paper', 'parameter initialisation (see init_stds)',

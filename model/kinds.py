@@ -40,11 +40,6 @@ class ModelAdapter:
   # (`input_pipeline.pipeline.LAYOUTS`: the pipeline knows layouts, not kinds).
   batch_layout: str
 
-  def example_inputs(self, length: int = 8, batch: int = 1) -> tuple[Array, ...]:
-    """Positional arguments of a forward pass (for shape checks)."""
-    tokens = jnp.ones((batch, length), jnp.int32)
-    return (tokens, tokens) if self.has_source else (tokens,)
-
   def target_length(self, max_length: int) -> int:
     """Positions the decoder needs for examples of `config.data.max_length` tokens."""
     return max_length

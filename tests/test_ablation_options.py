@@ -214,7 +214,7 @@ def test_muon_takes_the_layers_matrices_and_adam_the_rest(tmp_path):
   assert bool(metrics['finite'])
   saver = checkpoint.Checkpointer(str(tmp_path), async_save=False)
   saver.save(1, new, None)
-  restored, _, at = saver.restore(abstract_train_state(model_config, tx, 0, mesh.make_mesh(1)),
+  restored, _, at = saver.restore(abstract_train_state(model_config, tx, mesh.make_mesh(1)),
                                   allow_fresh_data=True)
   saver.close()
   assert at == 1

@@ -224,8 +224,7 @@ def syn_abstract_state(**overrides):
   from training import mesh as mesh_lib, optim, state as state_lib  # pylint: disable=import-outside-toplevel
   config = syn.tiny_config('encoder_decoder', **overrides)
   return state_lib.abstract_train_state(ModelConfig.from_config(config.model),
-                                        optim.make_optimizer(config),
-                                        config.train.seed, mesh_lib.make_mesh())
+                                        optim.make_optimizer(config), mesh_lib.make_mesh())
 
 
 # -- 9. a checkpoint without its data-iterator state --------------------------------------------

@@ -244,7 +244,6 @@ def restore_full_state(workdir: str, kind: str = 'encoder_decoder', overrides=No
   config = tiny_config(kind, **(overrides or {}))
   tx = optim.make_optimizer(config)
   abstract = state_lib.abstract_train_state(ModelConfig.from_config(config.model), tx,
-                                            config.train.seed,
                                             mesh_lib.make_mesh(mesh_config=mesh_config))
   checkpointer = checkpoint.Checkpointer(workdir, max_to_keep=config.train.max_checkpoints)
   state, _, _ = checkpointer.restore(abstract)

@@ -32,7 +32,6 @@ from training import checkpoint_files as files
 from training.checkpoint_files import shape_mismatches  # noqa: F401  (public: decode.py)
 
 CHECKPOINT_SUBDIR = 'checkpoints'
-ITEMS = ('state', 'data')
 
 
 class CheckpointError(RuntimeError):

@@ -9,14 +9,13 @@ float flag a float32 scalar on the device, so `1e308` (finite in Python, inf in 
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 from collections.abc import Callable, Sequence
 
 from absl import flags
 
-from common.dtype_limits import FLOAT32_MAX, INT32_MAX
+from common.dtype_limits import INT32_MAX
 from training import orbax_noise
 
 
@@ -39,20 +38,6 @@ def check_int(name: str, value: int | None, *, lo: int, hi: int = INT32_MAX) -> 
     return
   if not lo <= value <= hi:
     raise UsageError(f'--{name}={value} must be an integer in [{lo}, {hi}]')
-
-
-def check_float(name: str, value: float | None, *, lo: float, hi: float = FLOAT32_MAX,
-                lo_open: bool = False) -> None:
-  """`--NAME=VALUE` must be a number in [lo, hi] (or (lo, hi] with `lo_open`), finite as a
-  float32 (the dtype decoding computes in). NaN is refused (it passes every `<` test)."""
-  if value is None:
-    return
-  ok = (math.isfinite(value) and abs(value) <= FLOAT32_MAX
-        and (value > lo if lo_open else value >= lo) and value <= hi)
-  if not ok:
-    left = '(' if lo_open else '['
-    raise UsageError(f'--{name}={value} must be a number in {left}{lo:g}, {hi:g}] '
-                     '(finite as a float32)')
 
 
 def parse_absl_flags(prog: str, argv: Sequence[str]) -> list[str]:

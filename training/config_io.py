@@ -164,7 +164,8 @@ def _layout_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 def validate_config(config, *, num_devices: int = 1, process_count: int = 1) -> ModelConfig:
   """Checks every field train.py uses; raises `ConfigError` naming the field. Returns the
   model config. Each section's fields are its schema's to check (configs/schema.py); the rules
-  between sections are all here, in the order a run meets them."""
+  between sections that need the devices or processes are here, the others are
+  `schema.check_across`'s (called last)."""
   sections = schema.validate_sections(config)
   model_config = sections['model']
   if model_config.kind not in TRAINABLE_KINDS:

@@ -62,7 +62,7 @@ def dry_run(config) -> dict[str, Any]:
   rules = mesh_lib.rules(config.get('mesh'))
   schedule = optim.make_schedule(config)
   tx = optim.make_optimizer(config, schedule)
-  state = state_lib.abstract_train_state(model_config, tx, config.train.seed, mesh, rules)
+  state = state_lib.abstract_train_state(model_config, tx, mesh, rules)
   step = steps.jit_train_step(model_config, tx, schedule, mesh,
                               label_smoothing=config.train.label_smoothing,
                               grad_accum_steps=config.train.grad_accum_steps, rules=rules)

@@ -90,11 +90,10 @@ def create_train_state(config: ModelConfig, tx: optax.GradientTransformation, se
   return jax.jit(start, out_shardings=shardings)(params)
 
 
-def abstract_train_state(config: ModelConfig, tx: optax.GradientTransformation, seed: int,
-                         mesh: Mesh, rules: Rules | None = None) -> TrainState:
+def abstract_train_state(config: ModelConfig, tx: optax.GradientTransformation, mesh: Mesh,
+                         rules: Rules | None = None) -> TrainState:
   """ShapeDtypeStructs with the `state_shardings`: the restore target for checkpoints (a
   checkpoint written on any mesh restores onto this one)."""
-  del seed  # the shapes do not depend on it
   shapes, shardings = _layout(config, tx, mesh, rules)
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                       shapes, shardings)

@@ -172,8 +172,7 @@ class _Run:
   # -- state --------------------------------------------------------------------------------
   def restore_or_init(self):
     t = self.config.train
-    abstract = state_lib.abstract_train_state(self.model_config, self.tx, t.seed, self.mesh,
-                                              self.rules)
+    abstract = state_lib.abstract_train_state(self.model_config, self.tx, self.mesh, self.rules)
     restored = self.checkpointer.restore(
         abstract, allow_fresh_data=t.allow_fresh_data_iterator)
     if restored is None:
