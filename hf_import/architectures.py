@@ -125,6 +125,18 @@ def bert_model(hf: dict, sd: dict) -> dict:
       attention_dropout_rate=float(hf.get('attention_probs_dropout_prob', 0.1)))
 
 
+def gpt2_specials(hf: dict) -> tuple[int | None, int | None]:
+  """GPT-2's BOS (<|endoftext|>) starts every text, as our pad does; it is also its EOS,
+  which we then leave out (a text cannot end with its start token)."""
+  start, eos = hf.get('bos_token_id'), hf.get('eos_token_id')
+  return start, None if eos == start else eos
+
+
+def bert_specials(hf: dict) -> tuple[int | None, int | None]:
+  """An encoder: its pad id is ours, and it has no EOS."""
+  return hf.get('pad_token_id', 0), None
+
+
 @dataclasses.dataclass(frozen=True)
 class Architecture:
   """One `transformers` class and how it becomes our model."""
@@ -136,6 +148,9 @@ class Architecture:
   token_ids: tuple[str, ...]
   # tokenizer.json's model type ('huggingface' tokenizers): another is another model's.
   tokenizer_model: str | None = None
+  # ('huggingface' tokenizers) config.json -> (the id that becomes our pad and start token,
+  # the EOS id or None).
+  specials: Callable[[dict], tuple[int | None, int | None]] | None = None
   # A prefix the weights may carry (a BertForMaskedLM checkpoint keeps its encoder under
   # 'bert.'): dropped on reading.
   prefix: str = ''
@@ -145,9 +160,9 @@ ARCHITECTURES = {a.name: a for a in (
     Architecture('MarianMTModel', marian_model, convert.marian_params, 'marian',
                  ('pad_token_id', 'eos_token_id')),
     Architecture('GPT2LMHeadModel', gpt2_model, convert.gpt2_params, 'huggingface',
-                 ('bos_token_id',), 'BPE'),
+                 ('bos_token_id',), 'BPE', gpt2_specials),
     Architecture('BertModel', bert_model, convert.bert_params, 'huggingface', ('pad_token_id',),
-                 'WordPiece', prefix='bert.'),
+                 'WordPiece', bert_specials, prefix='bert.'),
 )}
 # transformers' GenerationConfig defaults for what a generation_config.json leaves out (theirs,
 # not decode.py's: those are in autoregressive.strategies).

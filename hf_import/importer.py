@@ -67,16 +67,12 @@ def _marian_tokenizer(directory: str, hf: dict):
                         f'({" ".join(str(e).split())[:120]})') from None
 
 
-def _huggingface_tokenizer(directory: str, hf: dict, kind: str, arch):
+def _huggingface_tokenizer(directory: str, hf: dict, arch):
   data = checkpoint_dir.read_bytes(directory, 'tokenizer.json', 'the fast tokenizer file '
                                    '(save the tokenizer with transformers to write it)')
   _check_tokenizer_json(directory, data, hf['vocab_size'], arch)
-  if kind == 'decoder_only':  # GPT-2: its BOS (<|endoftext|>) starts every text, as our pad
-    start, eos = hf.get('bos_token_id'), hf.get('eos_token_id')
-    order = vocab_order(hf['vocab_size'], start, None if eos == start else eos, None)
-    eos = None if eos == start else eos
-  else:  # an encoder: no EOS
-    order, eos = vocab_order(hf['vocab_size'], hf.get('pad_token_id', 0), None, None), None
+  start, eos = arch.specials(hf)
+  order = vocab_order(hf['vocab_size'], start, eos, None)
   try:
     return pretrained.HuggingFaceTokenizer(data, order, eos)
   except Exception as e:  # pylint: disable=broad-except
@@ -123,7 +119,7 @@ def load(directory: str) -> Imported:
   except KeyError as e:
     raise ImportProblem(f'{directory}/config.json has no {e.args[0]!r}') from None
   tokenizer = (_marian_tokenizer(directory, hf) if arch.tokenizer == 'marian' else
-               _huggingface_tokenizer(directory, hf, fields['kind'], arch))
+               _huggingface_tokenizer(directory, hf, arch))
   from model import ModelConfig  # pylint: disable=import-outside-toplevel
   try:
     cfg = ModelConfig.from_config(fields)
