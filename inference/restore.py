@@ -27,7 +27,7 @@ from configs.schema import DecodeConfig
 from input_pipeline import tokenizers
 from model import ConfigError, abstract_model, bind, build, partitioning
 from model.config import ModelConfig
-from training import checkpoint, config_io, mesh as mesh_lib
+from training import checkpoint, checkpoint_files, config_io, mesh as mesh_lib
 
 
 def uses_ema(config) -> bool:
@@ -42,7 +42,7 @@ class RestoreError(ValueError):
 
 def check_params(params, model_config: ModelConfig, workdir: str) -> None:
   """The restored tree must be the model of config.json (a clear error, not a JAX one)."""
-  problems = checkpoint.shape_mismatches(build.param_shapes(model_config), params)
+  problems = checkpoint_files.shape_mismatches(build.param_shapes(model_config), params)
   if problems:
     more = f' (+{len(problems) - 3} more)' if len(problems) > 3 else ''
     raise RestoreError(f'the checkpoint in {workdir} does not fit the model in its config.json '

@@ -29,7 +29,7 @@ import orbax.checkpoint as ocp
 from common import waiting
 from common.messages import first_few
 from training import checkpoint_files as files
-from training.checkpoint_files import shape_mismatches  # noqa: F401  (public: decode.py)
+from training.checkpoint_files import shape_mismatches
 
 CHECKPOINT_SUBDIR = 'checkpoints'
 
