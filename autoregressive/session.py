@@ -28,7 +28,6 @@ from autoregressive.decode_loop import Decodable, decoding_model
 from autoregressive.scoring import score_references
 from autoregressive.strategies import Hypothesis
 from autoregressive.translator import Translator, generate as generate_ids
-from common.schema import is_int
 from common.tokens import truncate
 from model.kinds import adapter_of
 
@@ -68,11 +67,11 @@ class Session:
     most = given.get('max_new_tokens')
     if most is None:
       most = decode.get('max_new_tokens', strategies.Limits.max_new_tokens)
-    model_max = self.module.config.max_len
-    if is_int(most) and most > model_max:  # a bad value: from_config names it
-      self.warn(f'max_new_tokens {most} is more than the model\'s max_len {model_max}; '
-                f'using {model_max}')
-      given['max_new_tokens'] = model_max
+    fitted, capped = strategies.fit_to_positions(most, self.module.config.max_len)
+    if capped:
+      self.warn(f'max_new_tokens {most} is more than the model\'s max_len {fitted}; '
+                f'using {fitted}')
+      given['max_new_tokens'] = fitted
     return strategies.from_config(decode, given, strategy=strategy)
 
   def translator(self, strategy: str | None = None, **settings) -> Translator:

@@ -137,9 +137,10 @@ def _settings(F, config, names, strategy: str | None, rename=None) -> dict:
   rename = rename or {}
   flag_of = {name: rename.get(name, name) for name in names}
   given = {name: getattr(F, flag) for name, flag in flag_of.items() if _given(F, flag)}
-  most = given.get('max_new_tokens', config.decode.max_new_tokens)
-  capped = 'max_new_tokens' not in rename and most > config.model.max_len
-  checked = dict(given, max_new_tokens=config.model.max_len) if capped else given
+  most, capped = strategies.fit_to_positions(
+      given.get('max_new_tokens', config.decode.max_new_tokens), config.model.max_len)
+  capped = capped and 'max_new_tokens' not in rename
+  checked = dict(given, max_new_tokens=most) if capped else given
 
   def where(name):
     if name == 'max_new_tokens' and capped:

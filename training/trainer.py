@@ -20,6 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from autoregressive import strategies
 from autoregressive.session import Session
 from model import bind
 from model.build import count_params
@@ -275,7 +276,7 @@ class _Run:
     # once); a validation source beyond max_len is truncated as decode.py truncates it.
     session = Session(bind(self.model_config, params), self.datasets.tokenizer, self.config,
                       warn=lambda message: None)
-    most = min(dec.max_new_tokens, self.model_config.max_len)
+    most, _ = strategies.fit_to_positions(dec.max_new_tokens, self.model_config.max_len)
     settings = dict(batch_size=min(dec.batch_size, len(examples)), max_new_tokens=most,
                     min_new_tokens=min(dec.min_new_tokens, most))
     what = f'{session.settings(**settings)[0].NAME} search for evaluation'

@@ -21,6 +21,7 @@ from autoregressive.strategies.base import (
   Settings,
   Strategy,
   check,
+  fit_to_positions,
 )
 from autoregressive.strategies.beam import BeamSearch
 from autoregressive.strategies.greedy import Greedy
@@ -29,7 +30,8 @@ from autoregressive.strategies.sampling import Sampling
 TABLE: dict[str, type[Strategy]] = {s.NAME: s for s in (BeamSearch, Greedy, Sampling)}
 
 __all__ = ['TABLE', 'BeamSearch', 'Greedy', 'Sampling', 'Limits', 'Strategy', 'Settings',
-           'Hypothesis', 'check', 'fields', 'config_fields', 'choose', 'from_config']
+           'Hypothesis', 'check', 'fit_to_positions', 'fields', 'config_fields', 'choose',
+           'from_config']
 
 
 def fields() -> dict[str, tuple[type[Settings], dataclasses.Field]]:

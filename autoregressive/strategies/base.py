@@ -131,6 +131,15 @@ class Limits(Settings):
                        'before the limit')
 
 
+def fit_to_positions(max_new_tokens, max_len: int) -> tuple[Any, bool]:
+  """`max_new_tokens` capped at a model's `max_len` positions (no output can be longer) ->
+  (the value to use, whether it was capped). A value that is not an integer is left as it is,
+  for the settings' checks to name."""
+  if is_int(max_new_tokens) and max_new_tokens > max_len:
+    return max_len, True
+  return max_new_tokens, False
+
+
 @dataclasses.dataclass(frozen=True)
 class Hypothesis:
   """One output: `tokens` (ids, EOS included when generated), `score` (the search's score:
