@@ -87,26 +87,30 @@ def test_greedy_drops_finished_rows_with_the_same_tokens():
   kw = {'max_new_tokens': MAX_LEN, 'eos_id': eos, 'min_new_tokens': 0}
   plain = np.asarray(decoding.greedy_decode(model, src, drop_finished=False, **kw))
   assert _second_stage_runs(_steps(plain, eos))
-  for drop in (ROWS, True, STAGES):  # True: compact_sizes(BATCH) rows
+  # True: compact_sizes(BATCH) rows. (A single stage of ROWS is the first of STAGES: no
+  # program of its own.)
+  for drop in (True, STAGES):
     fast = decoding.greedy_decode(model, src, drop_finished=drop, **kw)
     np.testing.assert_array_equal(np.asarray(fast), plain)
 
 
-@pytest.mark.parametrize('beam_size', [1, 3])
-def test_beam_search_drops_finished_sentences_with_the_same_results(beam_size):
+def test_beam_search_drops_finished_sentences_with_the_same_results():
+  """Beam 1: it ends a sentence when greedy decoding ends it, so the later stages surely run.
+  Wider beams with finished sentences dropped: test_beam_search_first_window_gives_the_same_results
+  (beam 3, STAGES), test_decoder_only_prompts_of_different_lengths_drop_finished_rows (beam 2)
+  and test_translator_drop_finished_option_gives_the_same_hypotheses (beam 3)."""
   model = _model(seed=0)
   src = _sources(seed=0)
   eos = _greedy_eos(model, inputs=src)
-  kw = {'beam_size': beam_size, 'alpha': 0.6, 'max_new_tokens': MAX_LEN, 'eos_id': eos}
+  kw = {'beam_size': 1, 'alpha': 0.6, 'max_new_tokens': MAX_LEN, 'eos_id': eos}
   ref_tokens, ref_scores = decoding.beam_search_decode(model, src,
                                                        drop_finished=False, **kw)
-  if beam_size == 1:  # beam 1 ends a sentence when greedy decoding ends it
-    assert _second_stage_runs(_steps(ref_tokens[:, 0], eos))
-  for drop in (ROWS, STAGES):
-    tokens, scores = decoding.beam_search_decode(model, src, drop_finished=drop, **kw)
-    np.testing.assert_array_equal(np.asarray(tokens), np.asarray(ref_tokens))
-    # Fewer rows may round the matmuls differently (last bits); the tokens are the same.
-    np.testing.assert_allclose(np.asarray(scores), np.asarray(ref_scores), rtol=1e-5, atol=1e-6)
+  assert _second_stage_runs(_steps(ref_tokens[:, 0], eos))
+  # (A single stage of ROWS is the first of STAGES.)
+  tokens, scores = decoding.beam_search_decode(model, src, drop_finished=STAGES, **kw)
+  np.testing.assert_array_equal(np.asarray(tokens), np.asarray(ref_tokens))
+  # Fewer rows may round the matmuls differently (last bits); the tokens are the same.
+  np.testing.assert_allclose(np.asarray(scores), np.asarray(ref_scores), rtol=1e-5, atol=1e-6)
 
 
 def test_decoder_only_prompts_of_different_lengths_drop_finished_rows():
@@ -126,57 +130,54 @@ def test_decoder_only_prompts_of_different_lengths_drop_finished_rows():
                              atol=1e-6)
 
 
-def test_sampling_with_keys_per_row_drops_finished_rows_with_the_same_samples():
-  model = _model(seed=3)
-  keys = jax.random.split(jax.random.PRNGKey(7), BATCH)
-  kw = {'inputs': _sources(seed=3), 'rng': keys, 'max_new_tokens': MAX_LEN, 'temperature': 0.7}
-  eos = _varied_eos(decoding.sample(model, eos_id=None, **kw))
-  fast = decoding.sample(model, eos_id=eos, drop_finished=ROWS, **kw)
-  plain = decoding.sample(model, eos_id=eos, drop_finished=False, **kw)
-  assert _second_stage_runs(_steps(plain, eos))
-  np.testing.assert_array_equal(np.asarray(fast), np.asarray(plain))
+# The first-window tests' case: an encoder-decoder (a cross-attention cache that the growing
+# leaves alone) with a forced target prefix: a prefilled prefix (n0 > 1) and force-fed tokens,
+# which a decoder-only model's prompt gives in the same loops (one case, not one per kind: a
+# program less per search and setting).
+WINDOW_PROMPT = np.array([[4, 5, 6], [7, 8, 0], [9, 0, 0]] * 4, np.int32)
 
 
-def _window_case(kind, seed):
-  """(model, inputs, prompt, eos) for the first-window tests: an encoder-decoder's
-  sources, or a decoder-only model's prompts with a prefilled prefix (n0 > 1) and force-fed
-  tokens."""
-  model = _model(kind, seed=seed)
-  if kind == 'encoder_decoder':
-    inputs, prompt = _sources(seed=seed), None
-  else:
-    inputs, prompt = None, np.array([[4, 5, 6], [7, 8, 0], [9, 0, 0]] * 4, np.int32)
-  eos = _greedy_eos(model, **({'inputs': inputs} if prompt is None else
-                                      {'prompt': prompt}))
-  return model, inputs, prompt, eos
+def _window_case():
+  """(model, inputs, prompt, eos, lengths, prefill_len), the arguments as `prepare` makes them."""
+  model = _model(seed=0)
+  eos = _greedy_eos(model, inputs=_sources(seed=0), prompt=WINDOW_PROMPT)
+  return (model, *prepare(model.config, _sources(seed=0), WINDOW_PROMPT, MAX_LEN), eos)
 
 
-@pytest.mark.parametrize('kind', ['encoder_decoder', 'decoder_only'])
-def test_beam_search_first_window_gives_the_same_results(kind):
+def _unfinished_after(steps, lengths, prefill_len, calls: int) -> int:
+  """How many rows (their decoder `steps` `[batch]`, prompt `lengths`) are still decoding after
+  the loop's first `calls` calls (the first call, before the loop, made target index
+  `prefill_len`)."""
+  return int(np.sum(np.asarray(lengths) + steps - 1 > prefill_len + calls))
+
+
+def test_beam_search_first_window_gives_the_same_results():
   """The slot layout's first steps on a shorter cache, then the whole one: same results."""
-  model, inputs, prompt, eos = _window_case(kind, seed=0)
-  args = prepare(model.config, inputs, prompt, MAX_LEN)
-  kw = {'beam_size': 3, 'max_new_tokens': MAX_LEN, 'prefill_len': args[3], 'eos_id': eos}
-  found = [beam_search.search(model.config, params_of(model), *args[:3], jnp.float32(0.6),
-                              np.int32(1), first_window=w, compact_rows=rows, **kw)
+  model, inputs, prompt, lengths, prefill_len, eos = _window_case()
+  kw = {'beam_size': 3, 'max_new_tokens': MAX_LEN, 'prefill_len': prefill_len, 'eos_id': eos}
+  found = [beam_search.search(model.config, params_of(model), inputs, prompt, lengths,
+                              jnp.float32(0.6), np.int32(1), first_window=w, compact_rows=rows,
+                              **kw)
            for w, rows in ((0, ()), (2, ()), (3, STAGES), (3, (2,)))]
-  # After the short cache's calls, at most 8 rows are left (only they grow), and more than 2
-  # (every row grows, then the loop goes on): both of window_then_whole's branches.
-  assert 2 < np.sum(_steps(np.asarray(found[0][0])[:, 0], eos) == MAX_LEN) <= ROWS
+  # After the short cache's 3 calls more than 2 sentences are unfinished (every row grows, then
+  # the loop goes on), and few enough (by their best hypotheses; a sentence may go on after
+  # its best ended) that at most 8 are left (only they grow): both of window_then_whole's
+  # branches.
+  steps = _steps(np.asarray(found[0][0])[:, 0], eos)
+  assert 2 < _unfinished_after(steps, lengths, prefill_len, 3) <= ROWS
   for tokens, scores in found[1:]:
     np.testing.assert_array_equal(np.asarray(tokens), np.asarray(found[0][0]))
     np.testing.assert_allclose(np.asarray(scores), np.asarray(found[0][1]), rtol=1e-5,
                                atol=1e-6)
 
 
-@pytest.mark.parametrize('kind', ['encoder_decoder', 'decoder_only'])
-def test_greedy_and_sampling_first_window_give_the_same_tokens(kind):
+def test_greedy_and_sampling_first_window_give_the_same_tokens():
   """Greedy decoding's (and sampling's) first loop calls on a shorter cache, then the whole
   one: the same tokens, with and without finished rows dropped, with keys per row. (Sampling
-  shares greedy's loop: it is checked on the case that goes through every stage.)"""
-  model, inputs, prompt, eos = _window_case(kind, seed=0)
+  shares greedy's loop: it is checked on the case that goes through every stage; this is also
+  the check that sampling with keys per row drops finished rows with the same samples.)"""
+  model, inputs, prompt, lengths, prefill_len, eos = _window_case()
   config, params = model.config, params_of(model)
-  inputs, prompt, lengths, prefill_len = prepare(config, inputs, prompt, MAX_LEN)
   keys = jax.random.split(jax.random.PRNGKey(3), BATCH)
   every = ((0, ()), (2, ()), (3, STAGES), (3, (2,)))
   for greedy, rng, cases in ((True, jax.random.PRNGKey(0), every), (False, keys, every[::2])):
@@ -187,7 +188,7 @@ def test_greedy_and_sampling_first_window_give_the_same_tokens(kind):
              for w, rows in cases]
     assert _second_stage_runs(_steps(found[0], eos))
     if greedy:  # both of window_then_whole's branches, as in the beam search test above
-      assert 2 < np.sum(_steps(found[0], eos) == MAX_LEN) <= ROWS
+      assert 2 < _unfinished_after(_steps(found[0], eos), lengths, prefill_len, 3) <= ROWS
     for tokens in found[1:]:
       np.testing.assert_array_equal(np.asarray(tokens), np.asarray(found[0]))
 
@@ -202,12 +203,15 @@ def test_beam_search_stopping_at_the_final_nbest_gives_the_same_nbest(alpha, reo
   (Seed 0 and alpha 1.5: a bound that forgets the penalty can grow stops too soon here.)"""
   model = _model(seed=0)
   src = _sources(seed=0)
-  kw = {'beam_size': 4, 'alpha': alpha, 'max_new_tokens': MAX_LEN, 'reorder_cache': reorder_cache,
+  kw = {'beam_size': 4, 'alpha': alpha, 'max_new_tokens': MAX_LEN,
         'eos_id': _greedy_eos(model, inputs=src)}
+  # The k-best search on the slot layout for both layouts (the layouts' k-best searches agree:
+  # test_decoding's test_beam_search_equals_reference_cache_reordering): a program less.
   full_tokens, full_scores = decoding.beam_search_decode(model, src, **kw)
   sooner = False
   for n in (1, 2):
-    tokens, scores = decoding.beam_search_decode(model, src, nbest=n, **kw)
+    tokens, scores = decoding.beam_search_decode(model, src, nbest=n,
+                                                 reorder_cache=reorder_cache, **kw)
     np.testing.assert_array_equal(np.asarray(tokens)[:, :n], np.asarray(full_tokens)[:, :n])
     np.testing.assert_allclose(np.asarray(scores)[:, :n], np.asarray(full_scores)[:, :n],
                                rtol=1e-5, atol=1e-6)
