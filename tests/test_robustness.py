@@ -120,6 +120,10 @@ def test_readers_take_no_lock(trained):
 
 def test_disk_full_before_a_save_is_one_line_and_keeps_the_checkpoints(trained, tmp_path,
                                                                         monkeypatch):
+  """The free-space check, on any machine (a tmpfs needs root): the run stops before writing,
+  and leaves the checkpoints as they were. (That the run then resumes from them is
+  test_robustness_cli's full-disk test, through train.py; an untouched checkpoint folder
+  resumes as any other does.)"""
   workdir = _copy(trained, tmp_path)
   real = shutil.disk_usage
   monkeypatch.setattr(checkpoint.shutil, 'disk_usage',
@@ -130,9 +134,7 @@ def test_disk_full_before_a_save_is_one_line_and_keeps_the_checkpoints(trained, 
   assert str(e.value).startswith(
       f'no space left on device writing checkpoint 8 in {where}; checkpoints 2, 4, 6 are intact')
   assert sorted(os.listdir(where)) == ['2', '4', '6']
-  monkeypatch.undo()
-  resumed = syn.run(workdir, 'encoder_decoder', {**RUN, 'train.num_steps': 8})
-  assert sorted(resumed['losses']) == [7, 8] and checkpoint.list_steps(workdir)[-1] == 8
+  assert checkpoint.list_steps(workdir) == [2, 4, 6]
 
 
 # -- 3/4. damaged and bit-rotted checkpoints ----------------------------------------------------

@@ -3,7 +3,6 @@ nothing behind, full disks end in one line, a second Ctrl-C stops at once."""
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -11,7 +10,7 @@ import time
 
 import pytest
 import test_train_synthetic as syn
-from test_robustness import RUN, _one_error_line, _run_cli
+from test_robustness import _one_error_line, _run_cli
 
 from training import checkpoint, checkpoint_files
 
@@ -77,35 +76,6 @@ def test_a_refused_run_writes_no_config_and_a_missing_split_is_found_at_start(te
   assert os.listdir(os.path.join(workdir, 'tokenizer')) == []
 
 
-def test_a_write_failing_inside_orbax_is_one_line(tmp_path, monkeypatch, capfd):
-  """A disk that fills during the write (the free-space check passed): Orbax's failure in its
-  background thread becomes the same line, and its logs and pending work stay silent."""
-  mount = _tmpfs(tmp_path / 'fs', '1m')
-  try:
-    real = shutil.disk_usage
-    monkeypatch.setattr(checkpoint.shutil, 'disk_usage',
-                        lambda p: real(p)._replace(free=1 << 40))
-    workdir = str(mount / 'w')
-    with pytest.raises(checkpoint.CheckpointWriteError,
-                       match=r'no space left on device writing checkpoint (\d+) in .*; '
-                             r'checkpoints? [\d, ]+ (is|are) intact$') as failure:
-      syn.run(workdir, 'encoder_decoder', {**RUN, 'train.num_steps': 40,
-                                           'train.max_checkpoints': 20})
-    err = capfd.readouterr().err
-    assert 'Traceback' not in err and 'Event loop' not in err and 'RESOURCE_EXHAUSTED' not in err
-    steps = checkpoint.list_steps(workdir)
-    assert steps and all(checkpoint_files.verify_checksums(checkpoint.step_dir(workdir, s)) is None
-                         for s in steps)
-    # The failed step is never listed as a checkpoint. (Orbax's half-written tmp folder may
-    # outlive the failure, depending on when its background thread gives up: not asserted.)
-    failed = int(re.search(r'writing checkpoint (\d+)', str(failure.value)).group(1))
-    assert failed not in steps
-  finally:
-    monkeypatch.undo()
-    subprocess.run(['umount', '-l', str(mount)], check=False)  # -l: an open event file
-
-
-
 _FILLS_UP = """
 import os, runpy, sys
 from training import checkpoint
@@ -138,7 +108,9 @@ def test_a_full_disk_during_or_before_a_write_is_one_line_and_the_run_resumes(te
   """Issues 17 and 45 (item 13) through train.py, checkpoints every 2 steps on a tmpfs:
   1. the disk fills while Orbax writes checkpoint 4 in the background (the free-space check
      passed): one line, exit 1, where ~1,000 lines of 'Event loop is closed' tracebacks
-     (TensorStore waking Orbax's closed loop) came before it; checkpoint 2 intact;
+     (TensorStore waking Orbax's closed loop) came before it; checkpoint 2 intact, the failed
+     step never listed (this was also an in-process test of its own, on a 1 MB tmpfs: the
+     same Orbax failure and line, one more compile and run);
   2. resumed with less space than a checkpoint needs: the free-space check refuses
      checkpoint 4 before writing it, the same line;
   3. with the space back, the run resumes from checkpoint 2 and ends (that it ends bitwise
