@@ -123,3 +123,40 @@ def differences_are_ties(ours, theirs, reference: Callable[[int], Result], *, ti
     assert strip(found.tokens) in (strip(a), strip(b)), f'sentence {i}: {found.tokens}'
     ties += 1
   return ties
+
+
+def decoder_only_next_logits(model, width: int):
+  """`[prefix] -> [vocab]`: our decoder-only `model`'s next-token logits after `prefix` (the
+  prompt and what was generated; a full forward pass padded to `width`: one compile)."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from model import bind, params_of  # pylint: disable=import-outside-toplevel
+
+  config, params = model.config, params_of(model)
+  forward = jax.jit(lambda params, tokens: bind(config, params)(tokens))
+
+  def next_logits(prefix):
+    tokens = np.full((1, width), EOS + 2, np.int32)  # after the prefix: any id but pad
+    tokens[0, :len(prefix)] = prefix
+    return np.asarray(forward(params, tokens))[0, len(prefix)]
+  return next_logits
+
+
+def greedy_difference_is_a_tie(ours, theirs, next_logits: Callable[[list[int]], np.ndarray],
+                               *, tie: float = 1e-3) -> int:
+  """Checks that two greedy continuations (token lists) agree, or that where they first
+  differ, our model's logits (`next_logits(prefix)`) put both tokens within `tie` of the best
+  one (another CPU's rounding may break such a tie the other way; the rest then differs too)
+  -> 1 for a tie, 0 when they agree."""
+  ours, theirs = list(ours), list(theirs)
+  if ours == theirs:
+    return 0
+  at = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b),
+            None)
+  assert at is not None, f'one output is a prefix of the other: {ours} and {theirs}'
+  logits = next_logits(ours[:at])
+  best = float(logits.max())
+  gaps = best - float(logits[ours[at]]), best - float(logits[theirs[at]])
+  assert max(gaps) < tie, (f'ours {ours} and theirs {theirs} differ at {at} with no tie '
+                           f'(logits {gaps[0]:.2e} and {gaps[1]:.2e} below the best)')
+  return 1

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 
+import beam_reference
 import export_workdirs
 import extras
 import jax
@@ -127,7 +128,11 @@ def test_decoder_only_logits_and_greedy_equal(tmp_path, positions, activation):
   # The tokenizer's attention mask keeps the start token: it is id 0, which is also pad.
   theirs = model.generate(**tokenizer([prompt], return_tensors='pt'), do_sample=False,
                           max_new_tokens=12)
-  assert theirs[0, len(ids):].tolist() == np.asarray(ours)[0].tolist()
+  # The same tokens, but where a float near-tie decides (another CPU may break it otherwise).
+  mine = np.asarray(ours)[0].tolist()
+  beam_reference.greedy_difference_is_a_tie(
+      [*ids[1:], *mine], [*ids[1:], *theirs[0, len(ids):].tolist()],
+      beam_reference.decoder_only_next_logits(module, config.max_len))
   # GPT-2 has max_len positions (the start token, the prompt, the new tokens; README):
   # generate() stops there by default, and asked for more it fails (after transformers'
   # warning naming the limit) instead of continuing in windows as decode.py does.
@@ -273,10 +278,16 @@ def test_trained_export_translates_as_decode_py(trained, tmp_path):
   generated = model.generate(**batch, num_beams=4, length_penalty=0.0, max_new_tokens=32,
                              output_scores=True, return_dict_in_generate=True)
   theirs = [_until_eos(row[1:]) for row in generated.sequences.tolist()]
-  assert theirs == outputs
+
+  def reference(i):  # the rule in NumPy, on our model
+    search = beam_reference.model_next_log_probs(restored.module, sources[i], 32, 4)
+    return beam_reference.beam_search(search, k=4, max_new_tokens=32)
+  # The same translations, but where float rounding decides a near tie (< 1e-3 nats).
+  assert beam_reference.differences_are_ties(outputs, theirs, reference) <= 1
+  same = [i for i in range(len(lines)) if theirs[i] == outputs[i]]
   assert sum(o[-1] == 1 for o in outputs) >= 4  # most of them end with EOS before max_len
   texts = tokenizer.batch_decode(generated.sequences, skip_special_tokens=True)
-  assert texts == [restored.tokenizer.decode(o) for o in outputs]
+  assert [texts[i] for i in same] == [restored.tokenizer.decode(outputs[i]) for i in same]
   # Their beam scores (length_penalty=0: the sum of log-probabilities, EOS included) against
   # our model's log-probability of the same translations.
   hyps = np.zeros((len(outputs), max(map(len, outputs))), np.int32)
@@ -285,7 +296,8 @@ def test_trained_export_translates_as_decode_py(trained, tmp_path):
   logits = restored.module(inputs, hyps).at[..., 0].set(-np.inf)
   log_probs = np.take_along_axis(np.asarray(jax.nn.log_softmax(logits)), hyps[..., None], -1)
   ours = np.where(hyps > 0, log_probs[..., 0], 0.0).sum(axis=1)
-  np.testing.assert_allclose(generated.sequences_scores.numpy(), ours, atol=1e-3, rtol=0)
+  np.testing.assert_allclose(generated.sequences_scores.numpy()[same], ours[same], atol=1e-3,
+                             rtol=0)
 
   _run_readme_lines(out, ['A man is riding a bike.', longest])
 
