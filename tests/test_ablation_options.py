@@ -3,6 +3,7 @@ reference, its shapes, the model equal to the plain path at its off value, and w
 exports and --show_config say of it."""
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -285,19 +286,19 @@ def test_ema_equation_and_off_is_the_plain_optimizer():
 
 def test_ema_is_checkpointed_evaluated_and_decoded(tmp_path):
   """A run with train.ema_decay keeps the average in its checkpoints; decoding (and
-  `init_from`) restores the average, not the last parameters; a resume may not turn it off."""
+  `init_from`) restores the average, not the last parameters; a resume may not turn it off.
+  (On the synthetic data, as the trainer's other tests: the bundled corpus and its tokenizer,
+  which this run trained first, are test_train_cli's end-to-end run's.)"""
+  import test_train_synthetic as syn  # pylint: disable=import-outside-toplevel
+
   import inference  # pylint: disable=import-outside-toplevel
-  from training import checkpoint, config_io, trainer  # pylint: disable=import-outside-toplevel
-  config = default.get_config('tiny')
-  t = config.train
-  t.num_steps, t.checkpoint_every_steps, t.eval_every_steps, t.num_eval_batches = 6, 6, 6, 1
-  t.ema_decay = 0.5
-  config.decode.num_eval_sentences = 0
+  from input_pipeline import tokenizers  # pylint: disable=import-outside-toplevel
+  from training import checkpoint, config_io  # pylint: disable=import-outside-toplevel
   workdir = str(tmp_path / 'ema')
-  import contextlib  # pylint: disable=import-outside-toplevel
-  import io  # pylint: disable=import-outside-toplevel
-  with contextlib.redirect_stdout(io.StringIO()):
-    final = trainer.train_and_evaluate(config, workdir)['state']
+  overrides = {'train.checkpoint_every_steps': 6, 'train.eval_every_steps': 6,
+               'train.ema_decay': 0.5, 'data.tokenizer': 'char'}  # decoding's, saved below
+  final = syn.run(workdir, 'encoder_decoder', overrides)['state']
+  tokenizers.CharTokenizer(list(syn.ALPHABET)).save(os.path.join(workdir, 'tokenizer'))
   assert isinstance(final.opt_state, optim.EmaState)
   stored_ema, step = checkpoint.restore_params(workdir, ema=True)
   last, _ = checkpoint.restore_params(workdir)
@@ -310,6 +311,6 @@ def test_ema_is_checkpointed_evaluated_and_decoded(tmp_path):
   restored = inference.Restored(workdir)
   np.testing.assert_array_equal(restored.params['embed']['embedding'],
                                 stored_ema['embed']['embedding'])
-  config.train.ema_decay = 0.0
+  config = syn.tiny_config('encoder_decoder', **{**overrides, 'train.ema_decay': 0.0})
   with pytest.raises(config_io.IncompatibleWorkdirError, match='train.ema_decay=0.5'):
     config_io.check_compatible(config, workdir)
