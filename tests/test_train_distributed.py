@@ -107,10 +107,27 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _run_two_processes(runs: list[tuple[str, dict]]) -> list[str]:
+# What the coordinator says when another program took the free port between `_free_port`
+# releasing it and the coordinator binding it (a race no port choice avoids): start again.
+_PORT_TAKEN = ('address already in use', 'failed to add port', 'failed to bind')
+
+
+def _run_two_processes(runs: list[tuple[str, dict]], attempts: int = 3) -> list[str]:
   """jax.distributed on 127.0.0.1 with gloo CPU collectives; 2 processes x 2 devices, which
   make the runs `[(workdir, overrides), ...]` one after the other. -> each process's output."""
-  port = _free_port()
+  for attempt in range(attempts):
+    procs, outputs = _start_two_processes(runs, _free_port())
+    taken = any(proc.returncode and any(m in out.lower() for m in _PORT_TAKEN)
+                for proc, out in zip(procs, outputs, strict=True))
+    if not taken or attempt == attempts - 1:
+      break
+  for proc, out in zip(procs, outputs, strict=True):
+    assert proc.returncode == 0, out[-4000:]
+  return outputs
+
+
+def _start_two_processes(runs: list[tuple[str, dict]], port: int):
+  """The two processes, their coordinator on `port`, waited for -> (processes, outputs)."""
   procs = []
   (workdir, overrides), *later = runs
   for i in range(2):
@@ -126,9 +143,7 @@ def _run_two_processes(runs: list[tuple[str, dict]]) -> list[str]:
   finally:
     for proc in procs:
       proc.kill()
-  for proc, out in zip(procs, outputs, strict=True):
-    assert proc.returncode == 0, out[-4000:]
-  return outputs
+  return procs, outputs
 
 
 FSDP_OVER_PROCESSES = {**OVERRIDES, 'mesh.data': 1, 'mesh.fsdp': 4}
