@@ -97,13 +97,8 @@ def test_translate_file_with_bleu_plots_and_averaging(workdirs, tmp_path):
   assert _snapshot(workdirs['mt']) == before  # nothing in the workdir was modified
 
 
-def test_translate_stdin_to_stdout_greedy_at_a_step(workdirs):
-  result = _decode(f'--workdir={workdirs["mt"]}', '--step=10', '--beam_size=1',
-                   '--max_new_tokens=8', stdin=b'A dog runs.\n\nTwo men.\n')
-  assert result.returncode == 0, result.stderr.decode()
-  lines = result.stdout.decode().split('\n')
-  assert len(lines) == 4 and lines[1] == '' and lines[3] == ''
-  assert 'step 10' in result.stderr.decode()
+# stdin to stdout, greedy, at an earlier checkpoint (--step): test_decode_modes'
+# test_translation_stream_is_answered_line_by_line (a process of its own less).
 
 
 def test_checkpoint_from_8_devices_decodes_on_1(workdirs):

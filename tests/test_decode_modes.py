@@ -72,16 +72,19 @@ class _Conversation:
 
 
 def test_translation_stream_is_answered_line_by_line(workdirs):
-  talk = _Conversation(f'--workdir={workdirs["mt"]}', '--beam_size=1', '--max_new_tokens=6',
-                       '--compilation_cache=')
+  """Also decode.py's stdin to stdout at an earlier checkpoint (`--step`; what
+  test_decode_cli's own process for it checked)."""
+  talk = _Conversation(f'--workdir={workdirs["mt"]}', '--step=10', '--beam_size=1',
+                       '--max_new_tokens=6', '--compilation_cache=')
   first = talk.ask('A man rides a bike.')
   assert first.endswith('\n') and first.strip()
   assert talk.ask('') == '\n'  # an empty line gives an empty line
   assert talk.ask('A man rides a bike.') == first
   err = talk.close()
   assert 'translated 2 sentence(s) (greedy)' in err and 'Traceback' not in err
+  assert 'step 10' in err
   import inference  # pylint: disable=import-outside-toplevel  # the same from Python
-  session = inference.load(workdirs['mt'])
+  session = inference.load(workdirs['mt'], step=10)
   assert session.translate(['A man rides a bike.'], beam_size=1, max_new_tokens=6) == [first[:-1]]
 
 
