@@ -1,4 +1,10 @@
-"""train.py's command line: overrides, one-line errors, and one end-to-end run on the real data."""
+"""train.py's command line: overrides, one-line errors, and one end-to-end run on the real data.
+
+The file's command lines run in two interpreters (`mains`: a process each spent ~2 s on
+start-up, 9 of them): the first runs the refusals, --show_config, a dry run, the first part of
+the end-to-end run and its uninterrupted twin, and a fine-tune's first steps; the second, a
+fresh interpreter that knows the runs only from their workdirs, the resumes. Two refusals run
+as processes of their own too (OWN_PROCESS)."""
 
 import json
 import os
@@ -22,7 +28,6 @@ def _train(*args, timeout=300):
 BAD_CONFIGS = [
     (['--config.model.num_headz=2'],
      'unknown config field --config.model.num_headz; did you mean config.model.num_heads?'),
-    (['--config.trian.num_steps=2'], 'unknown config field --config.trian.num_steps'),
     (['--config.train.num_steps=abc'], "--config.train.num_steps=abc: invalid literal for int()"),
     (['--config.optimizer.name=sgd'], "config.optimizer.name='sgd' is not one of"),
     (['--config.model.d_model=30'], 'config.model.d_model=30 is not divisible by'),
@@ -32,35 +37,86 @@ BAD_CONFIGS = [
     (['--config=configs/nope.py'], "config file 'configs/nope.py' not found"),
     (['--config.mesh.tensor=2'], 'config.mesh (data, fsdp, tensor)=(-1, 1, 2): 1 devices are '
                                  'not divisible by 2'),
-    (['--config.mesh.fsdp=0'], 'config.mesh.fsdp=0 must be a positive integer or -1'),
     (['--config.mesh.rules.embed=model'],
      "config.mesh.rules.embed='model': ['model'] are not mesh axes"),
+    # train.py's own int flags, C ints in jax.distributed (issue 27 item 6)
+    (['--num_processes=99999999999999999999'],
+     '--num_processes=99999999999999999999 must be an integer in [1, 2147483647]'),
+    (['--process_id=-1'], '--process_id=-1 must be an integer in [0, 2147483646]'),
 ]
+# Refusals whose message is checked in-process, and whose way through train.py is one of the
+# above's, are not repeated here: a misspelt section (`--config.trian.num_steps`:
+# test_trainer_log's test_did_you_mean_ranks_by_the_last_component), a mesh size
+# (`mesh.fsdp=0`: test_config_schema), a float out of float32's range
+# (`learning_rate=1e308`: test_config_ranges).
 # Also run as processes of their own (exit status, nothing else on stderr): a bad literal
 # (absl's parser) and a mesh the devices do not divide (JAX started).
 OWN_PROCESS = ('--config.train.num_steps=abc', '--config.mesh.tensor=2')
 
 
+E2E = ['--config=configs/default.py:tiny', '--config.train.eval_every_steps=4',
+       '--config.train.log_every_steps=2', '--config.train.checkpoint_every_steps=2',
+       '--config.model.num_heads=2', '--config.model.vocab_size=512',
+       '--config.data.vocab_size=512']
+# Changes of the train state's layout (issue 58, cause 2) and the field each one names.
+LAYOUTS = [('--config.model.final_logits_bias=True', 'model.final_logits_bias=False (new True)'),
+           ('--config.optimizer.name=muon', "optimizer.name='adam' (new 'muon')"),
+           ('--config.model.embedding_norm=True', 'model.embedding_norm=False (new True)'),
+           ('--config.model.d_model=64', 'model.d_model=32 (new 64)')]  # a shape, as before
+
+
 @pytest.fixture(scope='module')
-def refusals(tmp_path_factory) -> dict:
-  """BAD_CONFIGS' command lines, all in one interpreter (`mains`), and those of
-  OWN_PROCESS as their own processes too: args[0] -> (workdir, [(exit status, stdout,
-  stderr)...])."""
-  root = tmp_path_factory.mktemp('refusals')
-  workdirs = {args[0]: str(root / f'w{i}') for i, (args, _) in enumerate(BAD_CONFIGS)}
-  runs = {name: ['--config=configs/default.py:tiny', f'--workdir={workdirs[name]}', name]
-          for name in workdirs}
-  found = {name: (workdirs[name], [result]) for name, result in
-           zip(runs, mains.run_mains(list(runs.values()), 'train.py', devices=1), strict=True)}
+def runs(workdirs, tmp_path_factory) -> dict:
+  """The command lines of the tests below, in two interpreters (the module's docstring):
+  name -> (exit status, stdout, stderr), BAD_CONFIGS' under their args[0] as [one per
+  interpreter or process]; and 'dirs': name -> path."""
+  import shutil  # pylint: disable=import-outside-toplevel
+  root = tmp_path_factory.mktemp('train_cli')
+  dirs = {'e2e': str(root / 'e2e'), 'straight': str(root / 'straight'),
+          'never_created': str(root / 'never-created'), 'layout': str(root / 'layout'),
+          'source': str(root / 'source'), 'fine_tune': str(root / 'ft')}
+  refused = {args[0]: str(root / f'refused{i}') for i, (args, _) in enumerate(BAD_CONFIGS)}
+  shutil.copytree(workdirs['mt'], dirs['layout'])
+  shutil.copytree(workdirs['mt'], dirs['source'])
+  with open(os.path.join(dirs['layout'], 'config.json'), 'rb') as f:
+    dirs['layout_config'] = f.read()
+  tiny = '--config=configs/default.py:tiny'
+  fine_tune = [tiny, f'--workdir={dirs["fine_tune"]}', f'--config.train.init_from={dirs["source"]}',
+               '--config.decode.num_eval_sentences=0', '--config.train.num_eval_batches=1',
+               '--config.train.checkpoint_every_steps=2']
+  first = {
+      **{name: [tiny, f'--workdir={workdir}', name] for name, workdir in refused.items()},
+      'no_workdir': [tiny],
+      'show_config': [tiny, '--config.train.num_steps=9', f'--workdir={dirs["never_created"]}',
+                      '--show_config'],
+      'dry_run': [tiny, '--config.train.dry_run=True', '--config.train.batch_size=8'],
+      **{('layout', flag): [tiny, f'--workdir={dirs["layout"]}', flag] for flag, _ in LAYOUTS},
+      'e2e': [*E2E, f'--workdir={dirs["e2e"]}', '--config.train.num_steps=4',
+              '--config.decode.num_eval_sentences=8'],
+      'straight': [*E2E, f'--workdir={dirs["straight"]}', '--config.train.num_steps=6',
+                   '--config.decode.num_eval_sentences=0'],
+      'fine_tune': [*fine_tune, '--config.train.num_steps=2'],
+  }
+  found = dict(zip(first, mains.run_mains(list(first.values()), 'train.py', devices=1),
+                   strict=True))
+  shutil.rmtree(dirs['source'])
+  then = {'resumed': [*E2E, f'--workdir={dirs["e2e"]}', '--config.train.num_steps=6',
+                      '--config.decode.num_eval_sentences=0'],
+          'fine_tune_resumed': [*fine_tune, '--config.train.num_steps=4']}
+  found.update(zip(then, mains.run_mains(list(then.values()), 'train.py', devices=1),
+                   strict=True))
+  for name in refused:
+    found[name] = [found[name]]
   for name in OWN_PROCESS:
-    proc = _train(*runs[name])
-    found[name][1].append((proc.returncode, proc.stdout, proc.stderr))
+    proc = _train(*first[name])
+    found[name].append((proc.returncode, proc.stdout, proc.stderr))
+  found['dirs'] = {**dirs, 'refused': refused}
   return found
 
 
 @pytest.mark.parametrize('args,message', BAD_CONFIGS)
-def test_bad_config_is_one_line_before_anything_runs(refusals, args, message):
-  workdir, results = refusals[args[0]]
+def test_bad_config_is_one_line_before_anything_runs(runs, args, message):
+  results = runs[args[0]]
   assert len(results) == (2 if args[0] in OWN_PROCESS else 1)
   for code, out, err in results:
     assert code == 2
@@ -68,28 +124,25 @@ def test_bad_config_is_one_line_before_anything_runs(refusals, args, message):
     assert len(lines) == 1, err
     assert lines[0].startswith('train.py: error: ') and message in lines[0], lines[0]
     assert 'Traceback' not in out + err
-  assert not os.path.exists(workdir)
+  assert not os.path.exists(runs['dirs']['refused'][args[0]])
 
 
-def test_dry_run_prints_the_memory_table_and_writes_nothing(tmp_path):
+def test_dry_run_prints_the_memory_table_and_writes_nothing(runs):
   """--config.train.dry_run=True compiles the step for the mesh and exits: no data, no workdir."""
-  proc = _train('--config=configs/default.py:tiny', '--config.train.dry_run=True',
-                '--config.train.batch_size=8')
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  lines = proc.stdout.strip().splitlines()
+  code, out, err = runs['dry_run']
+  assert code == 0, err[-3000:]
+  lines = out.strip().splitlines()
   assert 'parameters; train step compiled in' in lines[-2]
   assert lines[-1].startswith('per-device memory on mesh (data x fsdp x tensor) 1x1x1: params ')
   assert 'temporaries' in lines[-1] and 'total' in lines[-1]
 
 
-def test_show_config_prints_values_origins_and_docs_and_touches_no_workdir(tmp_path):
+def test_show_config_prints_values_origins_and_docs_and_touches_no_workdir(runs):
   """--show_config: a row per field (value, origin, doc), then exit 0; --workdir is not needed
   and, given, not created. The origins' rules: tests/test_config_schema.py."""
-  workdir = tmp_path / 'never-created'
-  proc = _train('--config=configs/default.py:tiny', '--config.train.num_steps=9',
-                f'--workdir={workdir}', '--show_config')
-  assert proc.returncode == 0 and proc.stderr == '', proc.stderr[-3000:]
-  lines = proc.stdout.splitlines()
+  code, out, err = runs['show_config']
+  assert code == 0 and err == '', err[-3000:]
+  lines = out.splitlines()
   assert lines[0] == 'config: configs/default.py:tiny' and lines[1].startswith('origin: ')
   header = lines[3]
   cut = [header.index(word) for word in ('value', 'origin', 'doc')]
@@ -100,26 +153,20 @@ def test_show_config_prints_values_origins_and_docs_and_touches_no_workdir(tmp_p
   assert rows['train.seed'][:2] == ('0', 'default')
   assert rows['data.data_dir'][:2] == ('None', 'default')
   assert all(doc for _, _, doc in rows.values())
-  assert not workdir.exists()
+  assert not os.path.exists(runs['dirs']['never_created'])
 
 
-def test_workdir_is_required():
-  proc = _train('--config=configs/default.py:tiny')
-  assert proc.returncode == 2
-  assert proc.stderr.strip() == 'train.py: error: --workdir is required'
+def test_workdir_is_required(runs):
+  code, _, err = runs['no_workdir']
+  assert code == 2
+  assert err.strip() == 'train.py: error: --workdir is required'
 
 
-def test_end_to_end_tiny_run_with_overrides_and_resume(tmp_path):
+def test_end_to_end_tiny_run_with_overrides_and_resume(runs):
   """The real input pipeline (bundled Multi30k), BLEU, outputs in DIR, then a resume."""
-  workdir = str(tmp_path)
-  args = ['--config=configs/default.py:tiny', f'--workdir={workdir}',
-          '--config.train.num_steps=4', '--config.train.eval_every_steps=4',
-          '--config.train.log_every_steps=2', '--config.train.checkpoint_every_steps=2',
-          '--config.model.num_heads=2', '--config.model.vocab_size=512',
-          '--config.data.vocab_size=512', '--config.decode.num_eval_sentences=8']
-  proc = _train(*args)
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  out = proc.stdout
+  workdir = runs['dirs']['e2e']
+  code, out, err = runs['e2e']
+  assert code == 0, out[-3000:] + err[-3000:]
   assert 'parameters' in out and 'mesh (data=1, fsdp=1, tensor=1)' in out
   assert 'per-device memory on mesh (data x fsdp x tensor) 1x1x1: params ' in out
   assert 'step 4/4 | loss ' in out and 'tok/s' in out and 'ETA' in out
@@ -130,73 +177,52 @@ def test_end_to_end_tiny_run_with_overrides_and_resume(tmp_path):
   from bench import gpu_targets  # pylint: disable=import-outside-toplevel
   loss = gpu_targets.best_val_loss(out)
   assert loss is not None and f'best val loss {loss:.4f} (step 4)' in out
+
+  # Again with more steps (in a fresh interpreter): resumes at 4, reports the changed field.
+  code, out, err = runs['resumed']
+  assert code == 0, out[-3000:] + err[-3000:]
+  assert 'resumed from the checkpoint at step 4' in out
+  assert 'train.num_steps: 4 -> 6' in out
+  assert 'step 6/6' in out and 'step 2/' not in out
   with open(os.path.join(workdir, 'config.json')) as f:
     config = json.load(f)
-  assert config['model']['num_heads'] == 2 and config['train']['num_steps'] == 4
+  assert config['model']['num_heads'] == 2 and config['train']['num_steps'] == 6
   names = os.listdir(workdir)
   assert 'checkpoints' in names and 'tokenizer' in names
   assert any(n.startswith('events.out.tfevents') for n in names)
-  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['2', '4']
-
-  # Again with more steps: resumes at 4, reports the changed field.
-  proc = _train(*args[:2], '--config.train.num_steps=6', *args[3:-1],
-                '--config.decode.num_eval_sentences=0')
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  assert 'resumed from the checkpoint at step 4' in proc.stdout
-  assert 'train.num_steps: 4 -> 6' in proc.stdout
-  assert 'step 6/6' in proc.stdout and 'step 2/' not in proc.stdout
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['2', '4', '6']
   # ... exactly: its step 6 is bitwise a straight 6-step run's, through train.py and the real
   # data pipeline (the schedule does not read num_steps), on any machine and without root.
-  straight = str(tmp_path.parent / f'{tmp_path.name}_straight')  # beside the workdir
-  proc = _train(args[0], f'--workdir={straight}', '--config.train.num_steps=6', *args[3:-1],
-                '--config.decode.num_eval_sentences=0')
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  code, out, err = runs['straight']
+  assert code == 0, out[-3000:] + err[-3000:]
   from training import checkpoint  # pylint: disable=import-outside-toplevel
-  (resumed, step), (once, step_once) = (checkpoint.restore_params(w) for w in (workdir, straight))
+  (resumed, step), (once, step_once) = (checkpoint.restore_params(w)
+                                        for w in (workdir, runs['dirs']['straight']))
   assert step == step_once == 6
   for a, b in zip(jax.tree.leaves(resumed), jax.tree.leaves(once), strict=True):
     np.testing.assert_array_equal(a, b)
 
 
-def test_a_change_of_the_state_layout_is_refused_and_config_json_kept(workdirs, tmp_path):
+def test_a_change_of_the_state_layout_is_refused_and_config_json_kept(runs):
   """Issue 58, cause 2: a field that changes the train state's tree but was not on the hand-made
   list (final_logits_bias adds a bias, optimizer.name another state) rewrote config.json before
   the refusal, and decode.py then refused the workdir. The fields are found by building both
-  states abstractly; nothing is written."""
-  import shutil  # pylint: disable=import-outside-toplevel
-  workdir = str(tmp_path / 'mt')
-  shutil.copytree(workdirs['mt'], workdir)
-  with open(os.path.join(workdir, 'config.json'), 'rb') as f:
-    before = f.read()
-  base = ['--config=configs/default.py:tiny', f'--workdir={workdir}']
-  runs = [[*base, '--config.model.final_logits_bias=True'],
-          [*base, '--config.optimizer.name=muon'], [*base, '--config.model.embedding_norm=True'],
-          [*base, '--config.model.d_model=64']]  # a shape, as the hand-made list had
-  for (code, _, err), field in zip(mains.run_mains(runs, 'train.py', devices=1),
-                                   ('model.final_logits_bias=False (new True)',
-                                    "optimizer.name='adam' (new 'muon')",
-                                    'model.embedding_norm=False (new True)',
-                                    'model.d_model=32 (new 64)'), strict=True):
+  states abstractly; nothing is written. (Also the in-process refusal of a shape change that
+  test_train_loop had: the same IncompatibleWorkdirError.)"""
+  for flag, field in LAYOUTS:
+    code, _, err = runs['layout', flag]
     assert code == 2 and f'holds a run with a different model/data setup: {field};' in err, err
-    with open(os.path.join(workdir, 'config.json'), 'rb') as f:
-      assert f.read() == before
+  with open(os.path.join(runs['dirs']['layout'], 'config.json'), 'rb') as f:
+    assert f.read() == runs['dirs']['layout_config']  # after each of the 4 refusals
 
 
-def test_a_fine_tune_resumes_without_its_init_from_directory(workdirs, tmp_path):
+def test_a_fine_tune_resumes_without_its_init_from_directory(runs):
   """Issue 58, cause 11: once a fine-tune has a checkpoint, its own config.json and
-  checkpoints are enough to resume; the init_from directory may be gone."""
-  import shutil  # pylint: disable=import-outside-toplevel
-  source, workdir = str(tmp_path / 'source'), str(tmp_path / 'ft')
-  shutil.copytree(workdirs['mt'], source)
-  args = ['--config=configs/default.py:tiny', f'--workdir={workdir}',
-          f'--config.train.init_from={source}', '--config.decode.num_eval_sentences=0',
-          '--config.train.num_eval_batches=1', '--config.train.checkpoint_every_steps=2']
-  (code, out, err), = mains.run_mains([[*args, '--config.train.num_steps=2']], 'train.py',
-                                      devices=1)
+  checkpoints are enough to resume; the init_from directory may be gone (removed between
+  the two interpreters)."""
+  code, _, err = runs['fine_tune']
   assert code == 0, err
-  shutil.rmtree(source)
-  (code, out, err), = mains.run_mains([[*args, '--config.train.num_steps=4']], 'train.py',
-                                      devices=1)
+  code, out, err = runs['fine_tune_resumed']
   assert code == 0, err
   assert 'resumed from the checkpoint at step 2' in out + err
   assert 'done: step 4/4' in out + err
