@@ -295,8 +295,16 @@ def decode_runs(trained, tmp_path_factory) -> dict:
   with open(meta, 'w') as f:
     f.write(text.replace('"b"', '"B"'))
   runs['damaged_tokenizer'] = [f'--workdir={workdir}', '--compilation_cache=']
+  # An output that is a workdir's own file (issue 45 item 1: a translation was written there).
+  own = str(folder / 'own')
+  shutil.copytree(trained[0], own)
+  runs['workdir_file'] = [f'--workdir={own}', f'--input_file={source}',
+                          f'--output_file={own}/config.json', '--compilation_cache=']
+  with open(os.path.join(own, 'config.json'), 'rb') as f:
+    config_json = f.read()
   results = dict(zip(runs, mains.run_mains(list(runs.values())), strict=True))
-  results['files'] = {'source': source, 'damaged_workdir': workdir, 'tokenizer.json': meta}
+  results['files'] = {'source': source, 'damaged_workdir': workdir, 'tokenizer.json': meta,
+                      'own': own, 'config.json': config_json}
   return results
 
 
@@ -320,7 +328,9 @@ def test_a_damaged_tokenizer_stops_decode_in_one_line(decode_runs):
                    'from a backup, or use a new workdir)'], err[-3000:]
 
 
-def test_output_file_may_not_be_an_input(decode_runs):
+def test_output_file_may_not_be_an_input_nor_a_workdirs_own_file(decode_runs):
+  """The workdir's own files are refused however spelled: tests/test_output_files.py, in-process;
+  here decode.py's command line, which wrote a translation into W/config.json (exit 0)."""
   found = [(key[1], result) for key, result in decode_runs.items()
            if key[0] == 'output_is_input']
   assert len(found) == 3
@@ -328,6 +338,11 @@ def test_output_file_may_not_be_an_input(decode_runs):
     assert code == 2 and err.startswith('decode.py: error: --output_file '), err
     assert f'is the same file as {flag}' in err, err
   assert decode_runs['files']['source'].read_text() == 'abc\n'
+  code, _, err = decode_runs['workdir_file']
+  assert code == 2 and err.startswith('decode.py: error: --output_file '), err
+  assert "a workdir's own file" in err and len(err.strip().splitlines()) == 1, err
+  with open(os.path.join(decode_runs['files']['own'], 'config.json'), 'rb') as f:
+    assert f.read() == decode_runs['files']['config.json']
 
 
 # -- issue 27: deleted checksums, symlinked steps, garbage Orbax metadata --------------------------
@@ -429,33 +444,9 @@ def test_garbage_orbax_metadata_and_read_only_notices_stay_quiet(trained, tmp_pa
   _assert_trees_equal(params, trained[1]['state'].params)
 
 
-def test_a_fifo_where_a_file_is_expected_is_refused_without_waiting(tmp_path):
-  """`common.files.open_regular` opens without blocking and refuses a FIFO (or a directory,
-  a device) before reading: best_metrics.json, checkpoint and tokenizer checksum files are
-  read through it, where a planted FIFO hung the run forever."""
-  import threading  # pylint: disable=import-outside-toplevel
-
-  from common import files  # pylint: disable=import-outside-toplevel
-  fifo = tmp_path / 'best_metrics.json'
-  os.mkfifo(fifo)
-  box = []
-
-  def read():
-    try:
-      files.read_regular(str(fifo))
-    except OSError as e:
-      box.append(e)
-  thread = threading.Thread(target=read, daemon=True)
-  thread.start()
-  thread.join(30)
-  assert box and isinstance(box[0], files.NotARegularFileError), 'the read waited on the FIFO'
-  assert str(box[0]) == f'{fifo} is a FIFO, not a regular file'
-  with pytest.raises(files.NotARegularFileError, match='is a directory'):
-    files.read_regular(str(tmp_path))
-  with pytest.raises(files.NotARegularFileError, match='is a device'):
-    files.read_regular('/dev/null')
-  (tmp_path / 'ok').write_bytes(b'{}')
-  assert files.read_regular(str(tmp_path / 'ok')) == b'{}'
+# A FIFO where a file is read (best_metrics.json, config.json, checksum files) is refused
+# without waiting: tests/test_output_files.py's
+# test_a_fifo_where_the_project_reads_a_file_is_refused_at_once, with the project's readers.
 
 
 def test_best_metrics_on_a_full_disk_is_said_once(tmp_path, monkeypatch, capfd):
