@@ -1,7 +1,7 @@
-"""Our searches against CTranslate2's on the CTranslate2 export of several small trained models
-(three seeds, trained here in a few seconds on a synthetic translation task, stopped while the
-model is still unsure, so that beams differ): the same outputs for greedy decoding and beam
-search, where no float near-tie decides (`beam_reference`), and never an empty one."""
+"""Our searches against CTranslate2's on the CTranslate2 export of a small trained model
+(trained here in a few seconds on a synthetic translation task, stopped while the model is
+still unsure, so that beams differ): the same outputs for greedy decoding and beam search,
+where no float near-tie decides (`beam_reference`), and never an empty one."""
 
 import functools
 
@@ -95,8 +95,12 @@ def _trained(seed: int, steps: int = 80):
   return bind(config, params)
 
 
-@pytest.mark.parametrize('seed', [0, 1, 2])
-def test_greedy_and_beam_search_equal_ctranslate2s(tmp_path, seed):
+def test_greedy_and_beam_search_equal_ctranslate2s(tmp_path):
+  """One seed: every code path (greedy, beam 2 and 4, pad's raised mass, the near-tie rule)
+  runs on it, and the asserts below check that its case is one where the search matters
+  (other seeds only drew other data; test_export_ct2's trained test compares the same searches
+  on a real Multi30k model)."""
+  seed = 0
   model = _trained(seed)
   spec = ct2_export.model_spec(params_of(model), model.config, _Pieces())
   spec.optimize(quantization=None)
