@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import mains
+import pytest
 import test_train_synthetic as syn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,24 +52,58 @@ def _test_lines(n):
   return src, ref
 
 
-def test_translate_file_with_bleu_plots_and_averaging(workdirs, tmp_path):
+def _file_runs(workdirs, folder) -> dict:
+  """name -> decode.py's command line, for the runs of the tests below that need no process
+  of their own: all run in one interpreter (`mains`, module fixture `runs`; a process each
+  spent ~1.5-3 s on start-up and restored and compiled the same models again)."""
   src, ref = _test_lines(4)
   long_line = ' '.join(['a very long sentence'] * 40)
   src = [src[0], '', src[1], long_line, src[2]]  # an empty and an over-long line
   ref = [ref[0], '', ref[1], ref[2], ref[3]]
-  (tmp_path / 'src.txt').write_text('\n'.join(src) + '\n', encoding='utf-8')
-  with gzip.open(tmp_path / 'ref.txt.gz', 'wt', encoding='utf-8') as f:  # .gz is read too
+  (folder / 'src.txt').write_text('\n'.join(src) + '\n', encoding='utf-8')
+  with gzip.open(folder / 'ref.txt.gz', 'wt', encoding='utf-8') as f:  # .gz is read too
     f.write('\n'.join(ref) + '\n')
+  (folder / 'two.txt').write_text('A man rides a bike.\nTwo dogs play in the snow.\n')
+  (folder / 'two_short.txt').write_text('A man rides a bike.\nTwo dogs.\n')
+  lm = (f'--workdir={workdirs["lm"]}', '--prompt=ROMEO:', '--num_tokens=40', '--top_k=5',
+        '--temperature=0.8', '--seed=3', f'--compilation_cache={folder / "xla_cache"}')
+  return {
+      'translate': [f'--workdir={workdirs["mt"]}', f'--input_file={folder / "src.txt"}',
+                    f'--output_file={folder / "out" / "hyp.txt"}',
+                    f'--reference={folder / "ref.txt.gz"}', '--beam_size=2',
+                    '--max_new_tokens=12', '--average_last=2', '--batch_size=2',
+                    f'--attention_plot={folder / "plots"}', '--attention_plot_max=1',
+                    '--lowercase_bleu', '--compilation_cache='],
+      'mt8': [f'--workdir={workdirs["mt8"]}', '--beam_size=2', '--max_new_tokens=6',
+              f'--input_file={folder / "two.txt"}', '--compilation_cache='],
+      'scan': [f'--workdir={workdirs["scan"]}', '--beam_size=2', '--max_new_tokens=6',
+               f'--attention_plot={folder / "scan_plots"}', '--attention_plot_heads=average',
+               f'--input_file={folder / "two_short.txt"}', '--compilation_cache='],
+      # Last: its --compilation_cache stays this interpreter's cache from here on.
+      'lm': [*lm, f'--attention_plot={folder / "lm_plots"}'],
+      'lm_again': [*lm],
+  }
+
+
+@pytest.fixture(scope='module')
+def runs(workdirs, tmp_path_factory):
+  """(folder of the runs' files, name -> (exit status, stdout, stderr) of `_file_runs`' command
+  lines, run in one interpreter) and the mt workdir's snapshot from before they ran."""
+  folder = tmp_path_factory.mktemp('decode_cli')
+  command_lines = _file_runs(workdirs, folder)
   before = _snapshot(workdirs['mt'])
-  result = _decode(f'--workdir={workdirs["mt"]}', f'--input_file={tmp_path / "src.txt"}',
-                   f'--output_file={tmp_path / "out" / "hyp.txt"}',
-                   f'--reference={tmp_path / "ref.txt.gz"}',
-                   '--beam_size=2', '--max_new_tokens=12', '--average_last=2', '--batch_size=2',
-                   f'--attention_plot={tmp_path / "plots"}', '--attention_plot_max=1',
-                   '--lowercase_bleu')
-  err = result.stderr.decode()
-  assert result.returncode == 0, err
+  results = mains.run_mains(list(command_lines.values()))
+  return folder, dict(zip(command_lines, results, strict=True)), before
+
+
+def test_translate_file_with_bleu_plots_and_averaging(workdirs, runs):
+  tmp_path, results, before = runs
+  code, _, err = results['translate']
+  assert code == 0, err
   assert 'Traceback' not in err
+  src = (tmp_path / 'src.txt').read_text(encoding='utf-8').split('\n')[:-1]
+  with gzip.open(tmp_path / 'ref.txt.gz', 'rt', encoding='utf-8') as f:
+    ref = f.read().split('\n')[:-1]
   hyp = (tmp_path / 'out' / 'hyp.txt').read_text(encoding='utf-8').split('\n')
   assert hyp[-1] == '' and len(hyp) == len(src) + 1  # one line per input line, in order
   assert hyp[1] == ''  # the empty line stays empty
@@ -101,45 +136,40 @@ def test_translate_file_with_bleu_plots_and_averaging(workdirs, tmp_path):
 # test_translation_stream_is_answered_line_by_line (a process of its own less).
 
 
-def test_checkpoint_from_8_devices_decodes_on_1(workdirs):
-  """A checkpoint written by an 8-device run restores on 1 device and translates exactly as
-  it does on 8."""
+def test_checkpoint_from_8_devices_decodes_on_1(workdirs, runs):
+  """A checkpoint written by an 8-device run restores on 1 device and translates. That
+  decode.py on 8 devices gives 1 device's translations (its own process here before) is
+  test_sharded_decoding's test_decode_py_with_mesh_decodes_a_2x4x1_checkpoint_as_one_device
+  (a checkpoint of an 8-device run decoded on 1 device and sharded over 8; without --mesh
+  decode.py puts the parameters on one device, as on a 1-device host: inference/restore.py)."""
   assert 'over 8 cpu device(s)' in workdirs['mt8_log'], workdirs['mt8_log'][-2000:]
-  args = (f'--workdir={workdirs["mt8"]}', '--beam_size=2', '--max_new_tokens=6')
-  stdin = b'A man rides a bike.\nTwo dogs play in the snow.\n'
-  one, eight = _decode(*args, stdin=stdin), _decode(*args, stdin=stdin, devices=8)
-  assert one.returncode == 0, one.stderr.decode()
-  assert eight.returncode == 0, eight.stderr.decode()
-  assert one.stdout.decode().count('\n') == 2
-  assert one.stdout == eight.stdout
+  code, out, err = runs[1]['mt8']
+  assert code == 0, err
+  assert len(out.splitlines()) == 2 and all(line.strip() for line in out.splitlines()), out
 
 
-def test_scan_layers_model_trains_evaluates_and_decodes(workdirs, tmp_path):
+def test_scan_layers_model_trains_evaluates_and_decodes(workdirs, runs):
   """Decoding and attention plots run a `scan_layers` model unrolled (one KV cache and one
   set of sown weights per layer), in the trainer's BLEU evaluation and in decode.py."""
   assert 'BLEU ' in workdirs['scan_log'], workdirs['scan_log'][-2000:]
-  result = _decode(f'--workdir={workdirs["scan"]}', '--beam_size=2', '--max_new_tokens=6',
-                   f'--attention_plot={tmp_path / "plots"}', '--attention_plot_heads=average',
-                   stdin=b'A man rides a bike.\nTwo dogs.\n')
-  assert result.returncode == 0, result.stderr.decode()
-  assert result.stdout.decode().count('\n') == 2
-  pngs = sorted(p.name for p in (tmp_path / 'plots' / 'line_00001').iterdir())
+  tmp_path, results, _ = runs
+  code, out, err = results['scan']
+  assert code == 0, err
+  assert out.count('\n') == 2
+  pngs = sorted(p.name for p in (tmp_path / 'scan_plots' / 'line_00001').iterdir())
   assert 'encoder_layer_1_self_attention_average.png' in pngs, pngs
   assert len(pngs) == 2 * 3 + 1  # 2 layers x (enc self, dec self, cross), averages only; overview
 
 
-def test_language_model_prompt_longer_than_context(workdirs, tmp_path):
+def test_language_model_prompt_longer_than_context(runs):
   # The tiny LM sees 33 positions: 40 new characters need a second window.
-  args = (f'--workdir={workdirs["lm"]}', '--prompt=ROMEO:', '--num_tokens=40', '--top_k=5',
-          '--temperature=0.8', '--seed=3', f'--attention_plot={tmp_path / "plots"}')
-  result = _decode(*args, cache=str(tmp_path / 'xla_cache'))
-  assert result.returncode == 0, result.stderr.decode()
-  text = result.stdout.decode()
+  tmp_path, results, _ = runs
+  code, text, err = results['lm']
+  assert code == 0, err
   assert text.startswith('ROMEO:')
   assert len(text) - 1 == len('ROMEO:') + 40  # characters: exactly num_tokens, no EOS
-  assert any(p.name.endswith('.png') for p in (tmp_path / 'plots' / 'line_00001').iterdir())
-  again = _decode(*args[:-1], cache=str(tmp_path / 'xla_cache'))  # same seed, same text
-  assert again.stdout.decode() == text
+  assert any(p.name.endswith('.png') for p in (tmp_path / 'lm_plots' / 'line_00001').iterdir())
+  assert results['lm_again'][:2] == (0, text)  # same seed, same text (its cache warm)
 
 
 def test_bad_input_one_clear_error_and_workdir_untouched(workdirs, tmp_path):

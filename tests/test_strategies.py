@@ -6,7 +6,6 @@ import dataclasses
 import os
 import re
 
-import mains
 import pytest
 import test_inference
 
@@ -104,14 +103,5 @@ def test_every_row_is_reachable_from_a_session_and_a_new_row_needs_only_itself(s
   assert 'times' in {args[0] for _, args in decode_cli.setting_flags()}
 
 
-def test_every_row_is_reachable_from_decode_py(workdirs, tmp_path):
-  source = tmp_path / 'src.txt'
-  source.write_text('A man rides a bike.\n\nTwo dogs.\n', encoding='utf-8')
-  rows = list(strategies.TABLE)
-  runs = [[f'--workdir={workdirs["mt"]}', f'--input_file={source}', f'--strategy={name}',
-           '--max_new_tokens=6', '--compilation_cache='] for name in rows]
-  for name, (code, out, err) in zip(rows, mains.run_mains(runs), strict=True):
-    assert code == 0, (name, err[-2000:])
-    assert len(out.splitlines()) == 3 and out.splitlines()[1] == '', (name, out)
-    described = {'beam': 'beam 2, alpha', 'greedy': 'greedy', 'sampling': 'sampling'}[name]
-    assert f'translated 2 sentence(s) ({described}' in err, (name, err)
+# Every row reachable from decode.py: test_decode_modes' test_every_row_is_reachable_from_decode_py
+# (its command lines run in that file's one interpreter of decode.py runs: a start-up less).
