@@ -159,7 +159,9 @@ def test_trained_export_decodes_as_decode_py(exported):
   assert options['max_input_length'] == max_len and options['length_penalty'] == 0
   assert options['min_decoding_length'] == 1
   ours, ties = {}, 0
-  for beam in sorted({1, 2, 4, options['beam_size']}):
+  # Greedy and the README's beam: beam 2 is the same search with another k (compared with the
+  # near-tie rule in test_beam_vs_ctranslate2, and on this model in test_decode_engines_bench).
+  for beam in sorted({1, 4, options['beam_size']}):
     penalty = {} if beam == 1 else {'alpha': 0.0}  # greedy has no length penalty
     ours[beam] = restored.translator(beam_size=beam, batch_size=16, **penalty,
                                      max_new_tokens=options['max_decoding_length'])(sources)
