@@ -57,6 +57,20 @@ def trained(tmp_path_factory, name: str, recipe=MT) -> str:
   return built_once(tmp_path_factory, f'export_workdirs_{name}', build)['workdir']
 
 
+def exported_hf(tmp_path_factory) -> tuple[str, str]:
+  """(directory, summary line): the average of the 'mt' workdir's last 2 checkpoints exported
+  in transformers' format (in this process), once per test run for every module that asks
+  (test_export_hf, test_import_hf; tests must not modify it: copy first)."""
+  workdir = trained(tmp_path_factory, 'mt')
+
+  def build(root) -> dict:
+    from hf_export import writer  # pylint: disable=import-outside-toplevel
+    out = str(root / 'hf')
+    return {'dir': out, 'summary': writer.export_workdir(workdir, out, average_last=2)}
+  built = built_once(tmp_path_factory, 'export_workdirs_mt_hf', build)
+  return built['dir'], built['summary']
+
+
 def random_model(config, seed=0):
   """(model, params): a tiny model with every weight, LayerNorm and bias random (not 0/1);
   `model` holds `params` (`model.params_of`'s pure dict of NumPy arrays)."""

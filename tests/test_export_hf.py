@@ -233,12 +233,12 @@ def _export(*args):
 
 @pytest.fixture(scope='module')
 def exported(trained, tmp_path_factory):
-  """(directory, summary line): the average of `trained`'s last 2 checkpoints exported in this
-  process (export.py's main only parses its flags into this call and prints the summary: its
-  whole run, exit 0 and summary line, is test_export_ct2's `exported`), read by the tests
-  below (they must not modify it)."""
-  out = str(tmp_path_factory.mktemp('export_hf') / 'hf')
-  return out, writer.export_workdir(trained, out, average_last=2)
+  """(directory, summary line): the average of `trained`'s last 2 checkpoints exported in a
+  test process (`export_workdirs.exported_hf`, shared with test_import_hf), not by export.py:
+  its main only parses its flags into the same call and prints the summary, and its whole run
+  (exit 0, the summary line) is test_export_ct2's `exported`."""
+  del trained  # the workdir exported_hf exports
+  return export_workdirs.exported_hf(tmp_path_factory)
 
 
 def _until_eos(ids):
