@@ -162,6 +162,21 @@ def test_settings_that_do_not_apply_are_refused(mt):
   assert mt.translate(['a'], strategy='greedy', beam_size=1) == mt.translate(['a'], beam_size=1)
 
 
+def test_max_new_tokens_beyond_the_models_positions_is_capped_with_one_warning(mt):
+  """No output is longer than the model's max_len positions: a larger max_new_tokens is capped
+  there, with a warning (`strategies.fit_to_positions`, the one cap of the Session, decode.py's
+  checks and the trainer's evaluation); a min_new_tokens above the cap is refused."""
+  said = []
+  session = Session(mt.module, mt.tokenizer, mt.config, step=0, warn=said.append)
+  _, limits = session.settings(max_new_tokens=1000)
+  assert limits.max_new_tokens == mt.module.config.max_len == 24
+  assert said == ["max_new_tokens 1000 is more than the model's max_len 24; using 24"]
+  assert session.settings(max_new_tokens=24)[1].max_new_tokens == 24 and len(said) == 1
+  assert strategies.fit_to_positions('many', 24) == ('many', False)  # the checks name it
+  with pytest.raises(ValueError, match='min_new_tokens=30 is more than'):
+    session.settings(max_new_tokens=1000, min_new_tokens=30)
+
+
 def test_score_references_is_forced_decoding(mt):
   sources, references = ['a dog runs', '', 'two men'], ['ein hund', 'x', 'zwei']
   scores = mt.score(sources, references)
