@@ -79,16 +79,16 @@ def beam_search(next_log_probs: Callable[[Sequence[tuple[int, ...]]], np.ndarray
 
 
 def model_next_log_probs(model, source, width: int, rows: int):
-  """`next_log_probs` of our encoder-decoder `model` (an NNX module holding its parameters) for
-  one source `[src_len]` (teacher-forced full forward passes of `rows` prefixes padded to
-  `width`: one compile), pad left out."""
+  """`next_log_probs` of our `model` (an NNX module holding its parameters) for one source
+  `[src_len]` (None: a decoder-only model, the prefixes holding the prompt) (teacher-forced
+  full forward passes of `rows` prefixes padded to `width`: one compile), pad left out."""
   import jax  # pylint: disable=import-outside-toplevel
 
   from model import bind, params_of  # pylint: disable=import-outside-toplevel
   from model.kinds import adapter_of  # pylint: disable=import-outside-toplevel
 
   adapter, config = adapter_of(model), model.config
-  inputs = np.repeat(np.asarray(source, np.int32)[None], rows, axis=0)
+  inputs = None if source is None else np.repeat(np.asarray(source, np.int32)[None], rows, axis=0)
 
   @jax.jit
   def log_probs(params, targets):
@@ -125,36 +125,18 @@ def differences_are_ties(ours, theirs, reference: Callable[[int], Result], *, ti
   return ties
 
 
-def decoder_only_next_logits(model, width: int):
-  """`[prefix] -> [vocab]`: our decoder-only `model`'s next-token logits after `prefix` (the
-  prompt and what was generated; a full forward pass padded to `width`: one compile)."""
-  import jax  # pylint: disable=import-outside-toplevel
-
-  from model import bind, params_of  # pylint: disable=import-outside-toplevel
-
-  config, params = model.config, params_of(model)
-  forward = jax.jit(lambda params, tokens: bind(config, params)(tokens))
-
-  def next_logits(prefix):
-    tokens = np.full((1, width), EOS + 2, np.int32)  # after the prefix: any id but pad
-    tokens[0, :len(prefix)] = prefix
-    return np.asarray(forward(params, tokens))[0, len(prefix)]
-  return next_logits
-
-
-def greedy_difference_is_a_tie(ours, theirs, next_logits: Callable[[list[int]], np.ndarray],
-                               *, tie: float = 1e-3) -> int:
+def greedy_difference_is_a_tie(ours, theirs, next_log_probs, *, tie: float = 1e-3) -> int:
   """Checks that two greedy continuations (token lists) agree, or that where they first
-  differ, our model's logits (`next_logits(prefix)`) put both tokens within `tie` of the best
-  one (another CPU's rounding may break such a tie the other way; the rest then differs too)
-  -> 1 for a tie, 0 when they agree."""
+  differ, our model (`next_log_probs`, as `beam_search` takes it) puts both tokens within `tie`
+  of the best one (another CPU's rounding may break such a tie the other way; the rest then
+  differs too) -> 1 for a tie, 0 when they agree."""
   ours, theirs = list(ours), list(theirs)
   if ours == theirs:
     return 0
   at = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b),
             None)
   assert at is not None, f'one output is a prefix of the other: {ours} and {theirs}'
-  logits = next_logits(ours[:at])
+  logits = next_log_probs([ours[:at]])[0]
   best = float(logits.max())
   gaps = best - float(logits[ours[at]]), best - float(logits[theirs[at]])
   assert max(gaps) < tie, (f'ours {ours} and theirs {theirs} differ at {at} with no tie '

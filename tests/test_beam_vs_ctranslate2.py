@@ -160,12 +160,11 @@ def test_no_empty_output_for_a_non_empty_source():
 def test_the_greedy_tie_rule_accepts_only_near_ties():
   """The rule the export tests apply to greedy outputs (beam_reference): equal outputs, or a
   first difference where both tokens are within 1e-3 of the best logit."""
-  def next_logits(prefix):
-    del prefix
-    return np.array([0.0, 0.0, 5.0, 5.0 - 5e-4, 1.0])
-  assert beam_reference.greedy_difference_is_a_tie([2, 4], [2, 4], next_logits) == 0
-  assert beam_reference.greedy_difference_is_a_tie([2, 4], [3, 1], next_logits) == 1
+  def next_log_probs(prefixes):
+    return np.array([[0.0, 0.0, 5.0, 5.0 - 5e-4, 1.0]] * len(prefixes))
+  assert beam_reference.greedy_difference_is_a_tie([2, 4], [2, 4], next_log_probs) == 0
+  assert beam_reference.greedy_difference_is_a_tie([2, 4], [3, 1], next_log_probs) == 1
   with pytest.raises(AssertionError, match='with no tie'):
-    beam_reference.greedy_difference_is_a_tie([2], [4], next_logits)
+    beam_reference.greedy_difference_is_a_tie([2], [4], next_log_probs)
   with pytest.raises(AssertionError, match='prefix'):
-    beam_reference.greedy_difference_is_a_tie([2], [2, 3], next_logits)
+    beam_reference.greedy_difference_is_a_tie([2], [2, 3], next_log_probs)

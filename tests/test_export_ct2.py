@@ -101,9 +101,10 @@ def test_generator_logits_and_greedy_equal_ours(tmp_path, norm, positions, tied,
   greedy = decoding.greedy_decode(module, prompt=np.array([ids], np.int32),
                                   max_new_tokens=n, eos_id=None)
   # The same tokens, but where a float near-tie decides (another CPU may break it otherwise).
+  generated = TOKENIZER.encode(''.join(result.sequences[0]))
   beam_reference.greedy_difference_is_a_tie(
-      [*ids, *np.asarray(greedy)[0].tolist()], [*ids, *TOKENIZER.encode(''.join(
-          result.sequences[0]))], beam_reference.decoder_only_next_logits(module, config.max_len))
+      [*ids, *np.asarray(greedy)[0].tolist()], [*ids, *generated],
+      beam_reference.model_next_log_probs(module, None, config.max_len, 1))
   if positions != 'rope':  # past its positions it stops with a message naming the limit
     with pytest.raises(RuntimeError, match=f'positions >= {config.max_len}'):
       generator.generate_batch([['<pad>'] + list(prompt)], **{**options, 'max_length': n + 1})

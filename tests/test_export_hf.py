@@ -134,7 +134,7 @@ def test_decoder_only_logits_and_greedy_equal(tmp_path, positions, activation):
   mine = np.asarray(ours)[0].tolist()
   beam_reference.greedy_difference_is_a_tie(
       [*ids[1:], *mine], [*ids[1:], *theirs[0, len(ids):].tolist()],
-      beam_reference.decoder_only_next_logits(module, config.max_len))
+      beam_reference.model_next_log_probs(module, None, config.max_len, 1))
   # GPT-2 has max_len positions (the start token, the prompt, the new tokens; README):
   # generate() stops there by default, and asked for more it fails (after transformers'
   # warning naming the limit) instead of continuing in windows as decode.py does.
