@@ -37,7 +37,7 @@ from absl import app, flags, logging
 import common.command_line  # noqa: F401  (first: a faster start, see its docstring)
 from common.errors import exit_code
 from inference import decode_cli
-from training import cli
+from workdir import cli
 
 FLAGS = flags.FLAGS
 PROG = 'decode.py'

@@ -64,7 +64,7 @@ def _define_flags() -> None:
 
 
 def _check_flags() -> None:
-  from training import cli  # pylint: disable=import-outside-toplevel
+  from workdir import cli  # pylint: disable=import-outside-toplevel
   cli.check_int('step', FLAGS.step, lo=0, hi=cli.INT32_MAX)
   cli.check_int('average_last', FLAGS.average_last, lo=1, hi=10_000)
 
@@ -80,7 +80,7 @@ def _missing_package(error: ImportError) -> str:
 
 
 def main(argv) -> None:
-  from training import cli  # pylint: disable=import-outside-toplevel
+  from workdir import cli  # pylint: disable=import-outside-toplevel
   if len(argv) > 1:
     cli.fail('export.py', f'unexpected arguments {argv[1:]} (flags are --name=value)')
   logging.set_verbosity(logging.ERROR)  # Orbax/JAX info lines would drown the summary
@@ -102,6 +102,6 @@ def main(argv) -> None:
 
 
 if __name__ == '__main__':
-  from training.cli import absl_flags_parser  # noqa: E402  # before main: bad flags exit 2
+  from workdir.cli import absl_flags_parser  # noqa: E402  # before main: bad flags exit 2
   _define_flags()
   app.run(main, flags_parser=absl_flags_parser('export.py'))

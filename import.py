@@ -34,7 +34,7 @@ def _define_flags() -> None:
 
 
 def main(argv) -> None:
-  from training import cli  # pylint: disable=import-outside-toplevel
+  from workdir import cli  # pylint: disable=import-outside-toplevel
   if len(argv) > 1:
     cli.fail('import.py', f'unexpected arguments {argv[1:]} (flags are --name=value)')
   source, workdir = FLAGS['from'].value, FLAGS.workdir
@@ -54,6 +54,6 @@ def main(argv) -> None:
 
 
 if __name__ == '__main__':
-  from training.cli import absl_flags_parser  # noqa: E402  # before main: bad flags exit 2
+  from workdir.cli import absl_flags_parser  # noqa: E402  # before main: bad flags exit 2
   _define_flags()
   app.run(main, flags_parser=absl_flags_parser('import.py'))

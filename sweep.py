@@ -46,7 +46,7 @@ def _define_flags() -> None:
 
 
 def _fail(message, code: int = 2) -> None:
-  from training import cli  # pylint: disable=import-outside-toplevel
+  from workdir import cli  # pylint: disable=import-outside-toplevel
   cli.fail(PROG, message, code=code)
 
 
@@ -96,5 +96,5 @@ def main(argv: list[str]) -> None:
 
 if __name__ == '__main__':
   _define_flags()
-  from training import cli  # noqa: E402  pylint: disable=wrong-import-position
+  from workdir import cli  # noqa: E402  pylint: disable=wrong-import-position
   app.run(main, flags_parser=cli.absl_flags_parser(PROG))

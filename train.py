@@ -47,7 +47,7 @@ def argv_config(argv: list[str]) -> str:
 
 
 def _fail(message: str, code: int = 2) -> None:
-  from training import cli  # pylint: disable=import-outside-toplevel
+  from workdir import cli  # pylint: disable=import-outside-toplevel
   cli.fail('train.py', message, code=code)
 
 
@@ -120,7 +120,7 @@ def parse_flags(argv: list[str]) -> list[str]:
     _fail('--config did not give a config')
   if not (FLAGS.workdir or FLAGS.show_config or FLAGS.config.train.get('dry_run', False)):
     _fail('--workdir is required')
-  from training import cli  # pylint: disable=import-outside-toplevel
+  from workdir import cli  # pylint: disable=import-outside-toplevel
   try:  # int flags that become C ints in jax.distributed (the config's: config_io's checks)
     cli.check_int('num_processes', FLAGS.num_processes, lo=1)
     most = (FLAGS.num_processes or cli.INT32_MAX) - 1
@@ -154,14 +154,15 @@ def main(argv: list[str]) -> None:
     _show_config()
     return
   if FLAGS.config.train.get('deterministic', False) is True:
-    from training import accelerator  # pylint: disable=import-outside-toplevel
+    from common import accelerator  # pylint: disable=import-outside-toplevel
     accelerator.request_deterministic_ops()  # XLA reads it when the backend starts
   if (FLAGS.jax_distributed or FLAGS.coordinator_address
       or os.environ.get('JAX_COORDINATOR_ADDRESS')):
     _init_distributed()
   # Imported after jax.distributed.initialize (which must precede any other JAX call).
   from model.config import ConfigError  # pylint: disable=import-outside-toplevel
-  from training import checkpoint, trainer  # pylint: disable=import-outside-toplevel
+  from training import trainer  # pylint: disable=import-outside-toplevel
+  from workdir import checkpoint  # pylint: disable=import-outside-toplevel
   user_errors = (ConfigError, checkpoint.CheckpointError, *_data_errors())
   try:
     if FLAGS.config.train.get('dry_run', False):
@@ -208,7 +209,7 @@ def _show_config() -> None:
 def _interrupted_now() -> None:
   """A second Ctrl-C, from the signal handler: exits here rather than through a
   KeyboardInterrupt, which is lost when the signal lands in a gc callback."""
-  from training import checkpoint  # pylint: disable=import-outside-toplevel
+  from workdir import checkpoint  # pylint: disable=import-outside-toplevel
   _interrupted(checkpoint.list_steps(FLAGS.workdir))
 
 

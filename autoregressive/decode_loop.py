@@ -75,7 +75,7 @@ def decoding_model(model) -> Decodable:
   """The (config, params) to decode or plot with, of an NNX model (`model.build_model`) or of a
   `Decodable` (returned as it is). A `scan_layers` model runs unrolled, so that every layer has
   its own KV cache and its own kept attention weights (same weights, same results). Every
-  inference path goes through here: `inference.restore` and `Translator` split once, and the
+  inference path goes through here: `workdir.restore` and `Translator` split once, and the
   decoding functions' own call is then a no-op."""
   if isinstance(model, Decodable):
     return model

@@ -3,7 +3,7 @@
     python bench/checkpoint_io.py [--config=base] [--repeats=2]
 
 Saves the whole train state (params + Adam moments + step + RNG) of `configs/wmt14_<config>`
-(the paper's base model by default, 63M parameters, ~760 MB) with `training.checkpoint.
+(the paper's base model by default, 63M parameters, ~760 MB) with `workdir.checkpoint.
 Checkpointer` into two workdirs, one with checksums (the default) and one without, then
 restores each (the trainer's full-state restore and decode.py's `restore_params`). The two
 variants alternate `--repeats` times in one process; the best time of each is kept. Prints
@@ -34,7 +34,8 @@ from absl import logging
 
 from configs import wmt14_base, wmt14_big
 from model import ModelConfig
-from training import checkpoint, checkpoint_files, mesh as mesh_lib, optim, state as state_lib
+from training import mesh as mesh_lib, optim, state as state_lib
+from workdir import checkpoint, checkpoint_files
 
 PRESETS = {'base': wmt14_base, 'big': wmt14_big}
 

@@ -211,8 +211,8 @@ def _worker(job_path: str) -> None:
 def _sources(workdir: str, input_file: str, lines: int):
   """(lines, our token ids cut to the model's max_len as decode.py cuts them, max_len)."""
   from autoregressive.session import Session  # pylint: disable=import-outside-toplevel
-  from inference import restore  # pylint: disable=import-outside-toplevel
   from input_pipeline import tokenizers  # pylint: disable=import-outside-toplevel
+  from workdir import restore  # pylint: disable=import-outside-toplevel
 
   opener = gzip.open if input_file.endswith('.gz') else open
   with opener(input_file, 'rt', encoding='utf-8') as f:

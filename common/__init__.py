@@ -16,4 +16,6 @@
                 when Python drops the KeyboardInterrupt (a gc callback)
   files         open_regular / read_regular(path): a regular file only, never waiting on a FIFO;
                 inside(path, directory): by device and inode (symlinks, bind mounts)
+  accelerator   matmul precision and deterministic ops (GPU/TPU), for training and decoding
+  scores        BLEU, lowercased BLEU and chrF2 with sacreBLEU, with their signatures
 """

@@ -4,7 +4,7 @@
   checksums, progress, the program cache). The writer owns them: no checks beyond the rename.
 - `OutputFile(path, what=...)` (a stream of writes) and `write_output(path, data, what=...)`
   (whole bytes): a command's outputs (decode.py's --output_file and --attention_plot,
-  training.report, export.py's marker). `make_output_dir` for a folder of outputs.
+  experiments.report, export.py's marker). `make_output_dir` for a folder of outputs.
 
 Every file goes to a temporary file made by `mkstemp` (O_EXCL, a random name) in the
 destination's own directory, so it never follows a planted symlink and `os.replace` is an

@@ -1,7 +1,7 @@
 """Lock files that cannot be turned against us: `open_lock_file(path)` never follows a symlink.
 
-Used by `training.workdir_lock` (DIR/train.lock) and `input_pipeline.tokenizer_files`
-(DIR/tokenizer/.lock); `training.workdir_lock` re-exports these names.
+Used by `workdir.train_lock` (DIR/train.lock) and `input_pipeline.tokenizer_files`
+(DIR/tokenizer/.lock).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ section with each field's default, one-line doc and bounds, and the checks betwe
 configs/base.py builds the ConfigDict every preset starts from out of these defaults;
 `validate_sections(config)` turns a config into the section objects (an unknown field gets a
 'did you mean', a bad value one line naming it) and `check_across` holds the rules that join
-two sections. What depends on the machine (devices, processes) is training.config_io's.
+two sections. What depends on the machine (devices, processes) is workdir.config_io's.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autoregressive import strategies
+from common.accelerator import MATMUL_PRECISIONS
 from common.dtype_limits import FLOAT32_MAX, FLOAT32_TINY, INT32_MAX, UINT32_MAX
 from common.errors import ConfigError
 from common.schema import (
@@ -30,13 +31,11 @@ from common.schema import (
 from common.tokens import PRETRAINED_TOKENIZERS, SENTENCEPIECE_MODEL_TYPES, TOKENIZERS
 from model.config import ModelConfig
 from model.kinds import adapter_of
-from model.partitioning import DEFAULT_RULES, LOGICAL_AXES, Rules
+from model.partitioning import DEFAULT_RULES, LOGICAL_AXES, MESH_AXES, Rules
 
 OPTIMIZERS = ('adam', 'adamw', 'muon')  # training.optim.make_optimizer
 SCHEDULES = ('rsqrt', 'cosine', 'constant', 'wsd')  # training.optim.make_schedule
 WEIGHT_DECAY_MASKS = ('ndim', 'matrices')  # training.optim.decay_mask
-MATMUL_PRECISIONS = ('default', 'high', 'highest')  # training.accelerator.matmul_precision
-MESH_AXES = ('data', 'fsdp', 'tensor')  # MeshConfig's sizes, in the mesh's axis order
 MIN_MAX_LENGTH = 2  # a token and its EOS
 UINT32 = 'uint32'  # field metadata: an int used as a uint32 (a PRNG seed), not an int32
 
@@ -336,7 +335,7 @@ def validate_sections(config) -> dict[str, Schema]:
 
 
 def check_across(sections: Mapping[str, Schema]) -> None:
-  """The rules between sections that need no devices (those are training.config_io's)."""
+  """The rules between sections that need no devices (those are workdir.config_io's)."""
   model, data = sections['model'], sections['data']
   target_len = adapter_of(model).target_length(data.max_length)
   require(model.positional_encoding == 'rope' or target_len <= model.max_len,

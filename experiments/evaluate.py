@@ -64,16 +64,12 @@ def read_results(workdir: str) -> dict[str, Any] | None:
 
 
 def scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
-  """Cased sacreBLEU, lowercased 13a-tokenized BLEU and chrF2, with their signatures."""
-  import sacrebleu  # pylint: disable=import-outside-toplevel
+  """Cased sacreBLEU, lowercased 13a-tokenized BLEU and chrF2 (`common.scores`), with their
+  signatures, as results.json keeps them."""
+  from common.scores import corpus_scores  # pylint: disable=import-outside-toplevel
   out = {}
-  refs = [list(references)]
-  for name, metric in (('bleu', sacrebleu.metrics.BLEU()),
-                       ('bleu_lowercased', sacrebleu.metrics.BLEU(lowercase=True,
-                                                                  tokenize='13a')),
-                       ('chrf2', sacrebleu.metrics.CHRF())):
-    out[name] = round(float(metric.corpus_score(list(hypotheses), refs).score), 4)
-    out[f'{name}_signature'] = str(metric.get_signature())
+  for name, (score, signature) in corpus_scores(hypotheses, references).items():
+    out[name], out[f'{name}_signature'] = round(float(score.score), 4), signature
   return out
 
 
@@ -91,9 +87,9 @@ def evaluate(workdir: str, decode: Mapping[str, Any], *, translates: bool,
              sentences: int | None = None) -> dict[str, Any]:
   """Evaluates the trained run in `workdir` (holding its lock) -> the results, also written to
   results.json. `sentences`: the first N of each split (None: all)."""
-  from training import workdir_lock  # pylint: disable=import-outside-toplevel
+  from workdir import train_lock  # pylint: disable=import-outside-toplevel
   started = time.perf_counter()
-  lock = workdir_lock.acquire(workdir)
+  lock = train_lock.acquire(workdir)
   try:
     os.makedirs(os.path.join(workdir, EVAL_DIR), exist_ok=True)
     found = (_translation(workdir, decode, sentences) if translates
@@ -112,7 +108,7 @@ def _translation(workdir: str, decode: Mapping[str, Any], sentences: int | None
   import inference  # pylint: disable=import-outside-toplevel
   from inference.decode_runs import stopped_at_limit  # pylint: disable=import-outside-toplevel
   from input_pipeline import sources  # pylint: disable=import-outside-toplevel
-  from training import checkpoint  # pylint: disable=import-outside-toplevel
+  from workdir import checkpoint  # pylint: disable=import-outside-toplevel
   settings = {k: v for k, v in decode.items() if k != AVERAGE_LAST}
   kept = len(checkpoint.list_steps(workdir))
   average = min(int(decode.get(AVERAGE_LAST, 1)), max(kept, 1))
@@ -154,8 +150,8 @@ def _parameters(module) -> int:
 
 def _language_model(workdir: str) -> dict[str, Any]:
   """The trainer's last validation figures, read from the run's events."""
-  from inference.restore import read_model  # pylint: disable=import-outside-toplevel
-  from training import report  # pylint: disable=import-outside-toplevel
+  from experiments import report  # pylint: disable=import-outside-toplevel
+  from workdir.restore import read_model  # pylint: disable=import-outside-toplevel
   run = report.load_run(workdir)
   losses = run.scalars.get('eval/loss', [])
   if not losses:

@@ -66,7 +66,7 @@ class _ForwardOnce:
 
 
 def trained_step(workdir: str) -> int:
-  from training import checkpoint  # pylint: disable=import-outside-toplevel
+  from workdir import checkpoint  # pylint: disable=import-outside-toplevel
   steps = checkpoint.list_steps(workdir) if os.path.isdir(workdir) else []
   return steps[-1] if steps else 0
 

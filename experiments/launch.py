@@ -99,7 +99,7 @@ def run_state(plan: Plan, run: Run) -> tuple[str, str]:
 # ------------------------------------------------------------------------------ time
 
 def _step_ms(workdir: str) -> float | None:
-  from training import report  # pylint: disable=import-outside-toplevel
+  from experiments import report  # pylint: disable=import-outside-toplevel
   try:
     ms = [p.value for p in report.load_run(workdir).scalars.get('train/step_ms', [])]
   except (FileNotFoundError, OSError):

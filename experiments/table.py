@@ -108,8 +108,8 @@ def compare(plan: Plan, rows: list[RowResults]) -> dict[str, significance.Compar
 
 
 def _events(run: Run):
-  """The run's TensorBoard scalars (`training.report.Run`), or None before it has any."""
-  from training import report  # pylint: disable=import-outside-toplevel
+  """The run's TensorBoard scalars (`experiments.report.Run`), or None before it has any."""
+  from experiments import report  # pylint: disable=import-outside-toplevel
   try:
     return report.load_run(run.workdir)
   except (FileNotFoundError, OSError):
@@ -220,7 +220,7 @@ PANELS = (('train/loss', 'train loss'), ('eval/loss', 'validation loss'),
 def plot(plan: Plan, path: str) -> str | None:
   """One colour per row: thin lines per seed, a thick line for the row mean (at the steps
   every seed has). None when no run has events yet."""
-  from training import report  # pylint: disable=import-outside-toplevel
+  from experiments import report  # pylint: disable=import-outside-toplevel
   runs: dict[str, list] = {}
   for run in plan.runs:
     try:

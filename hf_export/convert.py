@@ -302,6 +302,6 @@ def bert_config(cfg, *, eos_id: int | None) -> dict:
 
 
 def restored_params(restored):
-  """(ModelConfig, params) of an `inference.restore.Restored`: the restored (unrolled) model's
+  """(ModelConfig, params) of an `workdir.restore.Restored`: the restored (unrolled) model's
   config and its parameters (`model.params_of`'s pure dict), on the host."""
   return restored.module.config, jax.device_get(restored.params)

@@ -37,7 +37,7 @@ def check_workdir(workdir: str, check=None):
   from input_pipeline import tokenizers  # pylint: disable=import-outside-toplevel
   from model import ConfigError  # pylint: disable=import-outside-toplevel
   from model.config import ModelConfig  # pylint: disable=import-outside-toplevel
-  from training import config_io  # pylint: disable=import-outside-toplevel
+  from workdir import config_io  # pylint: disable=import-outside-toplevel
 
   check = check or targets.check_exportable
   if not workdir:
@@ -55,7 +55,7 @@ def check_workdir(workdir: str, check=None):
     raise  # a missing extra: export.py names it
   except Exception as e:  # noqa: BLE001  # DataError/DataFileError/config errors: one line
     raise ExportError(f'{type(e).__name__}: {e}') from None
-  try:  # before the format prepares anything from it: as `inference.restore` checks it
+  try:  # before the format prepares anything from it: as `workdir.restore` checks it
     tokenizers.check_vocabulary(tokenizer, config.data, model_config.vocab_size, workdir,
                                 tokenizers.NOT_THE_MODELS)
   except tokenizers.DataError as e:
@@ -141,7 +141,7 @@ def export_workdir(workdir: str, output_dir: str, *, step: int | None = None,
   model.safetensors, tokenizer files; ctranslate2: model.bin, config.json, the vocabulary
   (and the tokenizer model)."""
   fmt = _format(format)
-  from inference import restore  # pylint: disable=import-outside-toplevel
+  from workdir import restore  # pylint: disable=import-outside-toplevel
   if average_last < 1:
     raise ExportError(f'--average_last={average_last} must be >= 1')
   path = out_lib.check_output_dir(output_dir, workdir, overwrite)

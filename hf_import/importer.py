@@ -227,7 +227,8 @@ def write_workdir(imported: Imported, workdir: str) -> None:
   (SIGKILL) may leave its `.NAME.importing-*` directory behind; nothing else."""
   from configs import base  # pylint: disable=import-outside-toplevel
   from model import ModelConfig  # pylint: disable=import-outside-toplevel
-  from training import checkpoint, config_io, mesh, optim, state  # pylint: disable=import-outside-toplevel
+  from training import mesh, optim, state  # pylint: disable=import-outside-toplevel
+  from workdir import checkpoint, config_io  # pylint: disable=import-outside-toplevel
   refuse_existing(workdir)
   config = base.base_config()
   config.model.update(imported.model)

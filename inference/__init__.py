@@ -7,10 +7,10 @@ it on text, are `autoregressive`'s (below `training`, whose validation BLEU runs
     print(session.translate(['A man is riding a bike.']))
     print(inference.load(LM_WORKDIR).generate('ROMEO:', num_tokens=50))
 
-Modules (imported on first use, so `import inference` is cheap):
-  restore      `load(workdir, *, step, average_last, mesh, warn)` -> `Session`; `Restored`:
-               config, model, tokenizer and parameters of a workdir (params only; a
-               `scan_layers` model unrolled once), `RestoreError`, `mesh_from_flag`
+`load`, `Restored` and `RestoreError` are `workdir.restore`'s (imported on first use, so
+`import inference` is cheap): `load(workdir, *, step, average_last, mesh, warn)` -> `Session`;
+`Restored`: config, model, tokenizer and parameters of a workdir (params only; a `scan_layers`
+model unrolled once). Modules:
   streaming    lines from a pipe as they arrive, batched without waiting (decode.py)
   plotting     attention heatmaps (PNG) from the weights the model keeps
   decode_cli, decode_runs   decode.py's flag checks and its three runs
@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import importlib
 
-_EXPORTS = {'load': 'inference.restore', 'Restored': 'inference.restore',
-            'RestoreError': 'inference.restore'}
+_EXPORTS = {'load': 'workdir.restore', 'Restored': 'workdir.restore',
+            'RestoreError': 'workdir.restore'}
 
 __all__ = sorted(_EXPORTS)
 

@@ -19,7 +19,7 @@ from common import atomic_file
 from common.dtype_limits import INT32_MAX
 from common.errors import carried
 from common.files import inside
-from training import cli
+from workdir import cli
 
 PROG = 'decode.py'
 INT_LIMITS = {  # flag -> (lowest, highest); the decoding settings' are their fields'
@@ -195,8 +195,8 @@ def plan_generation(F, config, where: str, kind: str) -> Plan:
 
 def plan(F):
   """Checks every flag -> (Plan, mesh or None). Reads only config.json."""
-  from inference import restore as restore_lib  # pylint: disable=import-outside-toplevel
   from model.kinds import adapter_of  # pylint: disable=import-outside-toplevel
+  from workdir import restore as restore_lib  # pylint: disable=import-outside-toplevel
   check_numbers(F)
   check_paths(F)
   try:
@@ -220,7 +220,7 @@ def restore(workdir: str, step: int | None, average_last: int, mesh=None):
   """`inference.load(workdir, ...)` with one `restored ...` line on stderr."""
   import time  # pylint: disable=import-outside-toplevel
 
-  from inference import restore as restore_lib  # pylint: disable=import-outside-toplevel
+  from workdir import restore as restore_lib  # pylint: disable=import-outside-toplevel
   started = time.perf_counter()
   try:
     session = restore_lib.load(workdir, step=step, average_last=average_last, mesh=mesh,
@@ -289,7 +289,7 @@ def run(F) -> None:
 
 def _matmul_precision(config):
   """The run's `config.train.matmul_precision` (GPU/TPU float32 matmuls) for decoding too."""
-  from training import accelerator  # pylint: disable=import-outside-toplevel
+  from common import accelerator  # pylint: disable=import-outside-toplevel
   name = config.train.matmul_precision
   try:
     return accelerator.matmul_precision(name)

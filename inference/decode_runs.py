@@ -8,7 +8,7 @@ import sys
 import time
 
 from inference import streaming
-from training import cli
+from workdir import cli
 
 
 def _info(message: str) -> None:
@@ -69,8 +69,8 @@ def translate(F, session, plan, lines, references) -> None:
         f'(compilation included{excluded}); {empty} empty, {cut} cut at '
         f'{translator.limits.max_new_tokens} tokens')
   if references is not None:
-    from training import evaluation  # pylint: disable=import-outside-toplevel
-    for line in evaluation.score_report(texts, references, lowercase_bleu=F.lowercase_bleu):
+    from common import scores  # pylint: disable=import-outside-toplevel
+    for line in scores.report_lines(texts, references, lowercase_bleu=F.lowercase_bleu):
       _info(line)
   if F.attention_plot:
     plot(F, session, plotted)

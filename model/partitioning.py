@@ -2,8 +2,8 @@
 
 A parameter names its dimensions in its `nnx.Param` metadata (`axes`), e.g. the fused QKV
 kernel `[d_model, 3, heads, head_dim]` is `('embed', None, 'heads', 'kv')`. A rules table
-`((logical name, mesh axes), ...)` maps names to mesh axes (`training/mesh.py` builds it from
-`config.mesh.rules`), as in MaxText and the Flax lm1b example:
+`((logical name, mesh axes), ...)` maps names to mesh axes (`configs.schema.MeshConfig.rule_table`
+reads it from `config.mesh.rules`), as in MaxText and the Flax lm1b example:
 
   vocab   the vocabulary dimension of the embedding / output projection
   embed   d_model, the residual stream's width (of parameters: FSDP shards it)
@@ -16,18 +16,25 @@ kernel `[d_model, 3, heads, head_dim]` is `('embed', None, 'heads', 'kv')`. A ru
 `model.build.logical_axes(config)` reads them (no arrays) into a `PartitionSpec` per parameter.
 Activations get constraints (`constrain`) only inside `activation_sharding(mesh, rules)`,
 which the jitted train and eval steps enter while tracing; anywhere else it is a no-op.
+
+The mesh itself, `device_mesh(sizes)`, is `(data, fsdp, tensor)` over the devices
+(`MESH_AXES`): training builds it from `config.mesh`, decode.py from `--mesh`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from common.errors import ConfigError
+
+MESH_AXES = ('data', 'fsdp', 'tensor')  # the mesh's axes, in order (config.mesh's sizes)
 LOGICAL_AXES = ('vocab', 'embed', 'heads', 'kv', 'mlp', 'layers', 'batch')
 Rules = Sequence[tuple[str, Any]]  # (logical name, mesh axis | tuple of mesh axes | None)
 # The default rules over the mesh axes ('data', 'fsdp', 'tensor'): logical name -> mesh axes
@@ -38,6 +45,46 @@ DEFAULT_RULES = {'batch': 'data,fsdp', 'vocab': 'tensor', 'embed': 'fsdp', 'head
 
 _activation_rules: contextvars.ContextVar[tuple[Mesh, Rules] | None] = contextvars.ContextVar(
     'activation_rules', default=None)
+
+
+def mesh_shape(sizes: Sequence[int], num_devices: int | None = None) -> tuple[int, int, int]:
+  """(data, fsdp, tensor) sizes, one of them maybe -1 (the devices left) -> the sizes for
+  `num_devices` (None: all). Raises ConfigError naming `config.mesh`."""
+  n = num_devices or jax.device_count()
+  sizes = list(sizes)
+  known = math.prod(s for s in sizes if s != -1)
+  if -1 in sizes:
+    if n % known:
+      raise ConfigError(f'config.mesh (data, fsdp, tensor)={tuple(sizes)}: {n} devices are not '
+                        f'divisible by {known}')
+    sizes[sizes.index(-1)] = n // known
+  if math.prod(sizes) != n:
+    raise ConfigError(f'config.mesh (data, fsdp, tensor)={tuple(sizes)} has {math.prod(sizes)} '
+                      f'devices; this run has {n}')
+  return tuple(sizes)
+
+
+def device_mesh(sizes: Sequence[int], num_devices: int | None = None) -> Mesh:
+  """The `(data, fsdp, tensor)` mesh of `sizes` (`mesh_shape`'s) over all devices (or the first
+  `num_devices`).
+
+  `jax.make_mesh` orders devices for the interconnect ('tensor', the last axis, on the
+  closest devices). Auto axis types: Explicit ones (its default) break gathers in nn.Embed.
+  """
+  shape = mesh_shape(sizes, num_devices)
+  devices = jax.devices()[:math.prod(shape)] if num_devices else None
+  return jax.make_mesh(shape, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(shape),
+                       devices=devices)
+
+
+def tensor_misfit(model_config, tensor: int) -> tuple[str, int] | None:
+  """(field, value) of the first model size the 'tensor' axis does not divide, else None:
+  heads and feed-forward units are what tensor parallelism splits."""
+  for field in ('num_heads', 'd_ff'):
+    value = getattr(model_config, field)
+    if value % tensor:
+      return field, value
+  return None
 
 
 def _mesh_axes(table: dict, name: str | None) -> tuple[str, ...]:

@@ -13,7 +13,7 @@ import test_train_synthetic as syn
 _MAIN_PER_ARGS = """
 import contextlib, importlib, io, json, sys
 from absl import flags
-from training import cli
+from workdir import cli
 FLAGS = flags.FLAGS
 results, defined = [], set()
 for script, args in json.loads(sys.argv[1]):

@@ -206,8 +206,9 @@ def test_muon_takes_the_layers_matrices_and_adam_the_rest(tmp_path):
   _, batch = _state_and_batch(model_config, tx)
   # Laid out on a mesh and checkpointed as train.py does: Muon's partitioned state (each part
   # a parameter tree with MaskedNodes for the other's) failed there, though a step ran.
-  from training import checkpoint, mesh  # pylint: disable=import-outside-toplevel
+  from training import mesh  # pylint: disable=import-outside-toplevel
   from training.state import abstract_train_state, create_train_state  # pylint: disable=import-outside-toplevel
+  from workdir import checkpoint  # pylint: disable=import-outside-toplevel
   state = create_train_state(model_config, tx, 0, mesh.make_mesh(1))
   step = jax.jit(steps.make_train_step(model_config, tx, optim.make_schedule(config),
                                        label_smoothing=0.1))
@@ -293,7 +294,8 @@ def test_ema_is_checkpointed_evaluated_and_decoded(tmp_path):
 
   import inference  # pylint: disable=import-outside-toplevel
   from input_pipeline import tokenizers  # pylint: disable=import-outside-toplevel
-  from training import checkpoint, config_io  # pylint: disable=import-outside-toplevel
+  from training import config_check  # pylint: disable=import-outside-toplevel
+  from workdir import checkpoint  # pylint: disable=import-outside-toplevel
   workdir = str(tmp_path / 'ema')
   overrides = {'train.checkpoint_every_steps': 6, 'train.eval_every_steps': 6,
                'train.ema_decay': 0.5, 'data.tokenizer': 'char'}  # decoding's, saved below
@@ -312,5 +314,5 @@ def test_ema_is_checkpointed_evaluated_and_decoded(tmp_path):
   np.testing.assert_array_equal(restored.params['embed']['embedding'],
                                 stored_ema['embed']['embedding'])
   config = syn.tiny_config('encoder_decoder', **{**overrides, 'train.ema_decay': 0.0})
-  with pytest.raises(config_io.IncompatibleWorkdirError, match='train.ema_decay=0.5'):
-    config_io.check_compatible(config, workdir)
+  with pytest.raises(config_check.IncompatibleWorkdirError, match='train.ema_decay=0.5'):
+    config_check.check_compatible(config, workdir)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import test_train_synthetic as syn
 
-from training import checkpoint
+from workdir import checkpoint
 
 compilation_cache = pytest.fixture(scope='module', autouse=True)(syn.compilation_cache_fixture)
 
@@ -177,7 +177,7 @@ def test_sigterm_saves_and_sigkill_loses_only_recent_steps(tmp_path):
 _ABANDONED_TASKS = '''
 import asyncio, gc, os, threading
 from absl import logging as _  # the CLIs' handler on the root logger
-from training import orbax_noise
+from workdir import orbax_noise
 
 def orbax_loop():  # a loop created by Orbax's code (the file name is what tells)
   namespace = {'asyncio': asyncio}

@@ -4,7 +4,8 @@ in the type it is used in (float32, int32, a uint32 seed), in one line naming th
 import pytest
 import test_train_synthetic as syn
 
-from training import config_io
+from training import config_check
+from workdir import config_io
 
 
 @pytest.mark.parametrize('field,value,message', [
@@ -40,7 +41,7 @@ from training import config_io
 def test_numbers_are_checked_in_the_type_they_are_used_in(field, value, message):
   config = syn.tiny_config('encoder_decoder', **{field: value})
   with pytest.raises(config_io.ConfigError) as e:
-    config_io.validate_config(config)
+    config_check.validate_config(config)
   assert str(e.value).startswith(message), str(e.value)
 
 
@@ -48,7 +49,7 @@ def test_numbers_are_checked_in_the_type_they_are_used_in(field, value, message)
     ('train.seed', 2**32 - 1), ('optimizer.eps', 1.2e-38), ('optimizer.b2', 0.9999),
     ('decode.alpha', 10.0), ('decode.temperature', 0.0), ('train.num_steps', 2**31 - 1)])
 def test_the_edges_of_the_ranges_are_accepted(field, value):
-  config_io.validate_config(syn.tiny_config('encoder_decoder', **{field: value}))
+  config_check.validate_config(syn.tiny_config('encoder_decoder', **{field: value}))
 
 
 # train.py's own int flags (--num_processes, --process_id) refused in one line: in

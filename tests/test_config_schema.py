@@ -10,7 +10,7 @@ import test_train_synthetic as syn
 from common.errors import ConfigError
 from common.schema import DOC, default_of
 from configs import base, default, schema, show
-from training import config_io
+from training import config_check
 
 
 @pytest.mark.parametrize('section,values,message', [
@@ -77,12 +77,12 @@ def test_unknown_fields_and_sections_get_did_you_mean():
   config = syn.tiny_config()
   config.train.num_step = 3  # a preset's typo: a new field, not the one it meant
   with pytest.raises(ConfigError, match=r'did you mean config.train.num_steps\?$'):
-    config_io.validate_config(config)
+    config_check.validate_config(config)
   config = syn.tiny_config()
   config.trian = {'num_steps': 3}
   with pytest.raises(ConfigError, match=r"unknown section\(s\) \['trian'\]; did you mean "
                                         r'config.train\?$'):
-    config_io.validate_config(config)
+    config_check.validate_config(config)
 
 
 def test_origins_of_a_preset_field_an_override_and_a_default():

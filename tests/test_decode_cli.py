@@ -141,7 +141,7 @@ def test_checkpoint_from_8_devices_decodes_on_1(workdirs, runs):
   decode.py on 8 devices gives 1 device's translations (its own process here before) is
   test_sharded_decoding's test_decode_py_with_mesh_decodes_a_2x4x1_checkpoint_as_one_device
   (a checkpoint of an 8-device run decoded on 1 device and sharded over 8; without --mesh
-  decode.py puts the parameters on one device, as on a 1-device host: inference/restore.py)."""
+  decode.py puts the parameters on one device, as on a 1-device host: workdir/restore.py)."""
   assert 'over 8 cpu device(s)' in workdirs['mt8_log'], workdirs['mt8_log'][-2000:]
   code, out, err = runs[1]['mt8']
   assert code == 0, err

@@ -136,7 +136,7 @@ _EACH_WITHOUT_ITS_PACKAGE = """
 import contextlib, io, json, sys
 from absl import flags
 import export
-from training import cli
+from workdir import cli
 FLAGS, results = flags.FLAGS, []
 for package, args in json.loads(sys.argv[1]):
   before, kept = set(FLAGS), sys.modules.get(package)

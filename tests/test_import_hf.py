@@ -208,7 +208,7 @@ def test_an_import_exports_and_imports_back_to_the_same_parameters(built, name, 
   hf_export.convert: the same logits.)"""
   from hf_export import export_workdir  # pylint: disable=import-outside-toplevel
   from input_pipeline.tokenizers import load_tokenizer  # pylint: disable=import-outside-toplevel
-  from training import checkpoint  # pylint: disable=import-outside-toplevel
+  from workdir import checkpoint  # pylint: disable=import-outside-toplevel
   workdir = built[name][1]
   exported, again = str(tmp_path / 'hf'), str(tmp_path / 'again')
   export_workdir(workdir, exported)
@@ -349,7 +349,7 @@ def test_the_guides_offline_lines_run(workdirs, tmp_path):
   assert len(imported.splitlines()) == len(finetuned.splitlines()) == 16
   assert 'imported MarianMTModel' in outputs['import']
   from input_pipeline.tokenizers import load_tokenizer  # pylint: disable=import-outside-toplevel
-  from training import checkpoint  # pylint: disable=import-outside-toplevel
+  from workdir import checkpoint  # pylint: disable=import-outside-toplevel
   runs = tmp_path / 'runs'
   assert _params_equal(checkpoint.restore_params(str(runs / 'default'))[0],
                        checkpoint.restore_params(str(runs / 'imported'))[0])
@@ -389,7 +389,7 @@ def test_staging_touches_nothing_of_the_users_and_a_racing_import_is_refused(bui
   assert (theirs / 'thesis.tex').read_text() == 'hi'
   assert (tmp_path / 'other.importing').read_text() == 'a file'
   assert os.path.islink(tmp_path / 'third.importing')
-  from training import checkpoint  # pylint: disable=import-outside-toplevel
+  from workdir import checkpoint  # pylint: disable=import-outside-toplevel
   save = checkpoint.Checkpointer.save
   racing = tmp_path / 'raced'
 
@@ -571,7 +571,7 @@ def test_ctrl_c_while_the_checkpoint_is_written_leaves_nothing(built, tmp_path, 
   """Also seen in issue 58: Ctrl-C during the checkpoint's write left
   `NEW.importing/checkpoints/0.orbax-checkpoint-tmp` behind, while import.py said nothing was
   written."""
-  from training import checkpoint  # pylint: disable=import-outside-toplevel
+  from workdir import checkpoint  # pylint: disable=import-outside-toplevel
 
   def interrupted(*args, **kwargs):
     raise KeyboardInterrupt

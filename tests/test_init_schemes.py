@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from common import scores
 from configs import shakespeare_char
 from model import build_model, params_of
 from model.build import with_options
 from model.config import ConfigError, ModelConfig
-from training import evaluation, optim
+from training import optim
 
 LAYERS = 3
 
@@ -114,8 +115,8 @@ def test_weight_decay_mask_default_and_bad_value():
 
 
 def test_lowercase_bleu_line():
-  lines = evaluation.score_report(['A man rides a bike .'], ['a man rides a bike.'],
-                                  lowercase_bleu=True)
+  lines = scores.report_lines(['A man rides a bike .'], ['a man rides a bike.'],
+                             lowercase_bleu=True)
   assert lines[0].startswith('BLEU = ') and 'case:mixed' in lines[0]
   assert lines[1].startswith('BLEU (lowercased, tokenized) = 100.00') and 'case:lc' in lines[1]
-  assert len(evaluation.score_report(['a'], ['a'])) == 2  # BLEU and chrF only without the flag
+  assert len(scores.report_lines(['a'], ['a'])) == 2  # BLEU and chrF only without the flag

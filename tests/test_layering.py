@@ -21,8 +21,9 @@ LAYERS = (
     ('model', 'input_pipeline'),
     ('autoregressive',),  # the search over the KV cache: the trainer's BLEU uses it
     ('configs',),  # config.decode's fields are the search's settings
+    ('workdir',),  # config.json, checkpoints, the lock, restore: what every command reads
     ('training',),
-    ('inference',),  # restores with training's checkpoint reader, config and mesh code
+    ('inference',),
     ('hf_export',),
     ('hf_import',),  # the export's conversions, inverted
     ('experiments',),  # sweeps: train.py runs, evaluated through inference
@@ -32,6 +33,14 @@ LAYERS = (
 # Upward imports not yet removed, with what still needs them. The test fails on any other,
 # and on one of these once it is gone (delete it here then).
 KNOWN_UPWARD: dict[str, str] = {}
+# Who may import `training` (the loop and what only it needs), with why. Every other package
+# and command line reads and writes workdirs through `workdir`.
+TRAINING_IMPORTERS = {
+    'train': 'the training command line',
+    'bench': "benchmarks of the train step, the optimizer's state and the mesh",
+    'hf_import': "an import's checkpoint holds the train state train.py resumes (the "
+                 "optimizer's initial state)",
+}
 
 def _modules() -> dict[str, str]:
   """Dotted module name -> file, for every Python file of the project (tests excluded)."""
@@ -184,6 +193,13 @@ def test_no_upward_imports():
   found = upward_imports(edges)
   assert {k: v for k, v in found.items() if k not in KNOWN_UPWARD} == {}
   assert sorted(set(KNOWN_UPWARD) - set(found)) == []  # removed: delete it from KNOWN_UPWARD
+
+
+def test_only_the_training_command_imports_training():
+  edges, _, _ = import_graph()
+  importers = {module.split('.')[0] for module, targets in edges.items()
+               if any(t.split('.')[0] == 'training' for t in targets)} - {'training'}
+  assert importers == set(TRAINING_IMPORTERS)
 
 
 def test_bottom_layers_hide_no_import_in_a_function():

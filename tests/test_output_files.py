@@ -109,7 +109,7 @@ def test_a_workdirs_own_files_are_refused_however_spelled(tmp_path):
   bare.mkdir()
   with pytest.raises(OutputError):
     write_output(str(bare / 'best_metrics.json'), 'x\n', workdirs=[str(bare)])
-  # Beside a workdir's files is fine (training.report's output inside a workdir).
+  # Beside a workdir's files is fine (experiments.report's output inside a workdir).
   write_output(str(workdir / 'report' / 'summary.md'), 'table\n')
   write_output(str(workdir / 'notes.txt'), 'mine\n')
 
@@ -266,7 +266,7 @@ def test_a_fifo_where_the_project_reads_a_file_is_refused_at_once(tmp_path):
   from common import files
   from input_pipeline import textfiles, tokenizers
   from input_pipeline.errors import DataFileError
-  from training import config_io
+  from workdir import config_io
   with pytest.raises(files.NotARegularFileError, match='is a directory'):
     files.read_regular(str(tmp_path))
   with pytest.raises(files.NotARegularFileError, match='is a device'):

@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from common import accelerator
 from model import build_model, layers, transformer
 from model.build import with_options
-from training import accelerator
 
 U32 = 2.0 ** -24  # unit roundoff of float32 (24-bit significand)
 U_TF32 = 2.0 ** -11  # TF32: 11-bit significand (10 stored)

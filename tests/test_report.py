@@ -1,4 +1,4 @@
-"""`python -m training.report`: curves and a table of runs from their event files, without
+"""`python -m experiments.report`: curves and a table of runs from their event files, without
 TensorBoard; and TensorBoard (the [tb] extra) reads the same files. The event files are
 written here with tensorboardX as a run writes them, at chosen wall times (no training)."""
 
@@ -12,7 +12,7 @@ import extras
 import pytest
 from tensorboardX import SummaryWriter
 
-from training import report
+from experiments import report
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T0 = 1_700_000_000.0
@@ -77,7 +77,7 @@ def test_report_writes_curves_and_a_table_of_several_runs(resumed, tmp_path):
 
 def test_cli_prints_the_table_and_refuses_bad_input_in_one_line(resumed, tmp_path):
   def cli(*args):
-    return subprocess.run([sys.executable, '-m', 'training.report', *args], cwd=REPO,
+    return subprocess.run([sys.executable, '-m', 'experiments.report', *args], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
 
   out_dir = tmp_path / 'out'
@@ -94,7 +94,8 @@ def test_cli_prints_the_table_and_refuses_bad_input_in_one_line(resumed, tmp_pat
                          "checkpoints/, a workdir's own folder")]:
     proc = cli(*args)
     assert proc.returncode == 2
-    assert proc.stderr.startswith('python -m training.report: error: ') and message in proc.stderr
+    assert proc.stderr.startswith('python -m experiments.report: error: ')
+    assert message in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 

@@ -18,12 +18,12 @@ import pytest
 import test_train_synthetic as syn
 
 from input_pipeline import tokenizers
-from training import checkpoint, checkpoint_files, workdir_lock
+from workdir import checkpoint, checkpoint_files, train_lock
 
 compilation_cache = pytest.fixture(scope='module', autouse=True)(syn.compilation_cache_fixture)
 
 # data.tokenizer='char': the character tokenizer `trained` saves for decode.py must be the kind
-# config.json names (inference.restore checks a workdir's tokenizer against its config).
+# config.json names (workdir.restore checks a workdir's tokenizer against its config).
 RUN = {'train.num_steps': 6, 'train.checkpoint_every_steps': 2, 'train.log_every_steps': 2,
        'data.tokenizer': 'char'}
 
@@ -84,8 +84,8 @@ def _one_error_line(proc, prefix, code=2):
 def test_second_writer_is_refused_and_a_killed_holder_leaves_no_lock(tmp_path):
   workdir = str(tmp_path / 'w')
   holder = subprocess.Popen(
-      [sys.executable, '-c', ('import sys, time; from training import workdir_lock; '
-                              'workdir_lock.acquire(sys.argv[1]); print("locked", flush=True); '
+      [sys.executable, '-c', ('import sys, time; from workdir import train_lock; '
+                              'train_lock.acquire(sys.argv[1]); print("locked", flush=True); '
                               'time.sleep(600)'), workdir],
       cwd=syn.REPO, env=syn.subprocess_env(1), stdout=subprocess.PIPE, text=True)
   try:
@@ -98,16 +98,16 @@ def test_second_writer_is_refused_and_a_killed_holder_leaves_no_lock(tmp_path):
   finally:
     holder.send_signal(signal.SIGKILL)
     holder.wait()
-  lock = workdir_lock.acquire(workdir)  # the OS dropped the dead holder's lock
-  with pytest.raises(workdir_lock.WorkdirBusyError, match=f'pid {os.getpid()}'):
-    workdir_lock.acquire(workdir)
+  lock = train_lock.acquire(workdir)  # the OS dropped the dead holder's lock
+  with pytest.raises(train_lock.WorkdirBusyError, match=f'pid {os.getpid()}'):
+    train_lock.acquire(workdir)
   lock.release()
-  workdir_lock.acquire(workdir).release()
+  train_lock.acquire(workdir).release()
 
 
 def test_readers_take_no_lock(trained):
   workdir = trained[0]
-  lock = workdir_lock.acquire(workdir)
+  lock = train_lock.acquire(workdir)
   try:
     params, step = checkpoint.restore_params(workdir)
   finally:
@@ -419,7 +419,7 @@ def test_symlinks_at_orbax_temporary_folders_are_unlinked_not_followed(trained, 
 _RESTORE_QUIETLY = '''
 import sys
 from absl import logging as _  # the CLIs' handler on the root logger
-from training import checkpoint
+from workdir import checkpoint
 params, step = checkpoint.restore_params(sys.argv[1])
 checkpointer = checkpoint.Checkpointer(sys.argv[1])
 print(step, checkpoint.list_steps(sys.argv[1]), checkpointer.latest_step())

@@ -12,7 +12,7 @@ import pytest
 import test_train_synthetic as syn
 from test_robustness import _one_error_line, _run_cli
 
-from training import checkpoint, checkpoint_files
+from workdir import checkpoint, checkpoint_files
 
 compilation_cache = pytest.fixture(scope='module', autouse=True)(syn.compilation_cache_fixture)
 
@@ -78,7 +78,7 @@ def test_a_refused_run_writes_no_config_and_a_missing_split_is_found_at_start(te
 
 _FILLS_UP = """
 import os, runpy, sys
-from training import checkpoint
+from workdir import checkpoint
 check = checkpoint.Checkpointer._check_free_space
 
 def check_then_fill(self, step, state):  # another program fills the disk once the check passed
@@ -250,7 +250,7 @@ def test_a_damaged_tokenizer_stops_train_py_in_one_line(text_files, tmp_path):
 
 _FAILING_SAVE = '''
 import os, runpy, sys
-from training import checkpoint
+from workdir import checkpoint
 checkpoint.files.unlink_planted = lambda *args, **kwargs: ([], [])  # let Orbax meet the link
 save = checkpoint.Checkpointer.save
 

@@ -63,10 +63,7 @@ def decode_all(mesh=None) -> dict[str, np.ndarray]:
 
   from autoregressive import decoding  # pylint: disable=import-outside-toplevel
   from model import bind  # pylint: disable=import-outside-toplevel
-  from training import (
-    mesh as mesh_lib,  # pylint: disable=import-outside-toplevel
-    state,  # pylint: disable=import-outside-toplevel
-  )
+  from training import mesh as mesh_lib, state  # pylint: disable=import-outside-toplevel
   out = {}
   for kind in KINDS:
     config, params = _model(kind)
@@ -92,14 +89,14 @@ def main(out_dir: str) -> None:
   """On 8 devices: trains OUT/workdir on mesh (2, 4, 1) (with a character tokenizer for
   decode.py), then decodes on every mesh of MESHES -> OUT/tokens.npz."""
   from input_pipeline import tokenizers  # pylint: disable=import-outside-toplevel
-  from training import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
+  from model import partitioning  # pylint: disable=import-outside-toplevel
   syn.enable_compilation_cache()
   workdir = os.path.join(out_dir, 'workdir')
   syn.run(workdir, 'encoder_decoder', TRAIN)
   tokenizers.CharTokenizer(list(syn.ALPHABET)).save(os.path.join(workdir, 'tokenizer'))
   arrays = {}
   for shape in MESHES:
-    mesh = mesh_lib.make_mesh(mesh_config=dict(zip(mesh_lib.AXES, shape, strict=True)))
+    mesh = partitioning.device_mesh(shape)
     arrays.update({f'{shape}/{k}': v for k, v in decode_all(mesh).items()})
   np.savez(os.path.join(out_dir, 'tokens.npz'), **arrays)
 
@@ -180,13 +177,13 @@ def test_decode_py_with_mesh_decodes_a_2x4x1_checkpoint_as_one_device(runs):
     ('1,0,1', '--mesh=1,0,1 must be three sizes'),
 ])
 def test_bad_mesh_flag_is_one_line(value, message):
-  from inference import restore  # pylint: disable=import-outside-toplevel
+  from workdir import restore  # pylint: disable=import-outside-toplevel
   with pytest.raises(restore.RestoreError, match='^' + re.escape(message)):
     restore.mesh_from_flag(value)
 
 
 def test_mesh_must_divide_heads_and_feed_forward(tmp_path):
-  from inference import restore  # pylint: disable=import-outside-toplevel
+  from workdir import restore  # pylint: disable=import-outside-toplevel
   config = syn.tiny_config('encoder_decoder', **{'model.num_heads': 4}).model
   eight = types.SimpleNamespace(shape={'data': 1, 'fsdp': 1, 'tensor': 8})
   with pytest.raises(restore.RestoreError, match=re.escape(

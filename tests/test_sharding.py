@@ -52,13 +52,13 @@ def _train(kind: str, mesh_shape) -> tuple[list[float], dict[str, int]]:
   """5 train steps on `mesh_shape` -> (losses, per-device and total bytes of the state)."""
   import jax  # pylint: disable=import-outside-toplevel
 
-  from model import ModelConfig  # pylint: disable=import-outside-toplevel
+  from model import ModelConfig, partitioning  # pylint: disable=import-outside-toplevel
   from training import memory, mesh as mesh_lib, optim, state as state_lib, steps  # pylint: disable=import-outside-toplevel
   config = _config(kind)
   module, schedule = ModelConfig.from_config(config.model), optim.make_schedule(config)
   tx = optim.make_optimizer(config, schedule)
   mesh = mesh_lib.make_mesh(int(np.prod(mesh_shape)),
-                            dict(zip(mesh_lib.AXES, mesh_shape, strict=True)))
+                            dict(zip(partitioning.MESH_AXES, mesh_shape, strict=True)))
   state = state_lib.create_train_state(module, tx, 0, mesh)
   held = (state.params, state.opt_state)
   sizes = {'per_device': memory.per_device_bytes(held),
@@ -81,7 +81,7 @@ def _encoder_only_outputs(mesh_shape) -> list:
   config, params = module.config, params_of(module)
   tokens = _batches('decoder_only', 1)[0]['targets']
   mesh = mesh_lib.make_mesh(int(np.prod(mesh_shape)),
-                            dict(zip(mesh_lib.AXES, mesh_shape, strict=True)))
+                            dict(zip(partitioning.MESH_AXES, mesh_shape, strict=True)))
   params = jax.device_put(params, state_lib.param_shardings(config, mesh))
   rules = mesh_lib.rules()
 
@@ -161,12 +161,12 @@ def test_encoder_only_forward_is_the_same_on_sharded_parameters(mesh_runs, mesh)
 ])
 def test_bad_mesh_is_one_line_naming_the_field(changes, message):
   from model.config import ConfigError  # pylint: disable=import-outside-toplevel
-  from training import config_io  # pylint: disable=import-outside-toplevel
+  from training import config_check  # pylint: disable=import-outside-toplevel
   config = _config('encoder_decoder')
   config.train.batch_size = 16
   syn.set_fields(config, changes)
   with pytest.raises(ConfigError) as info:
-    config_io.validate_config(config, num_devices=8)
+    config_check.validate_config(config, num_devices=8)
   assert message in str(info.value) and '\n' not in str(info.value)
 
 

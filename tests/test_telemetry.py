@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import test_train_synthetic as syn
 
+from common import accelerator
 from model.build import param_shapes
 from model.config import ConfigError, ModelConfig
-from training import accelerator, config_io, steps, telemetry
+from training import config_check, steps, telemetry
 
 compilation_cache = pytest.fixture(scope='module', autouse=True)(syn.compilation_cache_fixture)
 
@@ -90,7 +91,7 @@ def test_bad_accelerator_settings_are_refused(field, value, message):
   values['train'][field] = value  # as a hand-edited config.json could hold it
   config = ml_collections.ConfigDict(values)
   with pytest.raises(ConfigError, match=message):
-    config_io.validate_config(config)
+    config_check.validate_config(config)
 
 
 def test_matmul_precision_reaches_the_compiled_matmuls():

@@ -193,7 +193,7 @@ def test_end_to_end_tiny_run_with_overrides_and_resume(runs):
   # data pipeline (the schedule does not read num_steps), on any machine and without root.
   code, out, err = runs['straight']
   assert code == 0, out[-3000:] + err[-3000:]
-  from training import checkpoint  # pylint: disable=import-outside-toplevel
+  from workdir import checkpoint  # pylint: disable=import-outside-toplevel
   (resumed, step), (once, step_once) = (checkpoint.restore_params(w)
                                         for w in (workdir, runs['dirs']['straight']))
   assert step == step_once == 6

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import test_train_synthetic as syn
 
-from training import checkpoint
+from workdir import checkpoint
 
 compilation_cache = pytest.fixture(scope='module', autouse=True)(syn.compilation_cache_fixture)
 

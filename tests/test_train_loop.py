@@ -8,7 +8,8 @@ import pytest
 import test_train_synthetic as syn
 
 from model.config import ConfigError
-from training import checkpoint, trainer
+from training import trainer
+from workdir import checkpoint
 
 compilation_cache = pytest.fixture(scope='module', autouse=True)(syn.compilation_cache_fixture)
 

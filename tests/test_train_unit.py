@@ -13,8 +13,9 @@ from test_train_synthetic import tiny_config
 from model import build_model, params_of
 from model.build import count_params
 from model.config import ConfigError
-from training import config_io, losses, optim, steps
+from training import config_check, losses, optim, steps
 from training.state import TrainState
+from workdir import config_io
 
 
 def paper_rate(step, d_model, warmup):
@@ -97,7 +98,7 @@ def test_target_weights():
 def test_validate_config_names_the_field(field, value, match):
   config = tiny_config(**{field: value})
   with pytest.raises(ConfigError, match=match):
-    config_io.validate_config(config, num_devices=2)
+    config_check.validate_config(config, num_devices=2)
 
 
 def test_validate_config_accepts_presets():
@@ -106,7 +107,7 @@ def test_validate_config_accepts_presets():
                           (shakespeare_char, [None, 'tiny', 'large']), (wmt14_base, [None]),
                           (wmt14_big, [None]), (lm_1b, [None])]:
     for preset in presets:
-      config_io.validate_config(module.get_config(preset) if preset else module.get_config())
+      config_check.validate_config(module.get_config(preset) if preset else module.get_config())
 
 
 def test_lm_1b_preset_has_about_1b_parameters_and_fits_8_and_64_devices():
@@ -115,13 +116,13 @@ def test_lm_1b_preset_has_about_1b_parameters_and_fits_8_and_64_devices():
   from configs import lm_1b
   from training import state as state_lib
   config = lm_1b.get_config()
-  model_config = config_io.validate_config(config)
+  model_config = config_check.validate_config(config)
   shapes = jax.eval_shape(state_lib.make_init_fn(model_config, optax.identity(), 0))
   assert 0.95e9 < count_params(shapes.params) < 1.05e9
   for data, fsdp, tensor in [(8, 1, 1), (1, 8, 1), (2, 1, 4), (1, 64, 1), (8, 8, 1), (16, 1, 4),
                              (2, 8, 4)]:
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = data, fsdp, tensor
-    config_io.validate_config(config, num_devices=data * fsdp * tensor)
+    config_check.validate_config(config, num_devices=data * fsdp * tensor)
 
 
 def test_config_roundtrip_and_compatibility(tmp_path):
@@ -131,24 +132,24 @@ def test_config_roundtrip_and_compatibility(tmp_path):
   assert config_io.load_config(workdir).to_dict() == config.to_dict()
   # Other learning rate / steps: allowed, reported.
   changed = tiny_config(**{'optimizer.learning_rate': 0.25, 'train.num_steps': 99})
-  diffs = config_io.check_compatible(changed, workdir)
+  diffs = config_check.check_compatible(changed, workdir)
   assert any('optimizer.learning_rate' in d for d in diffs)
   assert any('train.num_steps' in d for d in diffs)
   # Another model shape: refused, config.json untouched.
   before = open(config_io.config_path(workdir)).read()
-  with pytest.raises(config_io.IncompatibleWorkdirError, match=r'model\.d_model=32 \(new 64\)'):
-    config_io.check_compatible(tiny_config(**{'model.d_model': 64}), workdir)
+  with pytest.raises(config_check.IncompatibleWorkdirError, match=r'model\.d_model=32 \(new 64\)'):
+    config_check.check_compatible(tiny_config(**{'model.d_model': 64}), workdir)
   assert open(config_io.config_path(workdir)).read() == before
   assert json.loads(before)['model']['d_model'] == 32
   # scan_layers stacks the parameters: another layout, refused.
-  with pytest.raises(config_io.IncompatibleWorkdirError, match=r'model\.scan_layers=False'):
-    config_io.check_compatible(tiny_config(**{'model.scan_layers': True}), workdir)
+  with pytest.raises(config_check.IncompatibleWorkdirError, match=r'model\.scan_layers=False'):
+    config_check.check_compatible(tiny_config(**{'model.scan_layers': True}), workdir)
   # A config.json written before a model field existed had its default: still compatible.
   old = json.loads(before)
   del old['model']['scan_layers']
   with open(config_io.config_path(workdir), 'w') as f:
     json.dump(old, f)
-  assert config_io.check_compatible(config, workdir) == []
+  assert config_check.check_compatible(config, workdir) == []
 
 
 def test_load_config_missing(tmp_path):

@@ -19,7 +19,9 @@ import pytest
 import test_train_synthetic as syn
 
 from configs import default
-from training import checkpoint as ckpt_lib, evaluation, metrics, progress, report, trainer
+from experiments import report
+from training import evaluation, metrics, progress, trainer
+from workdir import checkpoint as ckpt_lib
 
 compilation_cache = pytest.fixture(scope='module', autouse=True)(syn.compilation_cache_fixture)
 

@@ -10,8 +10,10 @@ import sys
 import pytest
 import test_train_synthetic as syn
 
+from common.lock_file import UnsafeLockFileError
 from input_pipeline import tokenizers
-from training import checkpoint_files, config_io, workdir_lock
+from training import config_check
+from workdir import checkpoint_files, config_io, train_lock
 
 
 @pytest.mark.parametrize('model_file', ['../../secret', '/etc/hostname', '..', 'sub/spm.model',
@@ -91,9 +93,9 @@ def test_a_symlinked_train_lock_is_refused_and_not_followed(tmp_path, victims, t
   workdir.mkdir()
   (workdir / 'train.lock').symlink_to(victims[target])
   before, tree = _hashes(*victims), _tree(workdir)
-  with pytest.raises(workdir_lock.UnsafeLockFileError,
+  with pytest.raises(UnsafeLockFileError,
                      match=r'train.lock is a symbolic link .*refusing to follow it'):
-    workdir_lock.acquire(str(workdir))
+    train_lock.acquire(str(workdir))
   assert _hashes(*victims) == before and _tree(workdir) == tree
 
 
@@ -103,7 +105,7 @@ def test_a_symlinked_tokenizer_lock_is_refused_and_not_followed(tmp_path, victim
   (workdir / 'tokenizer').mkdir(parents=True)
   (workdir / 'tokenizer' / '.lock').symlink_to(victims[target])
   before, tree = _hashes(*victims), _tree(workdir)
-  with pytest.raises(workdir_lock.UnsafeLockFileError, match=r'tokenizer/.lock is a symbolic'):
+  with pytest.raises(UnsafeLockFileError, match=r'tokenizer/.lock is a symbolic'):
     with tokenizers.workdir_lock(str(workdir)):
       pass
   assert _hashes(*victims) == before and _tree(workdir) == tree
@@ -113,8 +115,8 @@ def test_a_planted_fifo_lock_is_refused(tmp_path):
   workdir = tmp_path / 'w'
   workdir.mkdir()
   os.mkfifo(workdir / 'train.lock')
-  with pytest.raises(workdir_lock.UnsafeLockFileError, match='not a regular file'):
-    workdir_lock.acquire(str(workdir))
+  with pytest.raises(UnsafeLockFileError, match='not a regular file'):
+    train_lock.acquire(str(workdir))
 
 
 def test_a_symlinked_lock_through_train_py_is_one_line(tmp_path, victims):
@@ -170,7 +172,7 @@ def test_a_refused_run_leaves_the_workdir_as_it_found_it(tmp_path, monkeypatch, 
   with pytest.raises(config_io.ConfigError, match='the tokenizer has 320 ids'):
     trainer.train_and_evaluate(config, str(workdir), datasets=_WrongVocab(config))
   assert _tree(tmp_path) == tree
-  monkeypatch.setattr(config_io, 'check_compatible', refuse_after_saving_a_tokenizer)
+  monkeypatch.setattr(config_check, 'check_compatible', refuse_after_saving_a_tokenizer)
   with pytest.raises(config_io.ConfigError, match='refused'):
     trainer.train_and_evaluate(config, str(workdir), datasets=_WrongVocab(config))
   assert _tree(tmp_path) == tree

@@ -1,14 +1,13 @@
-"""Evaluation during training: validation loss/accuracy/perplexity and BLEU.
+"""Evaluation during training: validation loss, accuracy and perplexity.
 
-`evaluate` runs the jitted eval step over the (padded) validation batches of every process;
-`bleu` scores translations (the trainer's `autoregressive.session.Session`, decode.py's path)
-with sacreBLEU on detokenized text, and `score_report` prints BLEU and chrF for decode.py.
+`evaluate` runs the jitted eval step over the (padded) validation batches of every process.
+(The validation BLEU scores the trainer's `Session` translations with `common.scores`.)
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
@@ -65,33 +64,3 @@ def evaluate(eval_step: Callable, params: Any, batches: Iterable[dict[str, np.nd
   loss = float(sums['loss']) / n
   return {'loss': loss, 'accuracy': float(sums['correct']) / n,
           'perplexity': float(np.exp(min(loss, 100.0))), 'num_tokens': float(sums['num_tokens'])}
-
-
-def bleu(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, str]:
-  """Corpus sacreBLEU on detokenized text -> (score, signature)."""
-  import sacrebleu  # pylint: disable=import-outside-toplevel
-  metric = sacrebleu.metrics.BLEU()
-  score = metric.corpus_score(list(hypotheses), [list(references)])
-  return float(score.score), str(metric.get_signature())
-
-
-def score_report(hypotheses: Sequence[str], references: Sequence[str], *,
-                 lowercase_bleu: bool = False) -> list[str]:
-  """sacreBLEU corpus BLEU and chrF -> printable lines with their signatures.
-
-  `lowercase_bleu` adds BLEU on lowercased text split by sacreBLEU's 13a tokenizer (the
-  `case:lc` signature): Multi30k papers report multi-bleu.perl on lowercased, tokenized text,
-  which reads higher than the cased detokenized score, so both are printed to compare.
-  """
-  import sacrebleu  # pylint: disable=import-outside-toplevel
-  bleu = sacrebleu.metrics.BLEU()
-  chrf = sacrebleu.metrics.CHRF()
-  hypotheses, references = list(hypotheses), [list(references)]
-  b = bleu.corpus_score(hypotheses, references)
-  c = chrf.corpus_score(hypotheses, references)
-  lines = [f'BLEU = {b.score:.2f}  {bleu.get_signature()}  ({b})']
-  if lowercase_bleu:
-    lower = sacrebleu.metrics.BLEU(lowercase=True, tokenize='13a')
-    lb = lower.corpus_score(hypotheses, references)
-    lines.append(f'BLEU (lowercased, tokenized) = {lb.score:.2f}  {lower.get_signature()}  ({lb})')
-  return lines + [f'chrF2 = {c.score:.2f}  {chrf.get_signature()}']

@@ -15,7 +15,8 @@ import shutil
 
 from common.errors import ConfigError
 from model.config import ModelConfig
-from training import config_io
+from training import config_check
+from workdir import config_io
 
 # The data fields that belong to the tokenizer, so to DIR.
 TOKENIZER_FIELDS = ('tokenizer', 'vocab_size')
@@ -40,14 +41,14 @@ def configure(config, overridden: frozenset[str] = frozenset(),
     raise ConfigError(f'config.train.init_from={directory!r} is not a workdir (no config.json '
                       'there): give import.py\'s or a trained run\'s workdir')
   else:  # checked before anything is written into the new workdir
-    from training import checkpoint  # pylint: disable=import-outside-toplevel
+    from workdir import checkpoint  # pylint: disable=import-outside-toplevel
     if not checkpoint.list_steps(directory):
       raise ConfigError(f'config.train.init_from={directory!r} has no checkpoint to start from '
                         f'({checkpoint.checkpoint_dir(directory)})')
     if workdir is not None:
       _check_same_tokenizer(directory, workdir)
   start = config_io.load_config(directory)
-  clashes = sorted(f for f in overridden if f in config_io.SHAPE_FIELDS and
+  clashes = sorted(f for f in overridden if f in config_check.SHAPE_FIELDS and
                    f.startswith('model.'))
   if clashes:
     raise ConfigError(f'--config.{clashes[0]} cannot be set with config.train.init_from: the '
@@ -84,7 +85,7 @@ def _tokenizer_files(workdir: str) -> dict[str, bytes]:
 
 
 def _started(workdir: str) -> bool:
-  from training import checkpoint  # pylint: disable=import-outside-toplevel
+  from workdir import checkpoint  # pylint: disable=import-outside-toplevel
   return os.path.isfile(config_io.config_path(workdir)) and bool(checkpoint.list_steps(workdir))
 
 
@@ -108,11 +109,10 @@ def copy_tokenizer(config, workdir: str) -> None:
 
 def params(config):
   """DIR's newest parameters (a pure dict on the first local device), or None without DIR."""
-  from training import checkpoint  # pylint: disable=import-outside-toplevel
   from training.metrics import log  # pylint: disable=import-outside-toplevel
+  from workdir import checkpoint  # pylint: disable=import-outside-toplevel
   if source(config) is None:
     return None
-  from training import config_io  # pylint: disable=import-outside-toplevel
   ema = bool(config_io.load_config(source(config)).train.get('ema_decay', 0.0))
   found, step = checkpoint.restore_params(source(config), ema=ema)
   averaged = ' (their moving average)' if ema else ''

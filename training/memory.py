@@ -14,9 +14,10 @@ from typing import Any
 import jax
 import numpy as np
 
+from model import partitioning
 from model.build import count_params
 from model.kinds import adapter_of
-from training import config_io, mesh as mesh_lib, optim, state as state_lib, steps
+from training import config_check, mesh as mesh_lib, optim, state as state_lib, steps
 
 GIB = 2 ** 30
 
@@ -40,7 +41,7 @@ def step_memory(compiled, state) -> dict[str, int]:
 
 
 def format_table(memory: dict[str, int], mesh) -> str:
-  shape = 'x'.join(str(mesh.shape[a]) for a in mesh_lib.AXES)
+  shape = 'x'.join(str(mesh.shape[a]) for a in partitioning.MESH_AXES)
   cells = ' | '.join(f'{k} {v / GIB:.3f} GiB' for k, v in memory.items())
   return f'per-device memory on mesh (data x fsdp x tensor) {shape}: {cells}'
 
@@ -56,7 +57,7 @@ def abstract_batch(config, model_config, mesh) -> dict[str, jax.ShapeDtypeStruct
 def dry_run(config) -> dict[str, Any]:
   """Compiles `config`'s train step on this process's devices (nothing else) and returns
   {'parameters', 'mesh', 'memory' (per-device bytes), 'compile_s'}."""
-  model_config = config_io.validate_config(config, num_devices=jax.device_count(),
+  model_config = config_check.validate_config(config, num_devices=jax.device_count(),
                                            process_count=jax.process_count())
   mesh = mesh_lib.make_mesh(mesh_config=config.get('mesh'))
   rules = mesh_lib.rules(config.get('mesh'))

@@ -11,7 +11,6 @@ Each process feeds its own slice of the global batch (`shard_batch`).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import jax
@@ -19,40 +18,18 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from configs.schema import MESH_AXES as AXES, MeshConfig
+from configs.schema import MeshConfig
+from model import partitioning
 from model.config import ConfigError
 from model.partitioning import Rules
 
 BATCH_AXES = ('data', 'fsdp')  # the batch is split over both
 
 
-def mesh_shape(mesh_config=None, num_devices: int | None = None) -> tuple[int, int, int]:
-  """`config.mesh` sizes -> (data, fsdp, tensor) for `num_devices` (one size may be -1: the
-  devices left). No section: every device on 'data'. Raises ConfigError naming the field."""
-  n = num_devices or jax.device_count()
-  sizes = list(_schema(mesh_config).sizes)
-  known = math.prod(s for s in sizes if s != -1)
-  if -1 in sizes:
-    if n % known:
-      raise ConfigError(f'config.mesh (data, fsdp, tensor)={tuple(sizes)}: {n} devices are not '
-                        f'divisible by {known}')
-    sizes[sizes.index(-1)] = n // known
-  if math.prod(sizes) != n:
-    raise ConfigError(f'config.mesh (data, fsdp, tensor)={tuple(sizes)} has {math.prod(sizes)} '
-                      f'devices; this run has {n}')
-  return tuple(sizes)
-
-
 def make_mesh(num_devices: int | None = None, mesh_config=None) -> Mesh:
-  """The `(data, fsdp, tensor)` mesh over all devices (or the first `num_devices`).
-
-  `jax.make_mesh` orders devices for the interconnect ('tensor', the last axis, on the
-  closest devices). Auto axis types: Explicit ones (its default) break gathers in nn.Embed.
-  """
-  shape = mesh_shape(mesh_config, num_devices)
-  devices = jax.devices()[:math.prod(shape)] if num_devices else None
-  return jax.make_mesh(shape, AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(AXES),
-                       devices=devices)
+  """The mesh of `config.mesh` (None: every device on 'data') over all devices (or the first
+  `num_devices`): `model.partitioning.device_mesh`."""
+  return partitioning.device_mesh(_schema(mesh_config).sizes, num_devices)
 
 
 def rules(mesh_config=None) -> Rules:
@@ -67,22 +44,12 @@ def _schema(mesh_config) -> MeshConfig:
   return MeshConfig.from_config(mesh_config)
 
 
-def tensor_misfit(model_config, tensor: int) -> tuple[str, int] | None:
-  """(field, value) of the first model size the 'tensor' axis does not divide, else None:
-  heads and feed-forward units are what tensor parallelism splits."""
-  for field in ('num_heads', 'd_ff'):
-    value = getattr(model_config, field)
-    if value % tensor:
-      return field, value
-  return None
-
-
 def check(mesh_config, model_config, batch_size: int, grad_accum_steps: int,
           num_devices: int) -> None:
   """The mesh fits the devices, the model and the batch (one line naming the field)."""
-  data, fsdp, tensor = mesh_shape(mesh_config, num_devices)
+  data, fsdp, tensor = partitioning.mesh_shape(_schema(mesh_config).sizes, num_devices)
   rules(mesh_config)
-  misfit = tensor_misfit(model_config, tensor)
+  misfit = partitioning.tensor_misfit(model_config, tensor)
   if misfit:
     raise ConfigError(f'config.model.{misfit[0]}={misfit[1]} is not divisible by '
                       f'config.mesh.tensor={tensor}')

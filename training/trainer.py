@@ -22,13 +22,12 @@ import numpy as np
 
 from autoregressive import strategies
 from autoregressive.session import Session
+from common import accelerator, scores
 from model import bind
 from model.build import count_params
 from model.kinds import adapter_of
 from training import (
-  accelerator,
-  checkpoint as ckpt_lib,
-  config_io,
+  config_check,
   evaluation,
   init_from,
   memory,
@@ -39,9 +38,9 @@ from training import (
   state as state_lib,
   steps,
   telemetry,
-  workdir_lock,
 )
 from training.metrics import log
+from workdir import checkpoint as ckpt_lib, config_io, train_lock
 
 
 class NonFiniteLossError(RuntimeError):
@@ -106,13 +105,13 @@ class _Run:
     init_from.configure(config, overridden, workdir)
     self.config, self.workdir, self.preset = config, workdir, preset
     self.on_second_interrupt = on_second_interrupt
-    self.model_config = config_io.validate_config(
+    self.model_config = config_check.validate_config(
         config, num_devices=jax.device_count(), process_count=jax.process_count())
     self.mesh = mesh_lib.make_mesh(mesh_config=config.get('mesh'))
     self.rules = mesh_lib.rules(config.get('mesh'))
     # One writer per workdir for the run's whole life (an OS lock: it goes with the process).
     # Process 0 holds it for every process of a multi-host run.
-    self.lock = workdir_lock.acquire(workdir) if metrics_lib.is_main_process() else None
+    self.lock = train_lock.acquire(workdir) if metrics_lib.is_main_process() else None
     try:
       self._setup(datasets)
     except BaseException:
@@ -124,7 +123,7 @@ class _Run:
     config, workdir = self.config, self.workdir
     self.config_summary = self._describe_config()
     log(self.config_summary[0])
-    changes = config_io.check_compatible(config, workdir)
+    changes = config_check.check_compatible(config, workdir)
     self.had_config = os.path.exists(config_io.config_path(workdir))
     if metrics_lib.is_main_process():
       init_from.copy_tokenizer(config, workdir)
@@ -283,7 +282,7 @@ class _Run:
     with self._compiling(what) as timer:
       hypotheses = session.translate([e['source'] for e in examples], **settings)
     self._compiled(what, timer)
-    return evaluation.bleu(hypotheses, [e['target'] for e in examples])
+    return scores.bleu(hypotheses, [e['target'] for e in examples])
 
   # -- the loop -----------------------------------------------------------------------------
   def run(self) -> dict[str, Any]:

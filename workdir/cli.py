@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from absl import flags
 
 from common.dtype_limits import INT32_MAX
-from training import orbax_noise
+from workdir import orbax_noise
 
 
 class UsageError(ValueError):

@@ -1,31 +1,20 @@
-"""The resolved config in `DIR/config.json`, config validation, and workdir compatibility.
-
-`save_config(config, workdir)` writes `DIR/config.json`; `load_config(workdir)` reads it back as
-an `ml_collections.ConfigDict`.
-`check_compatible(config, workdir)` refuses (with `IncompatibleWorkdirError`) a workdir holding a
-run whose model shape or data/tokenizer setup differs. `validate_config(config)` checks every
-section through its schema (configs/schema.py, `model.ModelConfig`) and the rules between
-sections and the devices, so a bad value fails with one line before anything is compiled.
-"""
+"""What a run's config must satisfy before anything starts: every field through its schema,
+the rules between sections and the devices (`validate_config`), and, where the workdir already
+holds a run, the same model and data setup (`check_compatible`)."""
 
 from __future__ import annotations
 
 import dataclasses
-import errno
-import json
 import os
 from typing import Any
 
 import ml_collections
 
-from common.atomic_file import atomic_write
-from common.files import read_regular
 from configs import schema
 from model.config import ConfigError, ModelConfig
 from model.kinds import ADAPTERS
 from training import mesh as mesh_lib
-
-CONFIG_FILE = 'config.json'
+from workdir import config_io
 
 # Fields that fix the parameter shapes (or what the parameters and token ids mean): a run in a
 # workdir may be resumed with other values of every other field (steps, learning rate, ...).
@@ -45,46 +34,6 @@ class IncompatibleWorkdirError(ConfigError):
   """The workdir holds a run with a different model shape; nothing was overwritten."""
 
 
-def config_path(workdir: str) -> str:
-  return os.path.join(workdir, CONFIG_FILE)
-
-
-def to_dict(config) -> dict[str, Any]:
-  return config.to_dict() if hasattr(config, 'to_dict') else dict(config)
-
-
-def save_config(config, workdir: str) -> str:
-  """Writes the resolved config to `DIR/config.json` (atomically); returns the path."""
-  os.makedirs(workdir, exist_ok=True)
-  path = config_path(workdir)
-  text = json.dumps(to_dict(config), indent=2, sort_keys=True, allow_nan=False) + '\n'
-  try:
-    atomic_write(path, text.encode())
-  except OSError as e:
-    what = 'no space left on device' if e.errno == errno.ENOSPC else e.strerror or str(e)
-    raise ConfigError(f'cannot write {path}: {what}') from None
-  return path
-
-
-def load_config(workdir: str) -> ml_collections.ConfigDict:
-  """`DIR/config.json` -> ConfigDict, a field it lacks (written before the field existed) set to
-  its schema's default. Raises `ConfigError` (one line) when missing, unreadable or not a
-  config (a JSON object of sections, each an object)."""
-  path = config_path(workdir)
-  if not os.path.exists(path):
-    raise ConfigError(f'{path} not found: is {workdir!r} a training workdir?')
-  try:  # a regular file only: a FIFO planted there would block an open() forever
-    values = json.loads(read_regular(path))
-  except (OSError, ValueError) as e:
-    raise ConfigError(f'{path} is not a readable config: {e}') from None
-  if not isinstance(values, dict) or not all(isinstance(v, dict) for v in values.values()):
-    raise ConfigError(f'{path} is not a config: a JSON object of sections '
-                      f'({", ".join(schema.SECTIONS)}), each an object, was expected')
-  for name, section in schema.SECTIONS.items():
-    values[name] = section.defaults() | values.get(name, {})
-  return ml_collections.ConfigDict(values)
-
-
 def _get(values: dict[str, Any], dotted: str):
   for key in dotted.split('.'):
     if not isinstance(values, dict) or key not in values:
@@ -99,14 +48,13 @@ def check_compatible(config, workdir: str) -> list[str]:
   Returns the (allowed) differences in other fields as 'field: old -> new' strings, empty for
   a new workdir.
   """
-  path = config_path(workdir)
-  if not os.path.exists(path):
+  if not os.path.exists(config_io.config_path(workdir)):
     return []
-  old = to_dict(load_config(workdir))
+  old = config_io.to_dict(config_io.load_config(workdir))
   if isinstance(old.get('model'), dict):  # a field newer than the run had its default then
     for field in dataclasses.fields(ModelConfig):
       old['model'].setdefault(field.name, field.default)
-  new = to_dict(config)
+  new = config_io.to_dict(config)
   clashes = [f'{f}={_get(old, f)!r} (new {_get(new, f)!r})' for f in SHAPE_FIELDS
              if _get(old, f) != _get(new, f)]
   if not clashes:

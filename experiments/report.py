@@ -1,6 +1,6 @@
 """Curves and a table of one or several runs, without TensorBoard.
 
-  python -m training.report --workdir=runs/a [--workdir=runs/b ...] --output_dir=DIR
+  python -m experiments.report --workdir=runs/a [--workdir=runs/b ...] --output_dir=DIR
 
 reads each workdir's TensorBoard event files (the records tensorboardX writes, parsed with
 tensorboardX's own protobuf classes: neither TensorFlow nor TensorBoard is needed) and writes
@@ -30,7 +30,7 @@ from absl import app, flags
 from common.atomic_file import make_output_dir, write_output
 from common.files import read_regular
 from common.tensorboardx import tensorboardx
-from training import cli
+from workdir import cli
 
 PANELS = (('train/loss', 'train loss'), ('train/learning_rate', 'learning rate'),
           ('eval/loss', 'validation loss'), ('eval/bleu', 'validation BLEU'))
@@ -220,7 +220,7 @@ def _define_flags() -> None:
                     'order (default: the workdirs\' last path components).')
 
 
-PROG = 'python -m training.report'
+PROG = 'python -m experiments.report'
 
 
 def main(argv: list[str]) -> None:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import contextlib
 import os
 
-from configs.schema import MATMUL_PRECISIONS
-from model.config import ConfigError
+from common.errors import ConfigError
 
+MATMUL_PRECISIONS = ('default', 'high', 'highest')  # config.train.matmul_precision's values
 DETERMINISTIC_XLA_FLAG = '--xla_gpu_deterministic_ops=true'
 
 
@@ -28,7 +28,7 @@ def matmul_precision(name: str):
                       f'{list(MATMUL_PRECISIONS)}')
   if name == 'default':
     return contextlib.nullcontext()
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel  (jax only when a setting is used)
   return jax.default_matmul_precision(name)
 
 
@@ -50,7 +50,7 @@ def check_deterministic(deterministic: bool) -> None:
   started without them (only possible when `train_and_evaluate` is called from Python)."""
   if not deterministic:
     return
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel  (jax only when a setting is used)
   if jax.default_backend() != 'gpu':
     return  # CPU is deterministic; TPU reductions are too
   if DETERMINISTIC_XLA_FLAG not in os.environ.get('XLA_FLAGS', '').split():

@@ -1,4 +1,4 @@
-"""What `training.checkpoint` adds around Orbax's files: checksums, symlinks, short reasons.
+"""What `workdir.checkpoint` adds around Orbax's files: checksums, symlinks, short reasons.
 
   write_checksums(step_dir)        sha256 of every file of a finished-but-uncommitted step
   verify_checksums(step_dir)       -> None when intact, else a short reason
@@ -6,7 +6,6 @@
   linked_entries / unlink_planted  symlinks at steps or Orbax's temporary folders
   short_reason(error, root)        one short line for an Orbax/TensorStore error
   is_disk_full(error)              ENOSPC anywhere in an error (or its text)
-  quiet_orbax_logs()               `training.orbax_noise`'s: Orbax's own logs held back
 
 The checksum file is written into the step's temporary directory just before Orbax renames
 it into place, so a checkpoint and its checksums appear together; a flipped byte in any
@@ -29,7 +28,6 @@ from typing import Any
 
 from common.atomic_file import atomic_write
 from common.files import open_regular, read_regular
-from training.orbax_noise import note_failure, quiet_orbax_logs  # noqa: F401  (files.quiet_...)
 
 CHECKSUM_FILE = 'checksums.json'
 

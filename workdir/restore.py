@@ -23,11 +23,11 @@ import jax
 
 from autoregressive.decode_loop import decoding_model
 from autoregressive.session import Session
-from configs.schema import DecodeConfig
+from configs.schema import DecodeConfig, MeshConfig
 from input_pipeline import tokenizers
 from model import ConfigError, abstract_model, bind, build, partitioning
 from model.config import ModelConfig
-from training import checkpoint, checkpoint_files, config_io, mesh as mesh_lib
+from workdir import checkpoint, checkpoint_files, config_io
 
 
 def uses_ema(config) -> bool:
@@ -57,11 +57,11 @@ def mesh_from_flag(text: str, flag: str = '--mesh') -> jax.sharding.Mesh:
     sizes = [int(p) for p in parts]
   except ValueError:
     sizes = []
-  if len(sizes) != len(mesh_lib.AXES) or any(s < 1 and s != -1 for s in sizes):
+  if len(sizes) != len(partitioning.MESH_AXES) or any(s < 1 and s != -1 for s in sizes):
     raise RestoreError(f'{flag}={text} must be three sizes DATA,FSDP,TENSOR (positive integers; '
                        'one may be -1 = the remaining devices), e.g. 1,2,4')
   try:  # the sizes are checked against the devices as config.mesh's are
-    return mesh_lib.make_mesh(mesh_config=dict(zip(mesh_lib.AXES, sizes, strict=True)))
+    return partitioning.device_mesh(sizes)
   except ConfigError:
     n = jax.device_count()
     raise RestoreError(f'{flag}={text} does not fit the {n} device(s) here: DATA x FSDP x '
@@ -71,7 +71,7 @@ def mesh_from_flag(text: str, flag: str = '--mesh') -> jax.sharding.Mesh:
 def check_mesh(model_config, mesh: jax.sharding.Mesh, workdir: str) -> None:
   """Heads and feed-forward units must split evenly over the mesh's 'tensor' axis."""
   tensor = mesh.shape['tensor']
-  misfit = mesh_lib.tensor_misfit(model_config, tensor)
+  misfit = partitioning.tensor_misfit(model_config, tensor)
   if misfit:
     raise RestoreError(f'the model in {config_io.config_path(workdir)} has {misfit[0]}='
                        f'{misfit[1]}, not divisible by the mesh\'s tensor size {tensor}')
@@ -82,7 +82,7 @@ def _shardings(model_config: ModelConfig, config, mesh):
   by config.json's `mesh.rules` (the training defaults when config.json has none), as training
   lays them out (no optimizer involved)."""
   try:
-    rules = mesh_lib.rules(config.get('mesh', None))
+    rules = MeshConfig.from_config(config.get('mesh', None)).rule_table()
   except ConfigError as e:
     raise RestoreError(str(e)) from None
   return partitioning.shardings(build.logical_axes(model_config),

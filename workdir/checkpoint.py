@@ -28,8 +28,7 @@ import orbax.checkpoint as ocp
 
 from common import waiting
 from common.messages import first_few
-from training import checkpoint_files as files
-from training.checkpoint_files import shape_mismatches
+from workdir import checkpoint_files as files, orbax_noise
 
 CHECKPOINT_SUBDIR = 'checkpoints'
 
@@ -110,7 +109,7 @@ class Checkpointer:
           'neither writes nor deletes checkpoints through links (replace it with the folder it '
           'points to, or remove it)')
     self._quiet = contextlib.ExitStack()
-    self._quiet.enter_context(files.quiet_orbax_logs())
+    self._quiet.enter_context(orbax_noise.quiet_orbax_logs())
     self._manager = _manager(workdir, max_to_keep=max_to_keep, async_save=async_save,
                              before_commit=self._checksum_pending if self._checksums else None)
 
@@ -186,7 +185,7 @@ class Checkpointer:
     """Stops Orbax's pending work, removes the unfinished step (freeing its space) and raises
     one line naming the step and the checkpoints still intact."""
     self._pending = None
-    files.note_failure()
+    orbax_noise.note_failure()
     with contextlib.suppress(Exception):
       self._manager.close()
     where = checkpoint_dir(self.workdir)
@@ -253,7 +252,7 @@ class Checkpointer:
   def _check_fits(self, abstract_state: Any, stored: Any, step: int) -> None:
     if problem := files.older_layout(stored.get('params', {}), step, self.workdir):
       raise CheckpointError(problem)
-    mismatches = shape_mismatches(files.params_tree(abstract_state), stored.get('params', {}),
+    mismatches = files.shape_mismatches(files.params_tree(abstract_state), stored.get('params', {}),
                                    'params/')
     if mismatches:
       raise CheckpointError(
@@ -381,7 +380,7 @@ def restore_params(workdir: str, step: int | None = None, average_last: int = 1,
   warning). `average_last=N` averages the params of the N newest checkpoints up to `step`.
   Arrays are placed with `sharding` (default: the first local device), whatever mesh wrote
   them; a function `(key path, shape) -> Sharding` places each leaf by itself (its shards are
-  read straight onto their devices: `inference.restore` lays parameters out on a mesh so).
+  read straight onto their devices: `workdir.restore` lays parameters out on a mesh so).
   `ema`: the moving average of the parameters instead (a run with `config.train.ema_decay`).
   Raises `CheckpointError` (one line) when there is nothing to restore.
   """
@@ -395,7 +394,7 @@ def restore_params(workdir: str, step: int | None = None, average_last: int = 1,
     raise CheckpointError(f'no checkpoint for step {step} in {where}; available: {steps}')
   sharding = sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   candidates = [s for s in steps if step is None or s <= step]
-  with files.quiet_orbax_logs():
+  with orbax_noise.quiet_orbax_logs():
     loaded = _load_params(workdir, candidates, average_last, sharding, strict_step=step,
                           subtree=EMA if ema else PARAMS)
   if not loaded:

@@ -21,13 +21,11 @@ import os
 import shutil
 import socket
 
-# The lock-file helpers live in common.lock_file (input_pipeline locks with them too); their
-# names stay public here.
-from common.lock_file import UnsafeLockFileError, open_lock_file, still_linked  # noqa: F401
-from model.config import ConfigError
+from common.errors import ConfigError
+from common.lock_file import open_lock_file, still_linked
+from workdir.config_io import CONFIG_FILE  # a run has started once it is written
 
 LOCK_FILE = 'train.lock'
-CONFIG_FILE = 'config.json'  # training.config_io's: a run has started once it is written
 # What a run writes before config.json, deepest first: `undo` removes those it created.
 _SETUP_FILES = ('tokenizer/tokenizer.json', 'tokenizer/spm.model', 'tokenizer/checksums.json',
                 'tokenizer/.lock', LOCK_FILE)
