@@ -28,6 +28,7 @@ from typing import Any
 
 from common.atomic_file import atomic_write
 from common.files import open_regular, read_regular
+from workdir import orbax_noise
 
 CHECKSUM_FILE = 'checksums.json'
 
@@ -265,7 +266,7 @@ def short_reason(error: BaseException, root: str | None = None) -> str:
   only "see full TensorStore details"): no tensorstore spec, no source locations, paths
   relative to `root`, at most ~200 characters. Our callers report Orbax failures through
   it, so it also notes that Orbax may have abandoned work (`orbax_noise.note_failure`)."""
-  note_failure()
+  orbax_noise.note_failure()
   error = list(_chain(error))[-1]
   text = ' '.join(str(error).split())
   text = re.sub(r" \[(tensorstore_spec|source locations)='.*?'\]", '', text)
