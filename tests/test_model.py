@@ -190,6 +190,7 @@ def test_variants_train_one_step_without_nan(kind, positional_encoding, norm_pos
   loss, grads, new_loss = one_train_step(module, args, tgt)
   assert np.isfinite(loss) and np.isfinite(new_loss)
   assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
+  assert new_loss < loss  # the step learned: the same batch, the same dropout masks
   # The step trains: the same batch under the same dropout mask has a lower loss after it.
   assert new_loss < loss, (loss, new_loss)
 
