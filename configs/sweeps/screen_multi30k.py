@@ -28,13 +28,17 @@ def get_sweep():
   return Sweep(
       config='configs/multi30k.py',
       overrides={'train.num_steps': 1500, 'train.eval_every_steps': 500},
+      # The rows that helped on Tiny Shakespeare (bench/results/sweeps.md) first, so that a
+      # screen cut short has measured the likeliest candidates for the ladder.
       rows={
           'baseline': {},
-          **OPTIONS_ALONE,
-          'pre_ln': {'model.norm_position': 'pre'},
-          'swiglu': {'model.activation': 'swiglu', 'model.d_ff': 170},
+          'muon': OPTIONS_ALONE['muon'],
           'wsd': {'optimizer.schedule': 'wsd', 'optimizer.learning_rate': PEAK,
                   'optimizer.min_learning_rate_ratio': 0.0},
+          'relu2': OPTIONS_ALONE['relu2'],
+          'swiglu': {'model.activation': 'swiglu', 'model.d_ff': 170},
+          'pre_ln': {'model.norm_position': 'pre'},
+          **{name: row for name, row in OPTIONS_ALONE.items() if name not in ('muon', 'relu2')},
       },
       seeds=2,
       decode={'beam_size': 6, 'alpha': 1.4},
