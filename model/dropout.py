@@ -2,6 +2,11 @@
 
 `model.attention` re-exports `DROPOUT_RNGS`, `dropout` and `hashed_bits` (their public place);
 `hashed_bits_block` is what the chunked attention draws its attention-dropout bits with.
+
+Where the keys come from: one key per training step; each module that drops something names
+its sites once (`SITES`, a tuple) and takes `site_keys(key, SITES)`: site i's key is
+`fold_in(key, i)`. A stack gives layer i the key `layer_key(key, i)` (site 0 being the
+embeddings'), the same whether its layers are unrolled or scanned, so both draw the same masks.
 """
 
 from __future__ import annotations
@@ -13,6 +18,21 @@ import numpy as np
 Array = jax.Array
 
 DROPOUT_RNGS = ('hash', 'threefry')
+
+
+def site_keys(key: Array | None, sites: tuple[str, ...]) -> dict[str, Array | None]:
+  """The dropout key of each named site of one module call: `fold_in(key, index)`, index its
+  place in `sites` (None stays None: no dropout)."""
+  return {name: None if key is None else jax.random.fold_in(key, i)
+          for i, name in enumerate(sites)}
+
+
+def layer_key(key: Array | None, index: Array | int) -> Array | None:
+  """Layer `index`'s key in a stack whose site 0 is the embeddings (`STACK_SITES`)."""
+  return None if key is None else jax.random.fold_in(key, index + 1)
+
+
+STACK_SITES = ('embeddings',)  # a stack's own site; its layers follow (`layer_key`)
 
 
 def dropout(x: Array, rate: float, rng: Array, *, rng_impl: str = 'hash') -> Array:

@@ -4,9 +4,8 @@ Sizes follow the paper: `d_model`, `num_heads` (h), `d_ff`, head size
 `d_k = d_v = d_model / h`. Parameters are float32 `nnx.Param`s whose `axes` metadata names
 their logical axes (model.partitioning); `dtype` is the compute dtype.
 
-Dropout is drawn from an explicit key (`dropout_rng`, None = deterministic): each site folds
-its own number into the key it is given, so the same key gives the same masks whether the
-layers are unrolled or scanned.
+Dropout is drawn from an explicit key (`dropout_rng`, None = deterministic); which key each
+site gets is `model.dropout.site_keys`' (the same masks whether layers are unrolled or scanned).
 
 The KV cache is an explicit pytree, not module state: a decoding step is a pure function
 (model, cache, tokens) -> (logits, cache), so the search loops carry, reorder and grow the
@@ -87,11 +86,6 @@ def glorot_or_normal(std: float | None) -> Callable:
   if std is None:
     return jax.nn.initializers.xavier_uniform()
   return jax.nn.initializers.zeros if std == 0 else jax.nn.initializers.normal(std)
-
-
-def fold(key: Array | None, site: int) -> Array | None:
-  """The dropout key of sub-site `site` (None stays None: no dropout)."""
-  return None if key is None else jax.random.fold_in(key, site)
 
 
 class Dense(nnx.Module):

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from model.layers import fold
+from model.dropout import layer_key
 
 if TYPE_CHECKING:
   from model.config import ModelConfig
@@ -44,10 +44,10 @@ def make_layers(config: ModelConfig, make, num_layers: int):
 
 def run_layers(config: ModelConfig, layers, x: Array, call, dropout_rng: Array | None):
   """`x` through the stack: `call(layer, x, layer_dropout_rng)` -> x per layer. Layer i's
-  dropout key is `fold(dropout_rng, i + 1)` either way (0 is the embeddings')."""
+  dropout key is `layer_key(dropout_rng, i)` either way."""
   if not config.scan_layers and not config.remat:  # the layers themselves (plots keep weights)
     for i, layer in enumerate(layers):
-      x = call(layer, x, fold(dropout_rng, i + 1))
+      x = call(layer, x, layer_key(dropout_rng, i))
     return x
   graphdef = nnx.graphdef(layers if config.scan_layers else layers[0])  # one per stack
 
@@ -57,12 +57,12 @@ def run_layers(config: ModelConfig, layers, x: Array, call, dropout_rng: Array |
     body = jax.checkpoint(body)
   if not config.scan_layers:
     for i, layer in enumerate(layers):
-      x = body(nnx.state(layer), x, fold(dropout_rng, i + 1))
+      x = body(nnx.state(layer), x, layer_key(dropout_rng, i))
     return x
   stacked = nnx.state(layers)
   count = jax.tree.leaves(stacked)[0].shape[0]
   rngs = None if dropout_rng is None else jax.vmap(
-      lambda i: jax.random.fold_in(dropout_rng, i + 1))(jnp.arange(count))
+      lambda i: layer_key(dropout_rng, i))(jnp.arange(count))
   return jax.lax.scan(lambda x, xs: (body(xs[0], x, xs[1]), None), x, (stacked, rngs))[0]
 
 

@@ -25,13 +25,13 @@ import jax.numpy as jnp
 from flax import nnx
 
 from model import attention as attn
+from model.dropout import STACK_SITES, site_keys
 from model.layers import (
   AddPositions,
   Dense,
   Embed,
   FeedForward,
   MultiHeadAttention,
-  fold,
   norm_layer,
   self_cache,
 )
@@ -94,6 +94,7 @@ def _ffn(config: ModelConfig, num_layers: int, rngs: nnx.Rngs) -> FeedForward:
 
 class EncoderLayer(nnx.Module):
   """Self-attention then feed-forward, each inside `residual`."""
+  SITES = ('self_attention', 'self_attention_residual', 'ffn_residual')  # dropout keys
 
   def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
     n = config.num_encoder_layers
@@ -105,16 +106,21 @@ class EncoderLayer(nnx.Module):
 
   def __call__(self, x: Array, mask: attn.FactoredMask, positions: Array | None,
                dropout_rng: Array | None = None) -> Array:
+    keys = site_keys(dropout_rng, self.SITES)
+
     def attend(h):
       return self.self_attention(h, mask=mask, positions=positions,
-                                 dropout_rng=fold(dropout_rng, 0))[0]
-    x = residual(self.config, self.self_attention_norm, x, attend, fold(dropout_rng, 1))
-    x = residual(self.config, self.ffn_norm, x, self.ffn, fold(dropout_rng, 2))
+                                 dropout_rng=keys['self_attention'])[0]
+    x = residual(self.config, self.self_attention_norm, x, attend,
+                 keys['self_attention_residual'])
+    x = residual(self.config, self.ffn_norm, x, self.ffn, keys['ffn_residual'])
     return constrain(x, RESIDUAL_AXES)
 
 
 class DecoderLayer(nnx.Module):
   """Masked self-attention, encoder-decoder attention (`cross`; not in an LM), feed-forward."""
+  SITES = ('self_attention', 'self_attention_residual', 'cross_attention',
+           'cross_attention_residual', 'ffn_residual')  # dropout keys
 
   def __init__(self, config: ModelConfig, rngs: nnx.Rngs, *, cross: bool):
     n = config.num_decoder_layers
@@ -134,22 +140,23 @@ class DecoderLayer(nnx.Module):
                ) -> tuple[Array, dict | None]:
     """-> (x, this layer's cache after the call: None without `cache`)."""
     cfg, new_cache = self.config, {} if cache is not None else None
+    keys = site_keys(dropout_rng, self.SITES)
 
-    def attend(name, h, kv, mask, rng):
+    def attend(name, h, kv, mask):
       out, layer_cache = getattr(self, name)(
-          h, kv, mask=mask, positions=positions, dropout_rng=rng,
+          h, kv, mask=mask, positions=positions, dropout_rng=keys[name],
           cache=None if cache is None else cache[name], index=index)
       if cache is not None:
         new_cache[name] = layer_cache
       return out
     x = residual(cfg, self.self_attention_norm, x,
-                 lambda h: attend('self_attention', h, None, self_mask, fold(dropout_rng, 0)),
-                 fold(dropout_rng, 1))
+                 lambda h: attend('self_attention', h, None, self_mask),
+                 keys['self_attention_residual'])
     if self.cross:
       x = residual(cfg, self.cross_attention_norm, x,
-                   lambda h: attend('cross_attention', h, encoded, cross_mask,
-                                    fold(dropout_rng, 2)), fold(dropout_rng, 3))
-    x = residual(cfg, self.ffn_norm, x, self.ffn, fold(dropout_rng, 4))
+                   lambda h: attend('cross_attention', h, encoded, cross_mask),
+                   keys['cross_attention_residual'])
+    x = residual(cfg, self.ffn_norm, x, self.ffn, keys['ffn_residual'])
     return constrain(x, RESIDUAL_AXES), new_cache
 
 
@@ -191,7 +198,8 @@ class Encoder(nnx.Module):
     valid = tokens > 0
     mask = attn.FactoredMask(query_valid=valid, key_valid=valid,
                              query_segment_ids=segment_ids, key_segment_ids=segment_ids)
-    x = _dropout(cfg, _input(self, embed, tokens, positions), fold(dropout_rng, 0))
+    x = _dropout(cfg, _input(self, embed, tokens, positions),
+                 site_keys(dropout_rng, STACK_SITES)['embeddings'])
     x = run_layers(cfg, self.layers, x, lambda layer, x, rng: layer(x, mask, positions, rng),
                    dropout_rng)
     if cfg.norm_position == 'pre':
@@ -237,7 +245,7 @@ class Decoder(nnx.Module):
         query_segment_ids=segment_ids if packed else None,
         key_segment_ids=encoder_segment_ids if packed else None)
     x = _input(self, embed, shift_right(tokens, segment_ids), positions)
-    x = _dropout(self.config, x, fold(dropout_rng, 0))
+    x = _dropout(self.config, x, site_keys(dropout_rng, STACK_SITES)['embeddings'])
     x = run_layers(self.config, self.layers, x,
                    lambda layer, x, rng: layer(x, encoded, self_mask, cross_mask, positions,
                                                rng)[0], dropout_rng)
@@ -296,6 +304,7 @@ class Decoder(nnx.Module):
 
 class EncoderDecoder(nnx.Module):
   """The paper's model: `model(inputs, targets)` -> logits `[batch, tgt_len, vocab]`."""
+  SITES = ('encoder', 'decoder')  # dropout keys
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
     self.config = config
@@ -314,7 +323,8 @@ class EncoderDecoder(nnx.Module):
     """inputs `[batch, src_len]` -> encoded `[batch, src_len, d_model]`."""
     return self.encoder(self.embed, inputs, segment_ids=inputs_segmentation,
                         positions=inputs_position,
-                        dropout_rng=None if deterministic else fold(dropout_rng, 0))
+                        dropout_rng=None if deterministic else
+                        site_keys(dropout_rng, self.SITES)['encoder'])
 
   def decode(self, encoded: Array, inputs: Array, targets: Array, *,
              inputs_segmentation: Array | None = None, targets_segmentation: Array | None = None,
@@ -325,7 +335,8 @@ class EncoderDecoder(nnx.Module):
     return self.decoder(self._target_embed(), targets, encoded, inputs > 0,
                         segment_ids=targets_segmentation, positions=targets_position,
                         encoder_segment_ids=inputs_segmentation,
-                        dropout_rng=None if deterministic else fold(dropout_rng, 1))
+                        dropout_rng=None if deterministic else
+                        site_keys(dropout_rng, self.SITES)['decoder'])
 
   def __call__(self, inputs: Array, targets: Array, *, inputs_segmentation: Array | None = None,
                targets_segmentation: Array | None = None, inputs_position: Array | None = None,
