@@ -34,15 +34,12 @@ import jax.numpy as jnp
 from autoregressive.decode_loop import (
   FIRST_WINDOW,
   NEG_INF,
-  SELF_CACHE_LEAVES,
   block_size,
   forced_tokens,
-  grow_cache,
   left_out,
   left_out_blocks,
   length_penalty,
   log_normalizer,
-  pin,
   start,
   window_then_whole,
   windows,
@@ -129,16 +126,6 @@ def best_extensions(logits, alive_lp, n: int, block: int = 32, *, eos_banned=Non
   return (jnp.pad(top, missing, constant_values=NEG_INF),
           jnp.pad(jnp.take_along_axis(beam, idx, axis=1), missing),
           jnp.pad(jnp.take_along_axis(tok, idx, axis=1), missing, constant_values=PAD_ID))
-
-
-def _gather_beams(tree, batch_index):
-  """Reorders the per-hypothesis cache leaves by `batch_index` `[batch * beam]`."""
-  def gather(path, x):
-    name = getattr(path[-1], 'key', None)
-    if name in SELF_CACHE_LEAVES:  # one row per hypothesis: they follow the beams
-      return x.at[batch_index].get(mode='promise_in_bounds')
-    return x
-  return jax.tree_util.tree_map_with_path(gather, tree)
 
 
 @jax.tree_util.register_pytree_node_class
@@ -283,7 +270,7 @@ def _grow(state, cache_len: int):
   padded to `cache_len` positions (empty, invisible)."""
   t, cache, visible, beams = state
   pad = cache_len - visible.shape[-1]
-  return t, grow_cache(cache, cache_len), jnp.pad(visible, ((0, 0), (0, 0), (0, pad))), beams
+  return t, cache.grow(cache_len), jnp.pad(visible, ((0, 0), (0, 0), (0, pad))), beams
 
 
 def _slot_loop(model, n0, t0, rows, state, stop_at: int, calls: int):
@@ -299,7 +286,7 @@ def _slot_loop(model, n0, t0, rows, state, stop_at: int, calls: int):
     own = jnp.arange(cache_len)[None, :] == (n0 + k * (t - t0) + jnp.arange(k))[:, None]
     mask = visible | own  # [batch, k, cache_len]
     # Every hypothesis' new token is at target index t + 1 (decoder position t + 1).
-    logits, cache = adapter.decoder_step(model, pin(cache), inputs, beams.next_tok,
+    logits, cache = adapter.decoder_step(model, cache.pin(), inputs, beams.next_tok,
                                          positions=jnp.full((batch, k), t + 1),
                                          mask=mask[:, None])
     beams = step(t + 1, logits, beams)
@@ -321,11 +308,11 @@ def _reordered_search(model, inputs, prompt, prefill_len, max_new_tokens, k, ste
   beams = step(t0, logits.reshape(batch, k, -1), beams)
 
   def reorder(cache, origin):
-    return _gather_beams(cache, (rows * k + origin).reshape(-1))
+    return cache.select_rows((rows * k + origin).reshape(-1))
 
   def body(state):
     t, cache, beams = state
-    logits, cache = adapter.decoder_step(model, pin(cache), inputs,
+    logits, cache = adapter.decoder_step(model, cache.pin(), inputs,
                                          beams.next_tok.reshape(-1, 1))
     beams = step(t + 1, logits.reshape(batch, k, -1), beams)
     # Reordering here (not at the start of the next step) lets the decoder's cache update

@@ -20,7 +20,6 @@ from common.tokens import PAD_ID
 from model.build import params_of, unrolled
 from model.config import ModelConfig
 from model.kinds import adapter_of
-from model.layers import CACHE_POSITION_AXIS
 
 Array = jax.Array
 
@@ -177,25 +176,8 @@ def start(model, inputs, prompt, prefill_len, max_new_tokens, batch_repeat=1, ca
   return logits[:, -1], cache, inputs, prefill_len
 
 
-def pin(cache):
-  """Keeps XLA from hoisting views of the loop-invariant cross-attention cache out of the loop.
-
-  The encoder keys/values do not change inside the decoding loop, so XLA's loop-invariant
-  code motion moves their heads-major -> `[batch, len, heads, head_dim]` view (a transpose)
-  out of the loop and then has to transpose them back, physically, at every step for the
-  attention matmuls (measured on CPU). An optimization barrier on them at the top of the loop
-  body stops that; it changes no value.
-  """
-  def barrier(path, x):
-    name = getattr(path[-1], 'key', None)
-    return jax.lax.optimization_barrier(x) if name in ('cross_key', 'cross_value') else x
-  return jax.tree_util.tree_map_with_path(barrier, cache)
-
-
-# A decoding loop's first steps attend over a cache of this many steps (`grow_cache`).
+# A decoding loop's first steps attend over a cache of this many steps (`KVCache.grow`).
 FIRST_WINDOW = 16
-# The self-attention cache leaves: one position per decoder input (layers.py says on which axis).
-SELF_CACHE_LEAVES = ('cached_key', 'cached_value')
 
 
 def windows(first_window: int, prompt_len: int, max_new_tokens: int, prefill_len: int):
@@ -244,20 +226,6 @@ def window_then_whole(loop, rows, state, sizes: tuple[int, ...], window: int, ca
 def block_size(n: int, most: int) -> int:
   """The largest divisor of n up to `most`: the block length of a two-level reduction over n."""
   return max(b for b in range(1, min(most, n) + 1) if n % b == 0)
-
-
-def grow_cache(cache, cache_len: int):
-  """`cache` with its self-attention keys/values padded to `cache_len` positions (empty; the
-  causal mask hides them). A loop's first steps can run on a short cache: attention over the
-  cache costs in proportion to its length, and most outputs are short."""
-  def grow(path, x):
-    name = getattr(path[-1], 'key', None)
-    if name not in SELF_CACHE_LEAVES:
-      return x
-    axis = x.ndim + CACHE_POSITION_AXIS[name]
-    return jnp.pad(x, [(0, cache_len - x.shape[axis]) if i == axis else (0, 0)
-                       for i in range(x.ndim)])
-  return jax.tree_util.tree_map_with_path(grow, cache)
 
 
 def forced_tokens(prompt, lengths, t):

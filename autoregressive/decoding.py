@@ -49,12 +49,10 @@ from autoregressive.decode_loop import (
   compact_sizes,
   decoding_model,
   forced_tokens,
-  grow_cache,
   left_out,
   left_out_blocks,
   length_penalty,
   log_normalizer,
-  pin,
   prepare,
   prompt_lengths,
   start,
@@ -176,7 +174,7 @@ def _generate(config, params, inputs, prompt, lengths, rng, temperature, top_p, 
   loop = functools.partial(_generate_loop, model, choose, rng, t0)
   sizes = compact_rows if greedy or _per_row(rng) else ()
   return window_then_whole(loop, rows, state, sizes, window, calls,
-                           grow=lambda s: (*s[:2], grow_cache(s[2], n0 + calls), *s[3:]),
+                           grow=lambda s: (*s[:2], s[2].grow(n0 + calls), *s[3:]),
                            done=lambda s: s[4], result=lambda s: s[3])
 
 
@@ -213,7 +211,7 @@ def _generate_loop(model, choose, rng, t0, rows, state, stop_at: int, calls: int
 
   def body(state):
     t, tok, cache, out, done = state
-    logits, cache = adapter.decoder_step(model, pin(cache), rows.inputs, tok[:, None])
+    logits, cache = adapter.decoder_step(model, cache.pin(), rows.inputs, tok[:, None])
     tok, out, done = choose(rows, rng, t + 1, logits[:, -1], out, done)
     return t + 1, tok, cache, out, done
 

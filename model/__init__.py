@@ -1,7 +1,7 @@
 """The Transformer: pure attention functions (`model.attention`) and the Flax NNX modules.
 
 Inside the package each module imports only those below it (and `common`):
-  masks, dropout -> chunked_attention -> attention -> partitioning -> layers -> stacks
+  masks, dropout, kv_cache -> chunked_attention -> attention -> partitioning -> layers -> stacks
   -> transformer (the NNX modules) -> kinds (one adapter per model kind) -> config -> build
 """
 

@@ -24,11 +24,12 @@ from flax import nnx
 
 from common.errors import ConfigError
 from model import attention as attn, partitioning
+from model.kv_cache import CrossAttentionCache, SelfAttentionCache
 from model.partitioning import constrain
 
 Array = jax.Array
 Dtype = Any
-Cache = dict[str, Array]
+Cache = SelfAttentionCache | CrossAttentionCache
 
 # The Flax WMT example's (and T2T's): ModelConfig.layer_norm_epsilon's default.
 LAYER_NORM_EPS = 1e-6
@@ -44,28 +45,6 @@ ACTIVATIONS = {'relu': jax.nn.relu, 'gelu': jax.nn.gelu,
 # of the ungated one keeps the parameter count (ModelConfig.activation's doc).
 GATED_ACTIVATIONS = {'swiglu': jax.nn.silu}
 NORMS = ('layer_norm', 'rms_norm')  # ModelConfig.norm
-
-# Each cache's axes, as a permutation of `[batch, len, heads, head_dim]`: keys
-# `[batch, heads, head_dim, len]` and values `[batch, heads, len, head_dim]`. With values also
-# positions last, weights V was ~3.5x slower per decoder step on XLA:CPU (a transposed
-# batched matmul; measured at 64 rows x 4 beams, 65 positions).
-CACHE_LAYOUTS = {'cached_key': (0, 2, 3, 1), 'cached_value': (0, 2, 1, 3),
-                 'cross_key': (0, 2, 3, 1), 'cross_value': (0, 2, 1, 3)}
-# Where each cache keeps its positions, from the end (decoding loops grow the self-attention
-# caches there).
-CACHE_POSITION_AXIS = {name: layout.index(1) - 4 for name, layout in CACHE_LAYOUTS.items()}
-
-
-def _to_cache(x, name: str):
-  """`[batch, len, heads, head_dim]` -> the layout of the cache `name` (`CACHE_LAYOUTS`)."""
-  return jnp.transpose(x, CACHE_LAYOUTS[name])
-
-
-def _from_cache(x, name: str):
-  """The cache `name`'s layout -> a `[batch, len, heads, head_dim]` view."""
-  inverse = sorted(range(4), key=CACHE_LAYOUTS[name].__getitem__)
-  return jnp.transpose(x, inverse)
-
 
 def flat_matmul(matmul: str) -> bool:
   """Resolves ModelConfig.projection_matmul: 'auto' is 'flat' on CPU when the heads are not
@@ -133,10 +112,10 @@ class MultiHeadAttention(nnx.Module):
   Self-attention projects Q, K, V with one fused matmul (`qkv`); cross-attention (`cross`)
   projects Q from `x` (`query`) and K, V from the encoder output (`kv`).
 
-  The cache of one layer's attention (heads-major, `layers.CACHE_LAYOUTS`): self-attention
-  `cached_key` `[batch, heads, head_dim, cache_len]` and `cached_value` `[batch, heads,
-  cache_len, head_dim]`, written at the decoder's `index`; cross-attention `cross_key` /
-  `cross_value`, the projected encoder output (`cross_cache`), only read while decoding.
+  The cache of one layer's attention (`model.kv_cache`): self-attention a
+  `SelfAttentionCache`, written at the decoder's `index`; cross-attention a
+  `CrossAttentionCache`, the projected encoder output (`cross_cache`), only read while
+  decoding.
   """
 
   def __init__(self, d_model: int, num_heads: int, *, cross: bool = False,
@@ -178,9 +157,7 @@ class MultiHeadAttention(nnx.Module):
     """
     if self.cross:
       query = self._normed('query_norm', constrain(self.query(x), ('batch', None, 'heads', 'kv')))
-      key, value = (_from_cache(cache['cross_key'], 'cross_key'),
-                    _from_cache(cache['cross_value'], 'cross_value')) if cache is not None \
-          else self.project_kv(kv)
+      key, value = cache.keys_values() if cache is not None else self.project_kv(kv)
     else:
       qkv = constrain(self.qkv(x), ('batch', None, None, 'heads', 'kv'))
       query, key, value = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
@@ -188,7 +165,11 @@ class MultiHeadAttention(nnx.Module):
       if self.use_rope:
         query, key = _rotate(query, key, positions)
       if cache is not None:
-        cache, key, value, mask = _write_self_cache(cache, key, value, mask, index)
+        cache = cache.write(key, value, index)
+        # Query i (at absolute position index + i) sees cache slots 0 .. index + i.
+        query_pos = index + jnp.arange(key.shape[1])
+        causal = (jnp.arange(cache.length)[None, :] <= query_pos[:, None])[None, None]
+        (key, value), mask = cache.keys_values(), attn.combine_masks(mask, causal)
     out = self._attend(query, key, value, mask, dropout_rng, cache is not None)
     out = constrain(out, ('batch', None, 'heads', 'kv'))
     return self.out(out), cache
@@ -207,8 +188,7 @@ class MultiHeadAttention(nnx.Module):
   def cross_cache(self, encoded: Array) -> Cache:
     """The cross-attention cache: the encoder keys/values, projected once per sentence."""
     key, value = self.project_kv(encoded)
-    return {'cross_key': _to_cache(key.astype(self.dtype), 'cross_key'),
-            'cross_value': _to_cache(value.astype(self.dtype), 'cross_value')}
+    return CrossAttentionCache.of(key.astype(self.dtype), value.astype(self.dtype))
 
   def _attend(self, query, key, value, mask, dropout_rng, use_cache):
     """Attention(Q, K, V) `[batch, q_len, heads, head_dim]` by the row of
@@ -234,29 +214,6 @@ def _rotate(query, key, positions):
   if positions is None:
     positions = jnp.arange(query.shape[1])[None, :]
   return attn.rotary_embedding(query, positions), attn.rotary_embedding(key, positions)
-
-
-def self_cache(batch: int, cache_len: int, num_heads: int, head_dim: int, dtype) -> Cache:
-  """An empty self-attention cache for `cache_len` positions."""
-  shape = (batch, cache_len, num_heads, head_dim)
-  return {name: _to_cache(jnp.zeros(shape, dtype), name) for name in
-          ('cached_key', 'cached_value')}
-
-
-def _write_self_cache(cache: Cache, key, value, mask, index):
-  """Writes this call's keys/values at `index` -> (the new cache, the whole cache's keys and
-  values as `[batch, cache_len, heads, head_dim]`, the mask with causality over the cache)."""
-  cache = dict(cache)
-  for name, x in (('cached_key', key), ('cached_value', value)):
-    start = [0] * 4
-    start[CACHE_POSITION_AXIS[name]] = index
-    cache[name] = jax.lax.dynamic_update_slice(cache[name], _to_cache(x, name), start)
-  cache_len = cache['cached_key'].shape[CACHE_POSITION_AXIS['cached_key']]
-  # Query i (at absolute position index + i) sees cache slots 0 .. index + i.
-  query_pos = index + jnp.arange(key.shape[1])
-  causal = (jnp.arange(cache_len)[None, :] <= query_pos[:, None])[None, None]
-  return (cache, _from_cache(cache['cached_key'], 'cached_key'),
-          _from_cache(cache['cached_value'], 'cached_value'), attn.combine_masks(mask, causal))
 
 
 class FeedForward(nnx.Module):

@@ -11,9 +11,9 @@ per example, 0 = pad) and `*_position` (restarting at 0 per example); attention 
 crosses segments and the shift restarts at each segment.
 
 A stack's `layers`: model.stacks (an `nnx.List`, or one scanned module with `scan_layers`).
-The KV cache is a pytree (`Decoder.init_cache`): `{'index': int32 [], 'layers': [{'self_attention':
-{cached_key, cached_value}, 'cross_attention': {cross_key, cross_value}}, ...]}`; `step`
-returns the cache it wrote (decoding runs unrolled: one cache per layer).
+The KV cache is a `model.kv_cache.KVCache` (`Decoder.init_cache`): the index and, per layer,
+its attentions' caches by module name; `step` returns the cache it wrote (decoding runs
+unrolled: one cache per layer).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from flax import nnx
 
 from model import attention as attn
 from model.dropout import STACK_SITES, site_keys
+from model.kv_cache import KVCache, SelfAttentionCache
 from model.layers import (
   AddPositions,
   Dense,
@@ -33,7 +34,6 @@ from model.layers import (
   FeedForward,
   MultiHeadAttention,
   norm_layer,
-  self_cache,
 )
 from model.partitioning import constrain
 from model.stacks import make_layers, run_layers
@@ -251,13 +251,13 @@ class Decoder(nnx.Module):
                                                rng)[0], dropout_rng)
     return self._logits(embed, x)
 
-  def step(self, embed: Embed, tokens: Array, cache: dict, encoder_valid: Array | None = None,
+  def step(self, embed: Embed, tokens: Array, cache: KVCache, encoder_valid: Array | None = None,
            *, positions: Array | None = None, cache_mask: Array | None = None
-           ) -> tuple[Array, dict]:
+           ) -> tuple[Array, KVCache]:
     """One call on the KV cache: decoder *inputs* `[batch, n]` (already shifted: the first
     call gets the start token 0) -> (logits `[batch, n, vocab]`, the cache with them written).
 
-    `positions` `[batch, n]` default to the count of decoded tokens (`cache['index']`);
+    `positions` `[batch, n]` default to the count of decoded tokens (`cache.index`);
     `cache_mask` `[batch, 1, n, cache_len]` restricts which cached positions each query sees
     (beam search runs a sentence's hypotheses as the `n` queries of one row, all at the same
     position, each seeing only its ancestors' keys); causality over the cache is added by the
@@ -265,31 +265,31 @@ class Decoder(nnx.Module):
     """
     if self.config.scan_layers:
       raise ValueError('decode a scan_layers model through unrolled(model)')
-    index = cache['index']
+    index = cache.index
     if positions is None:
       positions = index + jnp.arange(tokens.shape[1])[None, :]
     cross_mask = None if encoder_valid is None else attn.FactoredMask(
         query_valid=jnp.ones(tokens.shape, jnp.bool_), key_valid=encoder_valid)
     x = _input(self, embed, tokens, positions)
     layer_caches = []
-    for layer, layer_cache in zip(self.layers, cache['layers'], strict=True):
+    for layer, layer_cache in zip(self.layers, cache.layers, strict=True):
       x, layer_cache = layer(x, None, cache_mask, cross_mask, positions, cache=layer_cache,
                              index=index)
       layer_caches.append(layer_cache)
-    return self._logits(embed, x), {'index': index + tokens.shape[1], 'layers': layer_caches}
+    return self._logits(embed, x), KVCache(index + tokens.shape[1], layer_caches)
 
-  def init_cache(self, batch: int, cache_len: int, encoded: Array | None = None) -> dict:
+  def init_cache(self, batch: int, cache_len: int, encoded: Array | None = None) -> KVCache:
     """An empty cache of `cache_len` positions for `batch` rows; with `encoded` `[batch,
     src_len, d_model]` its cross-attention keys/values, projected once."""
     cfg = self.config
     caches = []
     for layer in self.layers:
-      layer_cache = {'self_attention': self_cache(batch, cache_len, cfg.num_heads, cfg.head_dim,
-                                                  cfg.compute_dtype)}
+      layer_cache = {'self_attention': SelfAttentionCache.empty(
+          batch, cache_len, cfg.num_heads, cfg.head_dim, cfg.compute_dtype)}
       if encoded is not None:
         layer_cache['cross_attention'] = layer.cross_attention.cross_cache(encoded)
       caches.append(layer_cache)
-    return {'index': jnp.zeros((), jnp.int32), 'layers': caches}
+    return KVCache(jnp.zeros((), jnp.int32), caches)
 
   def _logits(self, embed: Embed, x: Array) -> Array:
     cfg = self.config
@@ -352,12 +352,12 @@ class EncoderDecoder(nnx.Module):
                        targets_position=targets_position, deterministic=deterministic,
                        dropout_rng=dropout_rng)
 
-  def init_cache(self, batch: int, cache_len: int, encoded: Array, inputs: Array) -> dict:
+  def init_cache(self, batch: int, cache_len: int, encoded: Array, inputs: Array) -> KVCache:
     del inputs  # the source padding is a mask at every step
     return self.decoder.init_cache(batch, cache_len, encoded)
 
-  def step(self, cache: dict, inputs: Array, tokens: Array, *, positions: Array | None = None,
-           cache_mask: Array | None = None) -> tuple[Array, dict]:
+  def step(self, cache: KVCache, inputs: Array, tokens: Array, *, positions: Array | None = None,
+           cache_mask: Array | None = None) -> tuple[Array, KVCache]:
     """`Decoder.step` on the source `inputs` `[batch, src_len]` (for its padding mask)."""
     return self.decoder.step(self._target_embed(), tokens, cache, inputs > 0,
                              positions=positions, cache_mask=cache_mask)
@@ -379,12 +379,12 @@ class DecoderOnly(nnx.Module):
     return self.decoder(self.embed, tokens, segment_ids=segment_ids, positions=positions,
                         dropout_rng=None if deterministic else dropout_rng)
 
-  def init_cache(self, batch: int, cache_len: int, encoded=None, inputs=None) -> dict:
+  def init_cache(self, batch: int, cache_len: int, encoded=None, inputs=None) -> KVCache:
     del encoded, inputs
     return self.decoder.init_cache(batch, cache_len)
 
-  def step(self, cache: dict, inputs, tokens: Array, *, positions: Array | None = None,
-           cache_mask: Array | None = None) -> tuple[Array, dict]:
+  def step(self, cache: KVCache, inputs, tokens: Array, *, positions: Array | None = None,
+           cache_mask: Array | None = None) -> tuple[Array, KVCache]:
     del inputs
     return self.decoder.step(self.embed, tokens, cache, positions=positions,
                              cache_mask=cache_mask)

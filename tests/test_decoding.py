@@ -392,21 +392,38 @@ def test_best_extensions_are_the_best_over_the_whole_vocabulary_ties_included(be
   assert np.all(np.asarray(got[0][:, n:]) == -np.inf)
 
 
-def test_pin_is_a_barrier_on_the_cross_attention_cache_only():
-  from autoregressive.decode_loop import pin  # pylint: disable=import-outside-toplevel
+def test_cache_operations_touch_only_their_caches():
+  """model.kv_cache, what the searches do to the cache: `pin` puts a barrier on each
+  cross-attention array and nothing else (values unchanged); `grow` pads the self-attention
+  caches with empty positions; `select_rows` reorders their rows; neither touches the
+  cross-attention caches (one per sentence) or the index."""
+  from model.kv_cache import CrossAttentionCache, SelfAttentionCache  # pylint: disable=import-outside-toplevel
   model = _model()
   src = _sources()
-  encoded = model.encode(src)
   adapter = adapter_of(model)
-  cache = adapter.init_cache(model, encoded, src, 3, 4)
+  cache = adapter.init_cache(model, model.encode(src), src, 3, 4)
   _, cache = adapter.decoder_step(model, cache, src, np.zeros((3, 1), np.int32))
-  pinned = pin(cache)
-  jax.tree.map(np.testing.assert_array_equal, pinned, cache)
-  jaxpr = jax.make_jaxpr(pin)(cache)
+  jax.tree.map(np.testing.assert_array_equal, cache.pin(), cache)
+  jaxpr = jax.make_jaxpr(lambda c: c.pin())(cache)
   barriers = [e for e in jaxpr.eqns if e.primitive.name == 'optimization_barrier']
-  cross = [x for path, x in jax.tree_util.tree_flatten_with_path(cache)[0]
-           if getattr(path[-1], 'key', None) in ('cross_key', 'cross_value')]
-  assert cross and sum(len(e.invars) for e in barriers) == len(cross)
+  crosses = [c for layer in cache.layers for c in layer.values()
+             if isinstance(c, CrossAttentionCache)]
+  assert crosses and sum(len(e.invars) for e in barriers) == 2 * len(crosses)
+  rows = np.array([2, 0, 1])
+  grown, selected = cache.grow(6), cache.select_rows(rows)
+  assert int(grown.index) == int(selected.index) == 1
+  for layer, g, s in zip(cache.layers, grown.layers, selected.layers, strict=True):
+    for name, c in layer.items():
+      if isinstance(c, CrossAttentionCache):
+        jax.tree.map(np.testing.assert_array_equal, (g[name], s[name]), (c, c))
+        continue
+      assert isinstance(c, SelfAttentionCache) and c.length == 4 and g[name].length == 6
+      (k, v), (gk, gv) = c.keys_values(), g[name].keys_values()
+      np.testing.assert_array_equal(gk[:, :4], k)
+      np.testing.assert_array_equal(gv[:, :4], v)
+      assert not np.asarray(gk[:, 4:]).any() and not np.asarray(gv[:, 4:]).any()
+      np.testing.assert_array_equal(s[name].key, np.asarray(c.key)[rows])
+      np.testing.assert_array_equal(s[name].value, np.asarray(c.value)[rows])
 
 
 def test_one_new_token_is_the_models_best_first_tokens():
