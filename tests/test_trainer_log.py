@@ -79,9 +79,10 @@ def test_step_time_and_eta_leave_out_evaluations_and_checkpoints(logged):
   after_eval = _line(lines, 'step 6/9 |')  # steps 4-6, after the evaluation and checkpoint at 3
   step_ms = float(re.search(r'([\d.]+) ms/step', after_eval).group(1))
   assert step_ms < 100_000, after_eval  # counting them would give >= 500,000 ms per step
-  # ETA = 3 steps + the evaluation and the checkpoint still to come (at step 9) at their pace.
+  # ETA = 3 steps + the evaluation and the checkpoint still to come (at step 9) at their pace:
+  # counted once (twice would be >= 2 x 1500 s; the real seconds of any machine are far fewer).
   eta = _seconds(re.search(r'ETA (\d+:\d\d:\d\d)', after_eval).group(1))
-  assert EVAL_S + CHECKPOINT_S <= eta < EVAL_S + CHECKPOINT_S + 100, after_eval
+  assert EVAL_S + CHECKPOINT_S <= eta < 2 * (EVAL_S + CHECKPOINT_S), after_eval
   run = report.load_run(workdir)
   assert [p.step for p in run.scalars['eval/seconds']] == [3, 6, 9]
   assert all(p.value >= EVAL_S for p in run.scalars['eval/seconds'])
@@ -92,11 +93,12 @@ def test_step_time_and_eta_leave_out_evaluations_and_checkpoints(logged):
   assert [p.step for p in run.scalars['compile/eval_seconds']] == [3]  # only the first compiles
   for step in (3, 6, 9):
     eval_line = _line(lines, f'eval step {step} ')
-    assert re.search(rf'^eval step {step} \|.* \| 10\d\d\.\ds', eval_line), eval_line
+    # The simulated seconds plus the real ones (under 1000 s and 100 s on any machine).
+    assert re.search(rf'^eval step {step} \|.* \| 1\d\d\d\.\ds', eval_line), eval_line
     saved = _line(lines, f'checkpoint step {step} ')
-    assert re.fullmatch(rf'checkpoint step {step} \| 50\d\.\ds', saved), saved
+    assert re.fullmatch(rf'checkpoint step {step} \| 5\d\d\.\ds', saved), saved
   assert summary['seconds_outside_train_steps']['eval'] >= 3 * EVAL_S
-  assert re.search(r'^done: step 9/9 in .* \(evaluation 0:50:\d\d, checkpoints 0:25:\d\d, '
+  assert re.search(r'^done: step 9/9 in .* \(evaluation 0:5\d:\d\d, checkpoints 0:2\d:\d\d, '
                    r'compilation \d+:\d\d:\d\d\)', lines[-1]), lines[-1]
 
 
