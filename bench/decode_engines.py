@@ -312,6 +312,13 @@ def bench(args) -> dict:
           print(json.dumps({k: v for k, v in result.items() if k != 'outputs'}),
                 file=sys.stderr, flush=True)
           runs[beam][engine].append(result)
+  if args.outputs_dir:  # for checking differences (near-ties) outside the report
+    os.makedirs(args.outputs_dir, exist_ok=True)
+    found = {'sources': sources, 'max_new_tokens': job['max_new_tokens'],
+             'outputs': {beam: {e: r[0]['outputs'] for e, r in per_engine.items()}
+                         for beam, per_engine in runs.items()}}
+    with open(os.path.join(args.outputs_dir, 'outputs.json'), 'w', encoding='utf-8') as f:
+      json.dump(found, f)
   results = {}
   for beam, per_engine in runs.items():
     reference = per_engine['ours'][0]['outputs'] if 'ours' in per_engine else None
@@ -342,6 +349,9 @@ def main(argv=None) -> None:
   ap.add_argument('--repeats', type=int, default=3)
   ap.add_argument('--warm_passes', type=int, default=2)
   ap.add_argument('--timeout', type=int, default=1800, help='Seconds per engine run.')
+  ap.add_argument('--outputs_dir', default=None,
+                  help="Writes DIR/outputs.json: the sources' ids and every engine's token "
+                       'ids (first repetition) per beam size.')
   ap.add_argument('--worker', help=argparse.SUPPRESS)
   args = ap.parse_args(argv)
   if args.worker:
