@@ -5,7 +5,10 @@ tokens of 1 device, and `decode.py --mesh` decodes a checkpoint trained on anoth
 
 One 8-device subprocess (`python tests/test_sharded_decoding.py OUT`) trains the checkpoint
 on mesh (2, 4, 1) and then decodes the tiny models on every mesh of MESHES (results in
-OUT/tokens.npz), while the test process computes the 1-device reference.
+OUT/tokens.npz), while the test process computes the 1-device reference: in process where it
+has one CPU device, else (several devices, or an accelerator: the subprocesses run on CPU) in
+a 1-device CPU subprocess (`... OUT --reference`, OUT/one.npz), so that both sides run on
+the same backend on any host.
 """
 
 from __future__ import annotations
@@ -85,12 +88,16 @@ def decode_all(mesh=None) -> dict[str, np.ndarray]:
   return {k: np.asarray(v) for k, v in out.items()}
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, reference: bool = False) -> None:
   """On 8 devices: trains OUT/workdir on mesh (2, 4, 1) (with a character tokenizer for
-  decode.py), then decodes on every mesh of MESHES -> OUT/tokens.npz."""
+  decode.py), then decodes on every mesh of MESHES -> OUT/tokens.npz. `reference`: on this
+  process's one device instead -> OUT/one.npz."""
   from input_pipeline import tokenizers  # pylint: disable=import-outside-toplevel
   from model import partitioning  # pylint: disable=import-outside-toplevel
   syn.enable_compilation_cache()
+  if reference:
+    np.savez(os.path.join(out_dir, 'one.npz'), **decode_all())
+    return
   workdir = os.path.join(out_dir, 'workdir')
   syn.run(workdir, 'encoder_decoder', TRAIN)
   tokenizers.CharTokenizer(list(syn.ALPHABET)).save(os.path.join(workdir, 'tokenizer'))
@@ -110,18 +117,28 @@ compilation_cache = pytest.fixture(scope='module', autouse=True)(syn.compilation
 def runs(tmp_path_factory):
   """(OUT of the 8-device subprocess, the 1-device reference of `decode_all`)."""
   import jax  # pylint: disable=import-outside-toplevel
-  if jax.device_count() != 1:
-    pytest.skip('the reference must run on exactly 1 device')
   out = tmp_path_factory.mktemp('sharded_decoding')
-  proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(out)],
-                          env=syn.subprocess_env(8), cwd=syn.REPO, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+
+  def start(*args, devices):
+    return subprocess.Popen([sys.executable, os.path.abspath(__file__), str(out), *args],
+                            env=syn.subprocess_env(devices), cwd=syn.REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  procs = [start(devices=8)]
+  in_process = jax.device_count() == 1 and jax.default_backend() == 'cpu'
   try:
-    one = decode_all()  # meanwhile, on this process's one device
-    log = proc.communicate(timeout=600)[0]
+    if in_process:
+      one = decode_all()  # meanwhile, on this process's one device
+    else:
+      procs.append(start('--reference', devices=1))
+    logs = [p.communicate(timeout=600)[0] for p in procs]
   finally:
-    proc.kill()
-  assert proc.returncode == 0, log[-4000:]
+    for p in procs:
+      p.kill()
+  for p, text in zip(procs, logs, strict=True):
+    assert p.returncode == 0, text[-4000:]
+  log = logs[0]
+  if not in_process:
+    one = syn.load_npz(str(out / 'one.npz'))
   assert 'mesh (data=2, fsdp=4, tensor=1) over 8 cpu device(s)' in log, log[-4000:]
   return out, one
 
@@ -168,16 +185,21 @@ def test_decode_py_with_mesh_decodes_a_2x4x1_checkpoint_as_one_device(runs):
   assert sharded[1][0] == one[1][0]
 
 
+# {n}: this process's devices; {more}: one more than those (a mesh they never fit).
 @pytest.mark.parametrize('value,message', [
-    ('1,2,4', ('--mesh=1,2,4 does not fit the 1 device(s) here: DATA x FSDP x TENSOR must be 1 '
-               '(one size may be -1: the remaining devices)')),
-    ('-1,-1,1', '--mesh=-1,-1,1 does not fit the 1 device(s) here'),
+    ('1,1,{more}', ('--mesh=1,1,{more} does not fit the {n} device(s) here: DATA x FSDP x '
+                    'TENSOR must be {n} (one size may be -1: the remaining devices)')),
+    ('-1,-1,1', '--mesh=-1,-1,1 does not fit the {n} device(s) here'),
     ('2,x', ('--mesh=2,x must be three sizes DATA,FSDP,TENSOR (positive integers; one may be '
              '-1 = the remaining devices), e.g. 1,2,4')),
     ('1,0,1', '--mesh=1,0,1 must be three sizes'),
 ])
 def test_bad_mesh_flag_is_one_line(value, message):
+  import jax  # pylint: disable=import-outside-toplevel
+
   from workdir import restore  # pylint: disable=import-outside-toplevel
+  n = jax.device_count()
+  value, message = (s.format(n=n, more=n + 1) for s in (value, message))
   with pytest.raises(restore.RestoreError, match='^' + re.escape(message)):
     restore.mesh_from_flag(value)
 
@@ -204,4 +226,4 @@ def test_decode_py_bad_mesh_is_one_line_and_exit_2(runs):
 
 if __name__ == '__main__':
   sys.path.insert(0, syn.REPO)
-  main(sys.argv[1])
+  main(sys.argv[1], reference='--reference' in sys.argv[2:])
