@@ -1,10 +1,42 @@
-"""The pieces every decoding loop shares (`autoregressive.decoding`, `.beam_search`): the model
-to decode with (`decoding_model`: the one place a `scan_layers` model is unrolled, and an NNX
-module split into the (config, params) that the jitted programs take), argument checks, the
-first decoder call outside the loop, forced prompt tokens, the length penalty.
+"""What the searches share (the rows greedy.py, sampling.py and beam.py): the model to decode
+with (`decoding_model`: the one place a `scan_layers` model is unrolled, and an NNX module split
+into the (config, params) that the jitted programs take), argument checks, the first decoder
+call outside the loop, forced prompt tokens, the length penalty, the loop's windows and row
+compaction, and `draw_tokens`: the one-token-at-a-time program of greedy decoding and sampling.
 
-The model-kind specifics (encoding a source, the cache, one decoder step) come from the
-kind's adapter (`model.kinds`).
+Every search runs the whole generation inside one jitted `lax.while_loop` that carries the
+model's KV cache (`model.kv_cache`: no per-token Python round trips, no recomputation of the
+prefix), and stops early once every sequence of the batch has finished. Compiled programs are
+cached by `jax.jit` (static: the model's config, and the shapes; the parameters are a traced
+pure dict), so repeated calls with the same shapes do not recompile.
+
+Models:
+  encoder-decoder  `inputs` `[batch, src_len]` (right-padded with 0) are encoded once;
+                   the decoder starts from the start token 0. The encoder-decoder
+                   attention keys/values are projected once, into the new cache.
+  decoder-only     `prompt` `[batch, prompt_len]` (right-padded with 0; rows may have
+                   different lengths, and a row may be empty). The decoder reads
+                   `[0] + prompt` and continues the prompt. The common prefix (the
+                   shortest prompt) is run in one prefill call; the rest of each longer
+                   prompt is force-fed token by token inside the loop, so every row keeps
+                   its true absolute positions (no left padding).
+  An encoder-decoder model also accepts a `prompt`: a forced target prefix.
+
+Outputs hold the generated tokens only (not the prompt), `[..., max_new_tokens]`; a
+sequence that emits EOS (id 1 by default; `eos_id=None` for vocabularies without
+one, e.g. characters) keeps the EOS and has zeros after it. The pad id 0 is never
+generated.
+
+Outputs hold the generated tokens only (not the prompt), `[..., max_new_tokens]`; a
+sequence that emits EOS (id 1 by default; `eos_id=None` for vocabularies without
+one, e.g. characters) keeps the EOS and has zeros after it. The pad id 0 is never
+generated. The model-kind specifics (encoding a source, the cache, one decoder step) come
+from the kind's adapter (`model.kinds`).
+
+The three searches share one argument order, `(module, inputs=None, *, prompt=None,
+max_new_tokens, ...)`: `inputs` is the model's input (an encoder-decoder's source; a
+decoder-only model, which has no source, takes it as its prompt) and `prompt` a forced prefix
+of what is generated (a decoder-only model's prompt, an encoder-decoder's target prefix).
 """
 
 from __future__ import annotations
@@ -296,3 +328,163 @@ def take_rows(tree, rows):
 def put_rows(tree, rows, part):
   """`tree` with rows `rows` replaced by `part` (as `take_rows` took them)."""
   return jax.tree.map(lambda x, p: x if jnp.ndim(x) == 0 else x.at[rows].set(p), tree, part)
+
+
+# ----------------------------------------------------------------------------- one token at a time
+
+def _select(logits, rng, temperature, top_p, eos_banned, *, greedy: bool, top_k: int | None,
+            use_top_p: bool, eos_id: int | None):
+  """Next token `[batch]` from logits `[batch, vocab]`: never pad, nor EOS in the rows where
+  `eos_banned` `[batch]`."""
+  if greedy:
+    return first_argmax(logits, exclude=PAD_ID, eos_banned=eos_banned, eos_id=eos_id)
+  never = left_out(jnp.arange(logits.shape[-1])[None, :], PAD_ID, eos_banned, eos_id)
+  logits = jnp.where(never, NEG_INF, logits)
+  logits = logits / temperature
+  if top_k is not None:
+    kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
+    logits = jnp.where(logits < kth, NEG_INF, logits)
+  if use_top_p:
+    # Nucleus: the smallest set of most likely tokens whose probability reaches top_p.
+    sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]
+    probs = jax.nn.softmax(sorted_logits, axis=-1)
+    before = jnp.cumsum(probs, axis=-1) - probs  # mass of the strictly better tokens
+    # The best token always: a top_p that float32 flushes to 0 (1e-38) would keep none, and
+    # the draw from all -inf logits would be pad (an empty output).
+    keep = (before < top_p) | (jnp.arange(logits.shape[-1]) == 0)
+    threshold = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+    logits = jnp.where(logits < threshold, NEG_INF, logits)
+  if _per_row(rng):  # each row draws from its own key: independent of the batch it is in
+    return jax.vmap(jax.random.categorical)(rng, logits).astype(jnp.int32)
+  return jax.random.categorical(rng, logits, axis=-1).astype(jnp.int32)
+
+
+def first_argmax(x, exclude: int | None = None, block: int = 32, *, eos_banned=None,
+                 eos_id: int | None = None):
+  """`jnp.argmax(x, axis=-1)` `[rows]` int32 of `x` `[rows, n]` (the first maximum; the first
+  NaN if any), column `exclude` (e.g. pad) left out, and column `eos_id` in the rows where
+  `eos_banned` `[rows]`, reading `x` once.
+
+  A max over blocks of about `block` columns (`decode_loop.block_size`) picks the first block
+  holding the maximum, then the maximum's first column in that block (the greedy step's
+  largest cost after the output projection: masking pad, then argmax's (value, index)
+  reduction or a max and a min over the whole row, read the logits 2-3 times). Only the
+  blocks holding a left-out column are masked (pad and EOS share the first).
+  """
+  rows, n = x.shape
+  block = block_size(n, block)
+  blocks = x.reshape(rows, n // block, block)
+  peak = jnp.max(blocks, axis=-1)  # [rows, n // block]
+  masked = left_out_blocks(block, exclude, eos_banned, eos_id)
+  for j in masked:
+    columns = j * block + jnp.arange(block)[None, :]
+    own = jnp.where(left_out(columns, exclude, eos_banned, eos_id), NEG_INF,
+                    x[:, j * block:(j + 1) * block])
+    peak = peak.at[:, j].set(jnp.max(own, axis=-1))
+  which = _first_max(peak)
+  chosen = jnp.take_along_axis(blocks, which[:, None, None], axis=1)[:, 0]  # [rows, block]
+  if masked:
+    columns = which[:, None] * block + jnp.arange(block)
+    chosen = jnp.where(left_out(columns, exclude, eos_banned, eos_id), NEG_INF, chosen)
+  return which * block + _first_max(chosen)
+
+
+def _first_max(x):
+  """The first maximum's (or NaN's) index `[rows]` int32 of `x` `[rows, n]`, as a max and a min
+  (XLA:CPU runs argmax's (value, index) reduction ~3x slower)."""
+  best = jnp.max(x, axis=-1, keepdims=True)
+  hit = (x == best) | jnp.isnan(x)
+  return jnp.min(jnp.where(hit, jnp.arange(x.shape[-1]), x.shape[-1]), axis=-1).astype(jnp.int32)
+
+
+def _per_row(rng) -> bool:
+  """Whether `rng` is one key per row (`[batch, 2]` raw keys or `[batch]` typed keys)."""
+  typed = jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key)
+  return rng.ndim == (1 if typed else 2)
+
+
+def _fold_in(rng, t):
+  if _per_row(rng):
+    return jax.vmap(jax.random.fold_in, in_axes=(0, None))(rng, t)
+  return jax.random.fold_in(rng, t)
+
+
+@functools.partial(jax.jit, static_argnames=('config', 'max_new_tokens', 'prefill_len', 'greedy',
+                                             'top_k', 'use_top_p', 'eos_id', 'compact_rows',
+                                             'first_window'))
+def draw_tokens(config, params, inputs, prompt, lengths, rng, temperature, top_p, min_new_tokens,
+              *, max_new_tokens, prefill_len, greedy, top_k, use_top_p, eos_id, compact_rows=(),
+              first_window=FIRST_WINDOW):
+  """Greedy decoding or sampling with the model of `config` (static) holding `params` (traced)
+  -> tokens `[batch, max_new_tokens]`. The loop's first `first_window` calls attend over a
+  cache of that many steps (0: the whole cache), then it grows to full length (same tokens:
+  the empty positions are masked)."""
+  model = bind(config, params)  # free inside the trace
+  n0, window, calls = windows(first_window, prompt.shape[1], max_new_tokens, prefill_len)
+  logits, cache, inputs, t0 = start(model, inputs, prompt, prefill_len, max_new_tokens,
+                                    cache_len=n0 + window)
+  batch = prompt.shape[0]
+  choose = functools.partial(_choose, temperature=temperature, top_p=top_p, greedy=greedy,
+                             top_k=top_k, use_top_p=use_top_p, max_new_tokens=max_new_tokens,
+                             min_new_tokens=min_new_tokens, eos_id=eos_id)
+  # The rows' own inputs; one key for the whole batch draws differently for fewer rows.
+  rows = _Rows(inputs, prompt, lengths, rng if _per_row(rng) else None)
+  tok, out, done = choose(rows, rng, t0, logits, jnp.zeros((batch, max_new_tokens), jnp.int32),
+                          jnp.zeros((batch,), jnp.bool_))
+  state = (jnp.asarray(t0, jnp.int32), tok, cache, out, done)
+  loop = functools.partial(_draw_loop, model, choose, rng, t0)
+  sizes = compact_rows if greedy or _per_row(rng) else ()
+  return window_then_whole(loop, rows, state, sizes, window, calls,
+                           grow=lambda s: (*s[:2], s[2].grow(n0 + calls), *s[3:]),
+                           done=lambda s: s[4], result=lambda s: s[3])
+
+
+class _Rows(NamedTuple):
+  """What a decoding loop reads per row (each `[batch, ...]`, or None)."""
+  inputs: Array | None  # the source (its padding masks the cross-attention), or None
+  prompt: Array
+  lengths: Array
+  rng: Array | None  # one key per row, or None (one key for the batch)
+
+
+def _choose(rows, rng, t, logits, out, done, *, temperature, top_p, greedy, top_k, use_top_p,
+            max_new_tokens, min_new_tokens, eos_id):
+  """Picks (or force-feeds) the token at target index t -> (tok, out, done)."""
+  forced, forced_tok = forced_tokens(rows.prompt, rows.lengths, t)
+  key = _fold_in(rng if rows.rng is None else rows.rng, t)
+  g = t - rows.lengths  # index among the generated tokens
+  chosen = _select(logits, key, temperature, top_p, g < min_new_tokens, greedy=greedy,
+                   top_k=top_k, use_top_p=use_top_p, eos_id=eos_id)
+  tok = jnp.where(forced, forced_tok, chosen)
+  write = (g >= 0) & ~done
+  positions = jnp.arange(max_new_tokens)
+  out = jnp.where((positions[None, :] == g[:, None]) & write[:, None], tok[:, None], out)
+  finished = g >= max_new_tokens - 1
+  if eos_id is not None:
+    finished |= write & (tok == eos_id)
+  return tok, out, done | finished
+
+
+def _draw_loop(model, choose, rng, t0, rows, state, stop_at: int, calls: int):
+  """Decoder steps until at most `stop_at` rows are unfinished or `calls` loop calls are done
+  (the cache is full); state (t, tok, cache, out, done) of `rows`' batch."""
+  adapter = adapter_of(model)
+
+  def body(state):
+    t, tok, cache, out, done = state
+    logits, cache = adapter.decoder_step(model, cache.pin(), rows.inputs, tok[:, None])
+    tok, out, done = choose(rows, rng, t + 1, logits[:, -1], out, done)
+    return t + 1, tok, cache, out, done
+
+  def cond(state):
+    return (jnp.sum(~state[4]) > stop_at) & (state[0] - t0 < calls)
+
+  return jax.lax.while_loop(cond, body, state)
+
+
+def checked_min_new_tokens(value) -> np.int32:
+  """The searches' `min_new_tokens`, checked, as a runtime scalar (one program for every value).
+  """
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+    raise ValueError(f'min_new_tokens must be an integer >= 0, got {value!r}')
+  return np.int32(min(int(value), np.iinfo(np.int32).max))
