@@ -2,12 +2,13 @@
 validation BLEU and the `inference` package (decode.py, sessions, export checks) both run.
 
 Modules:
-  strategies   the strategy table: `BeamSearch`, `Greedy`, `Sampling` (settings + search each),
-               `Limits` (what every strategy takes), `Hypothesis`, `check`, `from_config`
+  strategies   the strategy table, one file per search, each owning its loop: greedy.py
+               (`Greedy`, `greedy_decode`), sampling.py (`Sampling`, `sample`), beam.py
+               (`BeamSearch`, `beam_search_decode`, the search); loop.py what they share
+               (the first call, the cache windows, row compaction, the one-token-at-a-time
+               program); base.py `Limits` (what every strategy takes), `Hypothesis`, `check`
   session      `Session`: text in, text out (translate, hypotheses, score, generate); what
                `inference.load` returns and the trainer's validation BLEU builds
-  decoding     `greedy_decode`, `sample`, `beam_search_decode`, `sequence_log_probs` (the
-               searches over token ids), over `decode_loop` and `beam_search`
   translator   `Translator` (a strategy over batches of token ids), `generate` (a language
                model's windows)
   scoring      `forced_log_probs`, `score_references` (fairseq's --score-reference)

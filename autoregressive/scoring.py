@@ -15,10 +15,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from autoregressive.batches import default_workers, in_order, padded_length
-from autoregressive.decode_loop import decoding_model, log_normalizer
-from common.tokens import PAD_ID
+from autoregressive.strategies.loop import decoding_model, log_normalizer, prompt_lengths
+from common.tokens import EOS_ID, PAD_ID
 from model.build import bind
 from model.kinds import adapter_of
+
+Array = jax.Array
 
 # The (inputs, targets) shapes scored (compiled) in this process, per model config.
 _RAN_SHAPES: dict = {}
@@ -99,3 +101,39 @@ def score_references(module, sources: Sequence[Sequence[int] | None],
     if progress is not None:
       progress(len(chunk))
   return out
+
+
+def sequence_log_probs(module, inputs=None, *, prompt=None, tokens) -> Array:
+  """Full-forward-pass log P of candidate continuations `tokens` `[batch, n, len]` -> `[batch, n]`.
+
+  Sums the log-softmax of the teacher-forced logits (over the tokens an output can hold:
+  `strategies.loop.log_normalizer`) up to and including the first EOS
+  (all tokens when there is none); the zeros after EOS are ignored. The tokens continue
+  each row's `prompt` (a decoder-only model's prompt, or an encoder-decoder's forced target
+  prefix), given the source `inputs` of an encoder-decoder. For tests and rescoring.
+  """
+  config, params = decoding_model(module)
+  adapter = adapter_of(config)
+  tokens = np.asarray(tokens, np.int32)
+  batch, n, length = tokens.shape
+  flat = tokens.reshape(batch * n, length)
+  prompt = np.zeros((batch, 0), np.int32) if prompt is None else np.asarray(prompt, np.int32)
+  prompt = prompt.reshape(batch, -1)
+  lengths = prompt_lengths(prompt)
+  full = np.zeros((batch * n, prompt.shape[1] + length), np.int32)
+  for r in range(batch * n):
+    b = r // n
+    full[r, :lengths[b]] = prompt[b, :lengths[b]]
+    full[r, lengths[b]:lengths[b] + length] = flat[r]
+  source = jnp.repeat(jnp.asarray(inputs, jnp.int32), n, axis=0) if adapter.has_source else None
+  logits = adapter.teacher_forced(bind(config, params), source, jnp.asarray(full))
+  logits = logits.astype(jnp.float32)
+  peak = jnp.max(logits, axis=-1, keepdims=True)
+  log_probs = logits - peak - log_normalizer(logits, peak)  # over the tokens an output can hold
+  lp = jnp.take_along_axis(log_probs, full[..., None], -1)[..., 0]
+  cols = np.repeat(lengths, n)[:, None] + np.arange(length)[None, :]
+  lp = jnp.take_along_axis(lp, jnp.asarray(cols), axis=1)
+  is_eos = flat == EOS_ID
+  after_eos = np.cumsum(is_eos, axis=1) - is_eos > 0
+  lp = jnp.where(after_eos, 0.0, lp)
+  return lp.sum(axis=1).reshape(batch, n)

@@ -24,9 +24,9 @@ import warnings
 from collections.abc import Callable, Sequence
 
 from autoregressive import strategies
-from autoregressive.decode_loop import Decodable, decoding_model
 from autoregressive.scoring import score_references
 from autoregressive.strategies import Hypothesis
+from autoregressive.strategies.loop import Decodable, decoding_model
 from autoregressive.translator import Translator, generate as generate_ids
 from common.tokens import truncate
 from model.kinds import adapter_of

@@ -19,11 +19,11 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 
-from autoregressive import decoding
 from autoregressive.batches import default_workers, in_order, padded_length
-from autoregressive.decode_loop import decoding_model
 from autoregressive.strategies import Hypothesis, Limits, Sampling, Strategy
 from autoregressive.strategies.base import until_eos
+from autoregressive.strategies.loop import decoding_model
+from autoregressive.strategies.sampling import sample
 from common.tokens import DEFAULT_MIN_NEW_TOKENS, EOS_ID, truncate
 
 
@@ -154,11 +154,11 @@ def generate(module, prompt_ids: Sequence[int], *, num_tokens: int, sampling: Sa
     n = span - len(context)  # always fill the span: the same shapes for every window
     prompt = np.array(context, np.int32).reshape(1, len(context))
     rng, key = jax.random.split(rng)
-    out = decoding.sample(model, prompt=prompt, rng=key, max_new_tokens=n,
-                          min_new_tokens=max(0, min_new_tokens - len(generated)),
-                          temperature=sampling.temperature, top_k=sampling.top_k or None,
-                          top_p=sampling.top_p if sampling.top_p < 1.0 else None,
-                          eos_id=eos_id)
+    out = sample(model, prompt=prompt, rng=key, max_new_tokens=n,
+                 min_new_tokens=max(0, min_new_tokens - len(generated)),
+                 temperature=sampling.temperature, top_k=sampling.top_k or None,
+                 top_p=sampling.top_p if sampling.top_p < 1.0 else None,
+                 eos_id=eos_id)
     new = until_eos(np.asarray(out)[0].tolist(), eos_id)
     generated += new
     if len(generated) >= num_tokens or len(new) < n or (eos_id is not None and new[-1] == eos_id):

@@ -191,7 +191,7 @@ def seq2seq_state_dict(params, cfg) -> dict[str, np.ndarray]:
     sd['lm_head.weight'] = kernel.T
     sd['final_logits_bias'] = bias.reshape(1, vocab).copy()
   # Pad is never output: transformers' log-softmax then runs over the other tokens, the
-  # distribution our searches and scores use (autoregressive.decode_loop.log_normalizer).
+  # distribution our searches and scores use (autoregressive.strategies.loop.log_normalizer).
   sd['final_logits_bias'][0, PAD_ID] = NEVER
   return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sd.items()}
 

@@ -23,7 +23,7 @@ starts from token 0's learned embedding. The spec here says what our model compu
   bias is the model's); the output bias is -1e9 at `<pad>`
   (and at an added `<unk>`), so they are never generated, and CTranslate2 normalises over the
   vocabulary without them: the distribution our searches and scores use
-  (`autoregressive.decode_loop.log_normalizer`), so both engines rank hypotheses alike.
+  (`autoregressive.strategies.loop.log_normalizer`), so both engines rank hypotheses alike.
 
 Decoding (export_info.json lists the options): sources are the tokenizer's pieces without
 EOS (the model config adds it, and `max_input_length=max_len` cuts as decode.py does,
@@ -34,7 +34,7 @@ first step's scores at the default of 1); beam search with `length_penalty=0` is
 `--alpha=0` (CTranslate2's penalty is len ** lp, not GNMT's ((5 + len) / 6) ** alpha), and
 then both stop a sentence once its best candidate ends: the same search. With a length penalty
 CTranslate2 stops at beam_size finished hypotheses, ours once no alive one can overtake the
-best (`autoregressive.beam_search`).
+best (`autoregressive.strategies.beam`).
 """
 
 from __future__ import annotations

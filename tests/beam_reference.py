@@ -1,7 +1,7 @@
 """The beam search rule in plain NumPy, for tests: a reference to compare our jitted search and
 CTranslate2's with, that also measures how close the search came to choosing otherwise.
 
-The rule (autoregressive/beam_search.py's docstring): each step extends the k alive hypotheses
+The rule (autoregressive/strategies/beam.py's docstring): each step extends the k alive hypotheses
 by every token but pad (and EOS before `min_new_tokens` tokens) and ranks the extensions by
 log-probability (ties to the lower beam, then the lower token); an extension that ends (EOS,
 or the token limit) among the k best is finished, scored `log P / ((5 + len) / 6) ** alpha`;

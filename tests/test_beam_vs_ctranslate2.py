@@ -13,7 +13,8 @@ import optax
 import pytest
 from flax import nnx
 
-from autoregressive import decoding
+from autoregressive.strategies.beam import beam_search_decode
+from autoregressive.strategies.greedy import greedy_decode
 from configs import default
 from hf_export import ctranslate2 as ct2_export
 from model import bind, build_model, params_of
@@ -112,10 +113,10 @@ def test_greedy_and_beam_search_equal_ctranslate2s(tmp_path):
   outputs, ties = {}, 0
   for beam in (1, 2, 4):
     if beam == 1:  # what the Translator runs for beam size 1
-      ours = decoding.greedy_decode(model, inputs, max_new_tokens=MAX_NEW)
+      ours = greedy_decode(model, inputs, max_new_tokens=MAX_NEW)
     else:
-      ours = decoding.beam_search_decode(model, inputs, beam_size=beam, alpha=0.0,
-                                         max_new_tokens=MAX_NEW)[0][:, 0]
+      ours = beam_search_decode(model, inputs, beam_size=beam, alpha=0.0,
+                                max_new_tokens=MAX_NEW)[0][:, 0]
     ours = [[int(t) for t in row if t] for row in np.asarray(ours)]
     results = translator.translate_batch(pieces, beam_size=beam, length_penalty=0.0,
                                          max_decoding_length=MAX_NEW, min_decoding_length=1)

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from autoregressive import beam_search, decoding
 from autoregressive.batches import in_order
-from autoregressive.decode_loop import compact_sizes, prepare
-from autoregressive.strategies import BeamSearch, Limits
+from autoregressive.strategies import BeamSearch, Limits, beam
+from autoregressive.strategies.beam import beam_search_decode
+from autoregressive.strategies.greedy import greedy_decode
+from autoregressive.strategies.loop import compact_sizes, draw_tokens, first_argmax, prepare
 from autoregressive.translator import Translator
 from model import ModelConfig, bind, build_model, params_of
 
@@ -63,7 +64,7 @@ def _varied_eos(tokens) -> int:
 
 
 def _greedy_eos(model, **inputs) -> int:
-  return _varied_eos(decoding.greedy_decode(model, max_new_tokens=MAX_LEN, eos_id=None,
+  return _varied_eos(greedy_decode(model, max_new_tokens=MAX_LEN, eos_id=None,
                                             drop_finished=False, **inputs))
 
 
@@ -85,12 +86,12 @@ def test_greedy_drops_finished_rows_with_the_same_tokens():
   eos = _greedy_eos(model, inputs=src)
   # EOS allowed first: rows of this random model that end at once make the stages' case.
   kw = {'max_new_tokens': MAX_LEN, 'eos_id': eos, 'min_new_tokens': 0}
-  plain = np.asarray(decoding.greedy_decode(model, src, drop_finished=False, **kw))
+  plain = np.asarray(greedy_decode(model, src, drop_finished=False, **kw))
   assert _second_stage_runs(_steps(plain, eos))
   # True: compact_sizes(BATCH) rows. (A single stage of ROWS is the first of STAGES: no
   # program of its own.)
   for drop in (True, STAGES):
-    fast = decoding.greedy_decode(model, src, drop_finished=drop, **kw)
+    fast = greedy_decode(model, src, drop_finished=drop, **kw)
     np.testing.assert_array_equal(np.asarray(fast), plain)
 
 
@@ -103,11 +104,11 @@ def test_beam_search_drops_finished_sentences_with_the_same_results():
   src = _sources(seed=0)
   eos = _greedy_eos(model, inputs=src)
   kw = {'beam_size': 1, 'alpha': 0.6, 'max_new_tokens': MAX_LEN, 'eos_id': eos}
-  ref_tokens, ref_scores = decoding.beam_search_decode(model, src,
+  ref_tokens, ref_scores = beam_search_decode(model, src,
                                                        drop_finished=False, **kw)
   assert _second_stage_runs(_steps(ref_tokens[:, 0], eos))
   # (A single stage of ROWS is the first of STAGES.)
-  tokens, scores = decoding.beam_search_decode(model, src, drop_finished=STAGES, **kw)
+  tokens, scores = beam_search_decode(model, src, drop_finished=STAGES, **kw)
   np.testing.assert_array_equal(np.asarray(tokens), np.asarray(ref_tokens))
   # Fewer rows may round the matmuls differently (last bits); the tokens are the same.
   np.testing.assert_allclose(np.asarray(scores), np.asarray(ref_scores), rtol=1e-5, atol=1e-6)
@@ -120,10 +121,10 @@ def test_decoder_only_prompts_of_different_lengths_drop_finished_rows():
     prompt[i, :i % 6] = np.arange(4, 4 + i % 6)  # lengths 0..5, force-fed in the loop
   eos = _greedy_eos(model, prompt=prompt)
   kw = {'prompt': prompt, 'max_new_tokens': MAX_LEN, 'eos_id': eos}
-  greedy = [decoding.greedy_decode(model, drop_finished=d, **kw) for d in (ROWS, False)]
+  greedy = [greedy_decode(model, drop_finished=d, **kw) for d in (ROWS, False)]
   assert _second_stage_runs(_steps(greedy[1], eos))
   np.testing.assert_array_equal(np.asarray(greedy[0]), np.asarray(greedy[1]))
-  beams = [decoding.beam_search_decode(model, beam_size=2, alpha=0.6, drop_finished=d,
+  beams = [beam_search_decode(model, beam_size=2, alpha=0.6, drop_finished=d,
                                        **kw) for d in (ROWS, False)]
   np.testing.assert_array_equal(np.asarray(beams[0][0]), np.asarray(beams[1][0]))
   np.testing.assert_allclose(np.asarray(beams[0][1]), np.asarray(beams[1][1]), rtol=1e-5,
@@ -155,7 +156,7 @@ def test_beam_search_first_window_gives_the_same_results():
   """The slot layout's first steps on a shorter cache, then the whole one: same results."""
   model, inputs, prompt, lengths, prefill_len, eos = _window_case()
   kw = {'beam_size': 3, 'max_new_tokens': MAX_LEN, 'prefill_len': prefill_len, 'eos_id': eos}
-  found = [beam_search.search(model.config, params_of(model), inputs, prompt, lengths,
+  found = [beam.search(model.config, params_of(model), inputs, prompt, lengths,
                               jnp.float32(0.6), np.int32(1), first_window=w, compact_rows=rows,
                               **kw)
            for w, rows in ((0, ()), (2, ()), (3, STAGES), (3, (2,)))]
@@ -181,7 +182,7 @@ def test_greedy_and_sampling_first_window_give_the_same_tokens():
   keys = jax.random.split(jax.random.PRNGKey(3), BATCH)
   every = ((0, ()), (2, ()), (3, STAGES), (3, (2,)))
   for greedy, rng, cases in ((True, jax.random.PRNGKey(0), every), (False, keys, every[::2])):
-    found = [decoding._generate(config, params, inputs, prompt, lengths, rng, jnp.float32(0.8),
+    found = [draw_tokens(config, params, inputs, prompt, lengths, rng, jnp.float32(0.8),
                                 jnp.float32(1.0), np.int32(1), max_new_tokens=MAX_LEN,
                                 prefill_len=prefill_len, greedy=greedy, top_k=None,
                                 use_top_p=False, eos_id=eos, compact_rows=rows, first_window=w)
@@ -193,7 +194,7 @@ def test_greedy_and_sampling_first_window_give_the_same_tokens():
       np.testing.assert_array_equal(np.asarray(tokens), np.asarray(found[0]))
 
 
-# The stopping rule is the searches' shared step (`beam_search._Stepper`): every penalty sign
+# The stopping rule is the searches' shared step (`beam._Stepper`): every penalty sign
 # on the slot layout, one on the reference layout (that it passes `nbest` on).
 @pytest.mark.parametrize('alpha,reorder_cache', [(0.0, False), (1.5, False), (-0.5, False),
                                                  (-0.5, True)])
@@ -207,10 +208,10 @@ def test_beam_search_stopping_at_the_final_nbest_gives_the_same_nbest(alpha, reo
         'eos_id': _greedy_eos(model, inputs=src)}
   # The k-best search on the slot layout for both layouts (the layouts' k-best searches agree:
   # test_decoding's test_beam_search_equals_reference_cache_reordering): a program less.
-  full_tokens, full_scores = decoding.beam_search_decode(model, src, **kw)
+  full_tokens, full_scores = beam_search_decode(model, src, **kw)
   sooner = False
   for n in (1, 2):
-    tokens, scores = decoding.beam_search_decode(model, src, nbest=n,
+    tokens, scores = beam_search_decode(model, src, nbest=n,
                                                  reorder_cache=reorder_cache, **kw)
     np.testing.assert_array_equal(np.asarray(tokens)[:, :n], np.asarray(full_tokens)[:, :n])
     np.testing.assert_allclose(np.asarray(scores)[:, :n], np.asarray(full_scores)[:, :n],
@@ -220,7 +221,7 @@ def test_beam_search_stopping_at_the_final_nbest_gives_the_same_nbest(alpha, reo
   if alpha <= 0:  # (with alpha > 0 the bound, at max_new_tokens' penalty, rarely stops early)
     assert sooner  # some sentence stopped before its 4 best were final
   with pytest.raises(ValueError, match='nbest must be in'):
-    decoding.beam_search_decode(model, src, nbest=5, **kw)
+    beam_search_decode(model, src, nbest=5, **kw)
 
 
 def test_translator_drop_finished_option_gives_the_same_hypotheses():
@@ -326,7 +327,7 @@ def test_first_argmax_equals_argmax_ties_infinities_and_nan_included():
   x[3, 60] = np.nan
   x[4] = np.nan
   x[5, -1] = 9.0
-  got = np.asarray(jax.jit(decoding.first_argmax)(jnp.asarray(x)))
+  got = np.asarray(jax.jit(first_argmax)(jnp.asarray(x)))
   np.testing.assert_array_equal(got, np.asarray(jnp.argmax(jnp.asarray(x), axis=-1)))
   assert got.dtype == np.int32 and list(got[1:6]) == [0, 7, 50, 0, 299]
   # A left-out column (pad) is never chosen, even as the only maximum or NaN; blocks of 30.
@@ -334,14 +335,14 @@ def test_first_argmax_equals_argmax_ties_infinities_and_nan_included():
   for exclude in (0, 1, 31):
     left_out = x.copy()
     left_out[:, exclude] = -np.inf
-    got = np.asarray(jax.jit(decoding.first_argmax, static_argnums=1)(jnp.asarray(x), exclude))
+    got = np.asarray(jax.jit(first_argmax, static_argnums=1)(jnp.asarray(x), exclude))
     np.testing.assert_array_equal(got, np.asarray(jnp.argmax(jnp.asarray(left_out), axis=-1)))
   # And EOS in the rows where it is banned (min_new_tokens), in pad's block or another one.
   banned = np.array([True, False, True, True, False, True])
   for eos in (1, 31, 299):
     y = x.copy()
     y[:, eos] = 1e9  # EOS is every row's best
-    run = jax.jit(lambda v, b, eos=eos: decoding.first_argmax(v, 0, eos_banned=b, eos_id=eos))
+    run = jax.jit(lambda v, b, eos=eos: first_argmax(v, 0, eos_banned=b, eos_id=eos))
     got = np.asarray(run(jnp.asarray(y), jnp.asarray(banned)))
     y[:, 0] = -np.inf
     y[banned, eos] = -np.inf

@@ -10,7 +10,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from autoregressive import decoding
+from autoregressive.scoring import sequence_log_probs
+from autoregressive.strategies.beam import beam_search_decode
+from autoregressive.strategies.greedy import greedy_decode
+from autoregressive.strategies.sampling import sample
 from model import ModelConfig, bind, build_model, params_of
 from model.build import unrolled
 from model.kinds import adapter_of
@@ -141,7 +144,7 @@ def test_float32_residual_in_bfloat16_caches_like_the_full_forward(kind, scan):
 def test_greedy_equals_full_forward_greedy_with_eos():
   model = _model(eos_boost=1.6)
   src = _sources(batch=4)
-  out = np.asarray(decoding.greedy_decode(model, src, max_new_tokens=8))
+  out = np.asarray(greedy_decode(model, src, max_new_tokens=8))
   ref = _greedy_full(model, src, 8)
   np.testing.assert_array_equal(out, ref)
   assert out.shape == (4, 8)
@@ -160,10 +163,10 @@ def test_greedy_decoder_only_prompts_of_different_lengths():
   batch = np.zeros((len(prompts), width), np.int32)
   for i, p in enumerate(prompts):
     batch[i, :len(p)] = p
-  out = np.asarray(decoding.greedy_decode(model, prompt=batch, max_new_tokens=6,
-                                          eos_id=None))
-  alone = np.asarray(decoding.greedy_decode(model, prompt=batch[:1, :5], max_new_tokens=6,
-                                            eos_id=None))
+  out = np.asarray(greedy_decode(model, prompt=batch, max_new_tokens=6,
+                                 eos_id=None))
+  alone = np.asarray(greedy_decode(model, prompt=batch[:1, :5], max_new_tokens=6,
+                                   eos_id=None))
   np.testing.assert_array_equal(out[0], alone[0])
   for i, p in enumerate(prompts):
     # Against the full forward pass on [0] + prompt + generated (fixed width: one compile).
@@ -173,9 +176,9 @@ def test_greedy_decoder_only_prompts_of_different_lengths():
 def test_too_long_is_a_clear_error():
   model = _model(max_len=10)
   with pytest.raises(ValueError, match='max_len'):
-    decoding.greedy_decode(model, _sources(length=7), max_new_tokens=11)
+    greedy_decode(model, _sources(length=7), max_new_tokens=11)
   with pytest.raises(ValueError, match='max_len'):
-    decoding.greedy_decode(model, _sources(length=11), max_new_tokens=4)
+    greedy_decode(model, _sources(length=11), max_new_tokens=4)
 
 
 # ----------------------------------------------------------------------------- beam search
@@ -185,9 +188,9 @@ def test_beam_size_one_equals_greedy():
   output could beat)."""
   model = _model(eos_boost=1.6)
   src = _sources(batch=4)
-  tokens, scores = decoding.beam_search_decode(model, src, beam_size=1, alpha=0.0,
-                                               max_new_tokens=8)
-  greedy = decoding.greedy_decode(model, src, max_new_tokens=8)
+  tokens, scores = beam_search_decode(model, src, beam_size=1, alpha=0.0,
+                                      max_new_tokens=8)
+  greedy = greedy_decode(model, src, max_new_tokens=8)
   np.testing.assert_array_equal(np.asarray(tokens)[:, 0], np.asarray(greedy))
   assert tokens.shape == (4, 1, 8) and scores.shape == (4, 1)
 
@@ -212,9 +215,9 @@ def test_beam_search_matches_exhaustive_enumeration(alpha, min_new_tokens):
   allowed = np.array([EOS not in s[:min_new_tokens] for s in seqs])
   # Wide enough to keep every candidate of every step: the search is exhaustive.
   beam = (vocab - 1) * (vocab - 2) ** (max_len - 2)
-  tokens, scores = decoding.beam_search_decode(model, src, beam_size=beam, alpha=alpha,
-                                               max_new_tokens=max_len,
-                                               min_new_tokens=min_new_tokens)
+  tokens, scores = beam_search_decode(model, src, beam_size=beam, alpha=alpha,
+                                      max_new_tokens=max_len,
+                                      min_new_tokens=min_new_tokens)
   tokens, scores = np.asarray(tokens), np.asarray(scores)
   empty_is_best = []
   for b in range(src.shape[0]):
@@ -229,9 +232,9 @@ def test_beam_search_matches_exhaustive_enumeration(alpha, min_new_tokens):
   if alpha == 0:  # the case the test is for (a length penalty favours longer outputs)
     assert any(empty_is_best) and not all(empty_is_best)
   # A narrower beam still returns real, correctly scored sequences, none of them too short.
-  tokens4, scores4 = decoding.beam_search_decode(model, src, beam_size=4, alpha=alpha,
-                                                 max_new_tokens=max_len,
-                                                 min_new_tokens=min_new_tokens)
+  tokens4, scores4 = beam_search_decode(model, src, beam_size=4, alpha=alpha,
+                                        max_new_tokens=max_len,
+                                        min_new_tokens=min_new_tokens)
   assert np.all(np.diff(np.asarray(scores4), axis=1) <= 1e-6)
   assert not np.any(np.asarray(tokens4)[..., :min_new_tokens] == EOS)
 
@@ -240,8 +243,8 @@ def test_beam_scores_sorted_and_equal_model_log_probs():
   model = _model(eos_boost=1.5, seed=1)
   src = _sources(batch=3)
   alpha = 0.6
-  tokens, scores = decoding.beam_search_decode(model, src, beam_size=4, alpha=alpha,
-                                               max_new_tokens=7)
+  tokens, scores = beam_search_decode(model, src, beam_size=4, alpha=alpha,
+                                      max_new_tokens=7)
   tokens, scores = np.asarray(tokens), np.asarray(scores)
   assert np.isfinite(scores).all()
   assert np.all(np.diff(scores, axis=1) <= 1e-6)
@@ -252,27 +255,27 @@ def test_beam_scores_sorted_and_equal_model_log_probs():
     assert len({tuple(t) for t in tokens[b]}) == 4  # distinct hypotheses
   # A row's result does not depend on the other rows of its batch (nor on when they finish).
   for b in range(3):
-    alone, alone_scores = decoding.beam_search_decode(model, src[b:b + 1], beam_size=4,
-                                                      alpha=alpha, max_new_tokens=7)
+    alone, alone_scores = beam_search_decode(model, src[b:b + 1], beam_size=4,
+                                             alpha=alpha, max_new_tokens=7)
     np.testing.assert_array_equal(np.asarray(alone)[0], tokens[b])
     np.testing.assert_allclose(np.asarray(alone_scores)[0], scores[b], rtol=1e-5, atol=1e-5)
-  # decoding.sequence_log_probs agrees with the hand-made scorer.
+  # sequence_log_probs agrees with the hand-made scorer.
   lens = np.where((tokens == EOS).any(-1), np.argmax(tokens == EOS, -1) + 1, tokens.shape[-1])
-  lp = np.asarray(decoding.sequence_log_probs(model, src, tokens=tokens))
+  lp = np.asarray(sequence_log_probs(model, src, tokens=tokens))
   np.testing.assert_allclose(lp / ((5 + lens) / 6) ** alpha, scores, rtol=1e-4, atol=1e-4)
 
 
 def test_beam_search_decoder_only_with_prompts():
   model = _model('decoder_only', vocab=12, max_len=16, eos_boost=1.4)
   prompt = np.array([[4, 5, 6], [7, 0, 0]], np.int32)
-  tokens, scores = decoding.beam_search_decode(model, prompt=prompt, beam_size=3,
-                                               alpha=0.6, max_new_tokens=5)
+  tokens, scores = beam_search_decode(model, prompt=prompt, beam_size=3,
+                                      alpha=0.6, max_new_tokens=5)
   tokens, scores = np.asarray(tokens), np.asarray(scores)
   lens = np.where((tokens == EOS).any(-1), np.argmax(tokens == EOS, -1) + 1, tokens.shape[-1])
-  lp = np.asarray(decoding.sequence_log_probs(model, prompt=prompt, tokens=tokens))
+  lp = np.asarray(sequence_log_probs(model, prompt=prompt, tokens=tokens))
   np.testing.assert_allclose(lp / ((5 + lens) / 6) ** 0.6, scores, rtol=1e-4, atol=1e-4)
-  alone, _ = decoding.beam_search_decode(model, prompt=prompt[1:, :1], beam_size=3,
-                                         alpha=0.6, max_new_tokens=5)
+  alone, _ = beam_search_decode(model, prompt=prompt[1:, :1], beam_size=3,
+                                alpha=0.6, max_new_tokens=5)
   np.testing.assert_array_equal(np.asarray(alone)[0], tokens[1])
 
 
@@ -290,9 +293,9 @@ def test_beam_search_equals_reference_cache_reordering(case):
     model = _model('decoder_only', vocab=12, max_len=16, eos_boost=1.4, **extra)
     kw = {'prompt': np.array([[4, 5, 6], [7, 0, 0], [0, 0, 0]], np.int32), 'max_new_tokens': 6,
           'beam_size': 3}
-  tokens, scores = decoding.beam_search_decode(model, alpha=0.6, **kw)
-  ref_tokens, ref_scores = decoding.beam_search_decode(model, alpha=0.6,
-                                                       reorder_cache=True, **kw)
+  tokens, scores = beam_search_decode(model, alpha=0.6, **kw)
+  ref_tokens, ref_scores = beam_search_decode(model, alpha=0.6,
+                                              reorder_cache=True, **kw)
   np.testing.assert_array_equal(np.asarray(tokens), np.asarray(ref_tokens))
   np.testing.assert_allclose(np.asarray(scores), np.asarray(ref_scores), rtol=1e-5, atol=1e-5)
 
@@ -304,8 +307,8 @@ def test_sampling_reproducible_and_top_k():
   prompt = np.tile(np.array([[5, 6, 7]], np.int32), (16, 1))
   prompt[8:, 1:] = 0  # two prompt lengths
   kw = {'max_new_tokens': 10, 'temperature': 1.0, 'top_k': 3, 'eos_id': None}
-  a = np.asarray(decoding.sample(model, prompt, rng=jax.random.PRNGKey(0), **kw))
-  c = np.asarray(decoding.sample(model, prompt, rng=jax.random.PRNGKey(1), **kw))
+  a = np.asarray(sample(model, prompt, rng=jax.random.PRNGKey(0), **kw))
+  c = np.asarray(sample(model, prompt, rng=jax.random.PRNGKey(1), **kw))
   # (The same key twice would run one program on the same inputs: the same seed's samples are
   # compared across batches and processes in test_inference and test_decode_modes.)
   assert (a != c).any()
@@ -323,15 +326,15 @@ def test_sampling_reproducible_and_top_k():
 def test_sampling_top_p_and_temperature_zero():
   model = _model(eos_boost=1.5)
   src = _sources(batch=4)
-  greedy = np.asarray(decoding.greedy_decode(model, src, max_new_tokens=6))
-  zero_t = np.asarray(decoding.sample(model, src, rng=jax.random.PRNGKey(3),
-                                      max_new_tokens=6, temperature=0.0))
+  greedy = np.asarray(greedy_decode(model, src, max_new_tokens=6))
+  zero_t = np.asarray(sample(model, src, rng=jax.random.PRNGKey(3),
+                             max_new_tokens=6, temperature=0.0))
   np.testing.assert_array_equal(greedy, zero_t)
   # A tiny nucleus keeps only the most likely token: greedy again, also for a top_p that is
   # 0 as a float32 on CPU (1e-38: subnormal, flushed), which once kept no token at all.
   for top_p in (1e-6, 1e-38, 1e-40):
-    tiny_p = np.asarray(decoding.sample(model, inputs=src, rng=jax.random.PRNGKey(3),
-                                        max_new_tokens=6, top_p=top_p))
+    tiny_p = np.asarray(sample(model, inputs=src, rng=jax.random.PRNGKey(3),
+                               max_new_tokens=6, top_p=top_p))
     np.testing.assert_array_equal(greedy, tiny_p)
 
 
@@ -339,8 +342,8 @@ def test_greedy_rope_and_fused_attention_equal_full_forward():
   model = _model('decoder_only', vocab=20, max_len=20, positional_encoding='rope',
                           attention_impl='xla', norm_position='pre')
   prompt = np.array([[5, 6, 7], [9, 0, 0]], np.int32)
-  out = np.asarray(decoding.greedy_decode(model, prompt=prompt, max_new_tokens=5,
-                                          eos_id=None))
+  out = np.asarray(greedy_decode(model, prompt=prompt, max_new_tokens=5,
+                                 eos_id=None))
   for i, p in enumerate([[5, 6, 7], [9]]):
     np.testing.assert_array_equal(out[i], _greedy_by_full_forward(model, p, 5, 10))
 
@@ -356,12 +359,12 @@ def test_scan_layers_model_decodes_like_the_unrolled_model(kind):
   else:
     args, kwargs = (), {'prompt': np.array([[5, 6, 7], [9, 0, 0]], np.int32)}
   np.testing.assert_array_equal(
-      decoding.greedy_decode(scanned, *args, max_new_tokens=6, **kwargs),
-      decoding.greedy_decode(model, *args, max_new_tokens=6, **kwargs))
-  got = decoding.beam_search_decode(scanned, *args, beam_size=3, alpha=0.6,
-                                    max_new_tokens=6, **kwargs)
-  want = decoding.beam_search_decode(model, *args, beam_size=3, alpha=0.6,
-                                     max_new_tokens=6, **kwargs)
+      greedy_decode(scanned, *args, max_new_tokens=6, **kwargs),
+      greedy_decode(model, *args, max_new_tokens=6, **kwargs))
+  got = beam_search_decode(scanned, *args, beam_size=3, alpha=0.6,
+                           max_new_tokens=6, **kwargs)
+  want = beam_search_decode(model, *args, beam_size=3, alpha=0.6,
+                            max_new_tokens=6, **kwargs)
   np.testing.assert_array_equal(got[0], want[0])
   np.testing.assert_allclose(got[1], want[1], rtol=1e-5)
 
@@ -373,7 +376,7 @@ def test_best_extensions_are_the_best_over_the_whole_vocabulary_ties_included(be
   """Beam search's candidates (block path for a real vocabulary; 97 is prime: blocks of one
   token; 5 < 2k: NEG_INF fills in) are the top 2k of `alive_lp + log_softmax(logits)` over every
   (beam, token) but pad, ties to the lower beam then token, with log_softmax's values."""
-  from autoregressive.beam_search import best_extensions  # pylint: disable=import-outside-toplevel
+  from autoregressive.strategies.beam import best_extensions  # pylint: disable=import-outside-toplevel
   k, batch = 4, 3
   rng = np.random.RandomState(vocab + beams)
   logits = rng.randint(0, 40, (batch, beams, vocab)).astype(np.float32)  # many ties
@@ -433,12 +436,12 @@ def test_one_new_token_is_the_models_best_first_tokens():
   decoding gives the first of them."""
   model = _model(vocab=12)
   src = _sources(batch=2, vocab=12)
-  tokens, scores = decoding.beam_search_decode(model, src, beam_size=3, alpha=0.6,
-                                               max_new_tokens=1, min_new_tokens=1)
+  tokens, scores = beam_search_decode(model, src, beam_size=3, alpha=0.6,
+                                      max_new_tokens=1, min_new_tokens=1)
   first = _log_probs_full(model, src, np.full((2, 1), 3, np.int32))[:, 0].copy()
   first[:, EOS] = -np.inf
   best = np.argsort(-first, axis=1)[:, :3]
   np.testing.assert_array_equal(np.asarray(tokens)[:, :, 0], best)
   np.testing.assert_allclose(scores, np.take_along_axis(first, best, 1), rtol=1e-4, atol=1e-5)
-  greedy = decoding.greedy_decode(model, src, max_new_tokens=1)
+  greedy = greedy_decode(model, src, max_new_tokens=1)
   np.testing.assert_array_equal(np.asarray(greedy)[:, 0], best[:, 0])

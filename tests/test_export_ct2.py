@@ -22,7 +22,7 @@ import jax
 import numpy as np
 import pytest
 
-from autoregressive import decoding
+from autoregressive.strategies.greedy import greedy_decode
 from configs import default, shakespeare_char
 from hf_export import UnsupportedConfig, convert, ctranslate2 as ct2_export
 from input_pipeline.tokenizers import CharTokenizer
@@ -98,8 +98,8 @@ def test_generator_logits_and_greedy_equal_ours(tmp_path, norm, positions, tied,
   n = config.max_len - len(ids)  # the start token, the prompt and n - 1 fed-back tokens
   options = {**options, 'max_length': n}
   result = generator.generate_batch([['<pad>'] + list(prompt)], **options)[0]
-  greedy = decoding.greedy_decode(module, prompt=np.array([ids], np.int32),
-                                  max_new_tokens=n, eos_id=None)
+  greedy = greedy_decode(module, prompt=np.array([ids], np.int32),
+                         max_new_tokens=n, eos_id=None)
   # The same tokens, but where a float near-tie decides (another CPU may break it otherwise).
   generated = TOKENIZER.encode(''.join(result.sequences[0]))
   beam_reference.greedy_difference_is_a_tie(

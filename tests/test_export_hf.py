@@ -21,7 +21,7 @@ import jax
 import numpy as np
 import pytest
 
-from autoregressive import decoding
+from autoregressive.strategies.greedy import greedy_decode
 from configs import default, shakespeare_char
 from hf_export import UnsupportedConfig, check_exportable, writer
 from input_pipeline.tokenizers import CharTokenizer
@@ -125,8 +125,8 @@ def test_decoder_only_logits_and_greedy_equal(tmp_path, positions, activation):
   prompt = 'ROSE: his tale'
   ids = tokenizer(prompt)['input_ids']
   assert ids == [0] + CharTokenizer(CHARS).encode(prompt)
-  ours = decoding.greedy_decode(module, prompt=np.array([ids[1:]], np.int32),
-                                max_new_tokens=12, eos_id=None)
+  ours = greedy_decode(module, prompt=np.array([ids[1:]], np.int32),
+                       max_new_tokens=12, eos_id=None)
   # The tokenizer's attention mask keeps the start token: it is id 0, which is also pad.
   theirs = model.generate(**tokenizer([prompt], return_tensors='pt'), do_sample=False,
                           max_new_tokens=12)

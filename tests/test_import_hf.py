@@ -19,7 +19,8 @@ import torch
 import transformers
 
 import inference
-from autoregressive import decoding
+from autoregressive.strategies.beam import beam_search_decode
+from autoregressive.strategies.greedy import greedy_decode
 from hf_import import import_checkpoint, importer
 from hf_import.architectures import Unsupported
 from hf_import.checkpoint_dir import ImportProblem
@@ -148,9 +149,9 @@ def test_gpt2_equals_transformers(built):
                              atol=1e-5, rtol=0)
   prompt = np.array([ours.encode('ROMEO: But soft, what light')], np.int32)
   hf_prompt = torch.tensor([[start] + ours.to_theirs(prompt[0])])
-  greedy = decoding.greedy_decode(session.model, prompt=prompt, max_new_tokens=10, eos_id=None)
-  beams, _ = decoding.beam_search_decode(session.model, prompt=prompt, beam_size=4, alpha=0.0,
-                                         max_new_tokens=10, eos_id=None)
+  greedy = greedy_decode(session.model, prompt=prompt, max_new_tokens=10, eos_id=None)
+  beams, _ = beam_search_decode(session.model, prompt=prompt, beam_size=4, alpha=0.0,
+                                max_new_tokens=10, eos_id=None)
   for beam, found in ((1, np.asarray(greedy)[0]), (4, np.asarray(beams)[0, 0])):
     generated = model.generate(hf_prompt, num_beams=beam, length_penalty=0.0, do_sample=False,
                                max_new_tokens=10, suppress_tokens=[start], pad_token_id=start,

@@ -66,15 +66,17 @@ def _forced(session, line, tokens):
 
 def test_public_names():
   """One front door (`inference.load` -> `Session`); the searches are imported from where they
-  live (`autoregressive.decoding`), not re-exported; the modules that only aliased them before
-  0.2.0 are gone."""
+  live (each row of `autoregressive.strategies`), not re-exported; the modules that only
+  aliased them before 0.2.0, and those they moved from, are gone."""
   assert callable(inference.load) and inference.RestoreError
   for name in ('greedy_decode', 'beam_search_decode', 'Translator', 'Session', 'Hypothesis'):
     assert not hasattr(inference, name), name
   for name in ('inference.session', 'model.decoding', 'model.inference', 'model.plotting',
                'model.beam_search', 'model.decode_loop', 'training.restore', 'training.atomic_file',
                'inference.decoding', 'inference.decode_loop', 'inference.beam_search',
-               'inference.translator', 'inference.scoring'):
+               'inference.translator', 'inference.scoring', 'autoregressive.decoding',
+               'autoregressive.beam_search', 'autoregressive.decode_loop', 'inference.restore',
+               'training.config_io', 'training.checkpoint', 'training.cli', 'training.report'):
     assert importlib.util.find_spec(name) is None, name
 
 

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 from test_decode_speed import MAX_LEN, _model, _sources
 
-from autoregressive import decoding, program_cache
+from autoregressive import program_cache
+from autoregressive.strategies.beam import beam_search_decode
+from autoregressive.strategies.greedy import greedy_decode
 
 
 @pytest.fixture
@@ -21,9 +23,9 @@ def cache_dir(tmp_path):
 
 
 def _searches(model, src):
-  greedy = decoding.greedy_decode(model, src, max_new_tokens=MAX_LEN)
-  tokens, scores = decoding.beam_search_decode(model, src, beam_size=2, alpha=0.6,
-                                               max_new_tokens=MAX_LEN, nbest=1)
+  greedy = greedy_decode(model, src, max_new_tokens=MAX_LEN)
+  tokens, scores = beam_search_decode(model, src, beam_size=2, alpha=0.6,
+                                      max_new_tokens=MAX_LEN, nbest=1)
   return [np.asarray(x) for x in (greedy, tokens, scores)]
 
 
@@ -60,17 +62,17 @@ def test_exported_programs_give_the_same_results_and_load_without_tracing(cache_
 def test_a_damaged_program_is_exported_again(cache_dir):
   model = _model(seed=2)
   src = _sources(seed=2)
-  expected = np.asarray(decoding.greedy_decode(model, src, max_new_tokens=MAX_LEN))
+  expected = np.asarray(greedy_decode(model, src, max_new_tokens=MAX_LEN))
   [name] = _files(cache_dir)
   with open(cache_dir / name, 'wb') as f:
     f.write(b'not a program')
   program_cache._loaded.clear()  # pylint: disable=protected-access
-  found = decoding.greedy_decode(model, src, max_new_tokens=MAX_LEN)
+  found = greedy_decode(model, src, max_new_tokens=MAX_LEN)
   np.testing.assert_array_equal(np.asarray(found), expected)
   assert (cache_dir / name).read_bytes() != b'not a program'
   # Other static arguments, other shapes: other programs.
-  decoding.greedy_decode(model, src, max_new_tokens=MAX_LEN - 1)
-  decoding.greedy_decode(model, src[:4], max_new_tokens=MAX_LEN)
+  greedy_decode(model, src, max_new_tokens=MAX_LEN - 1)
+  greedy_decode(model, src[:4], max_new_tokens=MAX_LEN)
   assert len(_files(cache_dir)) == 3
 
 
@@ -80,7 +82,7 @@ def test_another_programs_file_or_a_flipped_bit_is_a_miss(cache_dir):
   miss, exported again and replaced, with the plain path's results."""
   model = _model(seed=3)
   src = _sources(seed=3)
-  decoding.greedy_decode(model, src, max_new_tokens=MAX_LEN)
+  greedy_decode(model, src, max_new_tokens=MAX_LEN)
   [greedy_file] = _files(cache_dir)
   expected = _searches(model, src)
   [beam_file] = set(_files(cache_dir)) - {greedy_file}

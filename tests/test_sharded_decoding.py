@@ -64,7 +64,9 @@ def decode_all(mesh=None) -> dict[str, np.ndarray]:
   tokens `[batch, (beam,) max_len]` or beam scores `[batch, beam]`."""
   import jax  # pylint: disable=import-outside-toplevel
 
-  from autoregressive import decoding  # pylint: disable=import-outside-toplevel
+  from autoregressive.strategies.beam import beam_search_decode  # pylint: disable=import-outside-toplevel
+  from autoregressive.strategies.greedy import greedy_decode  # pylint: disable=import-outside-toplevel
+  from autoregressive.strategies.sampling import sample  # pylint: disable=import-outside-toplevel
   from model import bind  # pylint: disable=import-outside-toplevel
   from training import mesh as mesh_lib, state  # pylint: disable=import-outside-toplevel
   out = {}
@@ -78,13 +80,13 @@ def decode_all(mesh=None) -> dict[str, np.ndarray]:
     module = bind(config, params)  # the model holding the (sharded) parameters
     x = _inputs(kind)
     given = {'inputs': x} if kind == 'encoder_decoder' else {'prompt': x}
-    out[f'{kind}/greedy'] = decoding.greedy_decode(module, **given, max_new_tokens=8)
+    out[f'{kind}/greedy'] = greedy_decode(module, **given, max_new_tokens=8)
     if kind == 'encoder_decoder':
-      out[f'{kind}/beam'], out[f'{kind}/beam_scores'] = decoding.beam_search_decode(
+      out[f'{kind}/beam'], out[f'{kind}/beam_scores'] = beam_search_decode(
           module, **given, beam_size=3, alpha=0.6, max_new_tokens=8)
     else:
-      out[f'{kind}/sample'] = decoding.sample(module, **given, max_new_tokens=8, top_k=12,
-                                              rng=jax.random.PRNGKey(1), temperature=0.9)
+      out[f'{kind}/sample'] = sample(module, **given, max_new_tokens=8, top_k=12,
+                                     rng=jax.random.PRNGKey(1), temperature=0.9)
   return {k: np.asarray(v) for k, v in out.items()}
 
 

@@ -21,7 +21,7 @@ import time
 
 import jax
 
-from autoregressive.decode_loop import decoding_model
+from autoregressive.strategies.loop import decoding_model
 from autoregressive.session import Session
 from configs.schema import DecodeConfig, MeshConfig
 from input_pipeline import tokenizers

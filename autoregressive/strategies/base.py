@@ -17,7 +17,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from autoregressive.scoring import forced_log_probs
 from common.dtype_limits import FLOAT32_MAX, FLOAT32_TINY, INT32_MAX
 from common.schema import documented, is_int, is_number
 from common.tokens import DEFAULT_MIN_NEW_TOKENS, PAD_ID
@@ -104,7 +103,7 @@ class Strategy(Settings):
              line_ids: Sequence[int], scores: bool, drop_finished: bool | int
              ) -> list[list[Hypothesis]]:
     """Hypotheses of the first `len(line_ids)` rows of `inputs` `[rows, src_len]` under `model`
-    (a `decode_loop.Decodable`, or an NNX model), best first (`line_ids` seed a sentence's
+    (a `loop.Decodable`, or an NNX model), best first (`line_ids` seed a sentence's
     random draws; `scores=False` may leave scores NaN)."""
     raise NotImplementedError
 
@@ -175,6 +174,8 @@ def one_by_one(model, rows, tokens, *, k: int, n: int, eos_id: int | None,
   """The `k` outputs `tokens` `[n * k (+ padding rows), len]` of `rows` (sources repeated k
   times) as hypotheses of n sentences, scored by forced decoding (`scores`; else NaN) and
   best first: what a strategy that draws one token at a time returns."""
+  # Here, not at the top: scoring imports strategies.loop, whose package imports this module.
+  from autoregressive.scoring import forced_log_probs  # pylint: disable=import-outside-toplevel
   log_probs = (forced_log_probs(model, rows, tokens) if scores
                else np.full(rows.shape[0], np.nan, np.float32))
   tokens = np.asarray(tokens)

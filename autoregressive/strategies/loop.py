@@ -49,7 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from common.tokens import PAD_ID
-from model.build import params_of, unrolled
+from model.build import bind, params_of, unrolled
 from model.config import ModelConfig
 from model.kinds import adapter_of
 
@@ -365,7 +365,7 @@ def first_argmax(x, exclude: int | None = None, block: int = 32, *, eos_banned=N
   NaN if any), column `exclude` (e.g. pad) left out, and column `eos_id` in the rows where
   `eos_banned` `[rows]`, reading `x` once.
 
-  A max over blocks of about `block` columns (`decode_loop.block_size`) picks the first block
+  A max over blocks of about `block` columns (`block_size`) picks the first block
   holding the maximum, then the maximum's first column in that block (the greedy step's
   largest cost after the output projection: masking pad, then argmax's (value, index)
   reduction or a max and a min over the whole row, read the logits 2-3 times). Only the

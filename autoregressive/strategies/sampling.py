@@ -1,7 +1,7 @@
-"""Ancestral sampling (`decoding.sample`): `logits / temperature`, restricted to the `top_k`
-most likely tokens and/or the nucleus of mass `top_p`. Sample j of the sentence on input line
-i draws from fold_in(fold_in(PRNGKey(seed), i), j), so a sentence gets the same samples in any
-batch, bucket or stream rhythm."""
+"""Ancestral sampling (`sample` over token ids; the row `Sampling`): `logits / temperature`,
+restricted to the `top_k` most likely tokens and/or the nucleus of mass `top_p`. Sample j of
+the sentence on input line i draws from fold_in(fold_in(PRNGKey(seed), i), j), so a sentence
+gets the same samples in any batch, bucket or stream rhythm."""
 
 from __future__ import annotations
 
@@ -12,9 +12,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from autoregressive import decoding
+from autoregressive import program_cache
 from autoregressive.strategies.base import Strategy, one_by_one, setting
+from autoregressive.strategies.loop import (
+  checked_min_new_tokens,
+  compact_sizes,
+  decoding_model,
+  draw_tokens,
+  prepare,
+)
 from common.dtype_limits import INT32_MAX, UINT32_MAX
+from common.tokens import DEFAULT_MIN_NEW_TOKENS, EOS_ID
+
+Array = jax.Array
 
 # A temperature is 0 (greedy) or within these: below 1e-3, logits / temperature overflow float32.
 TEMPERATURE_MIN, TEMPERATURE_MAX = 1e-3, 1e3
@@ -45,7 +55,7 @@ class Sampling(Strategy):
   def search(self, model, inputs, limits, *, eos_id, line_ids, scores, drop_finished):
     k = limits.nbest
     rows = np.repeat(np.asarray(inputs), k, axis=0)
-    tokens = decoding.sample(
+    tokens = sample(
         model, rows, max_new_tokens=limits.max_new_tokens,
         min_new_tokens=limits.min_new_tokens, eos_id=eos_id,
         rng=sample_keys(self.seed, line_ids, k, inputs.shape[0]),
@@ -64,3 +74,38 @@ def sample_keys(seed: int, line_ids: Sequence[int], n: int, rows: int):
   base = jax.random.PRNGKey(seed)
   fold = jax.vmap(lambda i, j: jax.random.fold_in(jax.random.fold_in(base, i), j))
   return fold(jnp.asarray(ids.reshape(-1)), jnp.asarray(sample.reshape(-1)))
+
+
+def sample(module, inputs=None, *, prompt=None, rng, max_new_tokens: int,
+           min_new_tokens: int = DEFAULT_MIN_NEW_TOKENS, temperature: float = 1.0,
+           top_k: int | None = None, top_p: float | None = None, eos_id: int | None = EOS_ID,
+           drop_finished: bool | int = True) -> Array:
+  """Ancestral sampling -> generated tokens `[batch, max_new_tokens]` (EOS kept, zeros after it).
+
+  `logits / temperature`, restricted to the `top_k` most likely tokens and/or the nucleus
+  of probability `top_p`; `temperature=0` is greedy. `inputs`, `prompt`, `max_new_tokens`,
+  `min_new_tokens`, `eos_id` as in `greedy_decode`. The same `rng` gives the same tokens.
+  `rng` is one key, or one key per row (`[batch, 2]`, e.g. from `jax.random.split`): a row's
+  tokens then depend only on its own key and inputs, not on the other rows of the batch or the
+  batch size.
+  `drop_finished` as in `greedy_decode` (it applies to greedy decoding and to keys per row: one
+  key for the whole batch would draw differently for fewer rows).
+  """
+  config, params = decoding_model(module)
+  if top_k is not None and top_k <= 0:
+    top_k = None
+  if top_k is not None:
+    top_k = min(int(top_k), config.vocab_size)
+  if top_p is not None and not 0.0 < top_p <= 1.0:
+    raise ValueError(f'top_p must be in (0, 1], got {top_p}')
+  if temperature < 0:
+    raise ValueError(f'temperature must be >= 0, got {temperature}')
+  inputs, prompt, lengths, prefill_len = prepare(config, inputs, prompt, max_new_tokens)
+  greedy = temperature == 0
+  return program_cache.call(draw_tokens, config, params, inputs, prompt, lengths, rng,
+                            np.float32(temperature if not greedy else 1.0),
+                            np.float32(1.0 if top_p is None else top_p),
+                            checked_min_new_tokens(min_new_tokens), max_new_tokens=max_new_tokens,
+                            prefill_len=prefill_len, greedy=greedy, top_k=top_k,
+                            use_top_p=top_p is not None and top_p < 1.0, eos_id=eos_id,
+                            compact_rows=compact_sizes(prompt.shape[0], drop_finished))
