@@ -56,6 +56,8 @@ from common.tokens import DEFAULT_MIN_NEW_TOKENS, EOS_ID, PAD_ID
 from model.build import bind
 from model.kinds import adapter_of
 
+Array = jax.Array
+
 ALPHA_MAX = 10.0  # the length penalty ((5 + len) / 6) ** alpha stays finite in float32
 BEAM_SIZE_MAX = NBEST_MAX
 # One program for the penalties (as eager jnp ops, each op compiled in every new process).
@@ -132,10 +134,6 @@ def beam_search_decode(module, inputs=None, *, prompt=None, beam_size: int,
 
 
 # ----------------------------------------------------------------------------- the search
-
-Array = jax.Array
-
-
 
 class Beams(NamedTuple):
   """The search state of a batch of sentences, k hypotheses each."""

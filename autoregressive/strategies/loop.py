@@ -25,11 +25,6 @@ Models:
 Outputs hold the generated tokens only (not the prompt), `[..., max_new_tokens]`; a
 sequence that emits EOS (id 1 by default; `eos_id=None` for vocabularies without
 one, e.g. characters) keeps the EOS and has zeros after it. The pad id 0 is never
-generated.
-
-Outputs hold the generated tokens only (not the prompt), `[..., max_new_tokens]`; a
-sequence that emits EOS (id 1 by default; `eos_id=None` for vocabularies without
-one, e.g. characters) keeps the EOS and has zeros after it. The pad id 0 is never
 generated. The model-kind specifics (encoding a source, the cache, one decoder step) come
 from the kind's adapter (`model.kinds`).
 
