@@ -13,19 +13,22 @@ from collections.abc import Sequence
 from typing import Any
 
 
-def _metrics() -> dict[str, Any]:
+def _metric(name: str):
   import sacrebleu  # pylint: disable=import-outside-toplevel  (only where text is scored)
-  return {'bleu': sacrebleu.metrics.BLEU(),
-          'bleu_lowercased': sacrebleu.metrics.BLEU(lowercase=True, tokenize='13a'),
-          'chrf2': sacrebleu.metrics.CHRF()}
+  return {'bleu': lambda: sacrebleu.metrics.BLEU(),
+          'bleu_lowercased': lambda: sacrebleu.metrics.BLEU(lowercase=True, tokenize='13a'),
+          'chrf2': lambda: sacrebleu.metrics.CHRF()}[name]()
 
 
 def corpus_scores(hypotheses: Sequence[str], references: Sequence[str],
                   names: Sequence[str] = ('bleu', 'bleu_lowercased', 'chrf2')) -> dict[str, Any]:
-  """name -> (sacreBLEU's score object, its signature string) for one reference per line."""
-  metrics, refs = _metrics(), [list(references)]
-  return {name: (metrics[name].corpus_score(list(hypotheses), refs),
-                 str(metrics[name].get_signature())) for name in names}
+  """name -> (sacreBLEU's score object, its signature string) for one reference per line
+  (only the metrics named are built)."""
+  hypotheses, refs, out = list(hypotheses), [list(references)], {}
+  for name in names:
+    metric = _metric(name)
+    out[name] = (metric.corpus_score(hypotheses, refs), str(metric.get_signature()))
+  return out
 
 
 def bleu(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, str]:
