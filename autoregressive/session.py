@@ -11,6 +11,9 @@ on it), and the trainer's validation BLEU builds one around the parameters it tr
     lm = inference.load('runs/shakespeare')
     lm.generate('ROMEO:', num_tokens=50)                    # -> 'ROMEO:' + 50 characters
 
+`session.search(ids)` is the same search over token ids (no text). One batch of token ids, for
+research on the search itself, is a strategy row's `search` (`autoregressive.strategies`).
+
 Settings are those of `autoregressive.strategies` (`strategy`: a row of its TABLE; by default
 beam search, greedy at beam size 1), defaulting to the config's `decode` section. Bad
 arguments raise `ValueError` (one line).
@@ -23,12 +26,17 @@ import functools
 import warnings
 from collections.abc import Callable, Sequence
 
+import jax
+import numpy as np
+
 from autoregressive import strategies
+from autoregressive.batches import search_in_batches
 from autoregressive.scoring import score_references
 from autoregressive.strategies import Hypothesis
+from autoregressive.strategies.base import until_eos
 from autoregressive.strategies.loop import Decodable, decoding_model
-from autoregressive.translator import Translator, generate as generate_ids
-from common.tokens import truncate
+from autoregressive.strategies.sampling import sample
+from common.tokens import DEFAULT_MIN_NEW_TOKENS, truncate
 from model.kinds import adapter_of
 
 
@@ -74,12 +82,19 @@ class Session:
       given['max_new_tokens'] = fitted
     return strategies.from_config(decode, given, strategy=strategy)
 
-  def translator(self, strategy: str | None = None, **settings) -> Translator:
-    """The `Translator` for these settings (see `settings`); a setting the strategy does not
-    take is refused."""
+  def search(self, sources: Sequence[Sequence[int] | None], *,
+             progress: Callable[[int], None] | None = None,
+             line_ids: Sequence[int] | None = None, scores: bool = True,
+             fixed_rows: bool = True, **settings) -> list[list[Hypothesis] | None]:
+    """The ids under `hypotheses`: `nbest` `Hypothesis` per source (token ids, EOS-terminated;
+    None -> None), best first, without text. `settings` as `settings`; the others as
+    `batches.search_in_batches` (a progress callback, the lines that seed the samples, no
+    forced-scoring pass, a stream's few rows)."""
     self._require(True, 'translation')
-    chosen, limits = self.settings(strategy, **settings)
-    return Translator(self.model, chosen, limits, eos_id=self.tokenizer.eos_id)
+    chosen, limits = self.settings(**settings)
+    return search_in_batches(self.model, chosen, limits, sources, eos_id=self.tokenizer.eos_id,
+                             progress=progress, line_ids=line_ids, scores=scores,
+                             fixed_rows=fixed_rows)
 
   def _require(self, translation: bool, what: str) -> None:
     if self.translates != translation:
@@ -126,11 +141,17 @@ class Session:
     """The best translation of each line ('' for an empty line). `settings`: as `settings`."""
     return [h[0].text if h else '' for h in self.hypotheses(lines, **settings)]
 
-  def hypotheses(self, lines: Sequence[str], **settings) -> list[list[Hypothesis]]:
+  def hypotheses(self, lines: Sequence[str], *, first_line: int = 1,
+                 progress: Callable[[int], None] | None = None, scores: bool = True,
+                 fixed_rows: bool = True, **settings) -> list[list[Hypothesis]]:
     """`nbest` `Hypothesis` (text, score, log_prob, tokens) per line, best first ([] for an
-    empty line): the beam's best, or `nbest` samples with `strategy='sampling'`."""
-    translator = self.translator(**settings)
-    found = translator.search(self.encode(self._lines(lines)))
+    empty line): the beam's best, or `nbest` samples with `strategy='sampling'`. `lines[0]`
+    is line `first_line` of the input (warnings name it; a line's samples depend on it);
+    the other arguments as `search`."""
+    lines = self._lines(lines)
+    found = self.search(self.encode(lines, first_line), progress=progress, scores=scores,
+                        line_ids=range(first_line - 1, first_line - 1 + len(lines)),
+                        fixed_rows=fixed_rows, **settings)
     return [self.with_text(h) for h in found]
 
   def with_text(self, hypotheses: list[Hypothesis] | None) -> list[Hypothesis]:
@@ -182,7 +203,46 @@ class Session:
     sampling, limits = strategies.from_config(
         dict(self.config.get('decode', {})), dict(settings, max_new_tokens=num_tokens),
         strategy=strategies.Sampling.NAME)
-    new = generate_ids(self.model, ids, num_tokens=limits.max_new_tokens,
-                       min_new_tokens=limits.min_new_tokens, sampling=sampling, line=line,
-                       eos_id=tok.eos_id, warn=self.warn)
+    new = _continued(self.model, ids, num_tokens=limits.max_new_tokens,
+                     min_new_tokens=limits.min_new_tokens, sampling=sampling, line=line,
+                     eos_id=tok.eos_id, warn=self.warn)
     return ids, new
+
+
+def _continued(model: Decodable, prompt_ids: Sequence[int], *, num_tokens: int,
+               sampling: strategies.Sampling, eos_id: int | None,
+               min_new_tokens: int = DEFAULT_MIN_NEW_TOKENS, line: int = 0,
+               warn: Callable[[str], None] | None = None) -> list[int]:
+  """Continues `prompt_ids` with a language model -> up to `num_tokens` generated ids drawn
+  with `sampling`'s settings, at least `min_new_tokens` of them before an EOS. The random
+  stream is fold_in(PRNGKey(seed), line): each (seed, input line) pair has its own, as
+  `Session.search`'s samples (seed + line would give line 2 at seed 0 line 1's stream at seed 1).
+
+  The model sees at most `max_len` positions (the start token, the context and the new
+  tokens); longer generations continue in windows whose context is the last half of the
+  model's span. `warn` hears about a prompt longer than the span (it is cut to its end).
+  """
+  span = model.config.max_len
+  half = max(1, span // 2)
+  rng = jax.random.fold_in(jax.random.PRNGKey(sampling.seed), line)
+  context = list(prompt_ids)
+  if len(context) >= span:
+    if warn is not None:
+      warn(f'the prompt has {len(context)} tokens, more than the model\'s context '
+           f'{span - 1}; it continues from the last {half}')
+    context = context[-half:]
+  generated: list[int] = []
+  while True:
+    n = span - len(context)  # always fill the span: the same shapes for every window
+    prompt = np.array(context, np.int32).reshape(1, len(context))
+    rng, key = jax.random.split(rng)
+    out = sample(model, prompt=prompt, rng=key, max_new_tokens=n,
+                 min_new_tokens=max(0, min_new_tokens - len(generated)),
+                 temperature=sampling.temperature, top_k=sampling.top_k or None,
+                 top_p=sampling.top_p if sampling.top_p < 1.0 else None,
+                 eos_id=eos_id)
+    new = until_eos(np.asarray(out)[0].tolist(), eos_id)
+    generated += new
+    if len(generated) >= num_tokens or len(new) < n or (eos_id is not None and new[-1] == eos_id):
+      return generated[:num_tokens]
+    context = (list(prompt_ids) + generated)[-half:]

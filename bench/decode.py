@@ -59,8 +59,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from autoregressive.strategies.beam import beam_search_decode  # noqa: E402
-from autoregressive.strategies.greedy import greedy_decode  # noqa: E402
+from autoregressive.strategies import BeamSearch, Greedy, Limits  # noqa: E402
 from configs import default  # noqa: E402
 from model import build_model  # noqa: E402
 
@@ -117,10 +116,12 @@ def bench_ours(name: str, reps: int, warmup: int, max_foreign: float, methods, d
   rng = np.random.default_rng(7)
   inputs = [jnp.asarray(rng.integers(3, vocab, size=(BATCH, SRC_LEN)), jnp.int32)
             for _ in range(2)]
+  # The token door (a row's `search`); eos_id None: every call decodes MAX_LEN tokens.
   fns = {
-      'greedy': lambda x: greedy_decode(module, x, max_new_tokens=MAX_LEN, eos_id=None),
-      f'beam{BEAM}': lambda x: beam_search_decode(
-          module, x, beam_size=BEAM, alpha=0.6, max_new_tokens=MAX_LEN, eos_id=None)[0],
+      'greedy': lambda x: Greedy().search(module, x, limits=Limits(max_new_tokens=MAX_LEN),
+                                          eos_id=None, scores=False)[0],
+      f'beam{BEAM}': lambda x: BeamSearch(beam_size=BEAM, alpha=0.6).search(
+          module, x, limits=Limits(max_new_tokens=MAX_LEN, nbest=BEAM), eos_id=None)[0],
   }
   return {m: _counter(fns[m], inputs) for m in methods}
 

@@ -14,7 +14,7 @@ model's max_len as decode.py does. Same beam, batch size (sentences), length lim
 CTranslate2's and transformers' length_penalty=0).
 
 Each (engine, beam) runs in a subprocess of its own, pinned to --threads CPUs, each engine
-using them as fast as it can: ours decodes --threads batches at once (Translator workers),
+using them as fast as it can: ours decodes --threads batches at once (the session's workers),
 CTranslate2 likewise (inter_threads=--threads, intra_threads=1: on the 2-core VM, one thread
 per batch ran greedy 3.9x faster than intra_threads=2, and two batches at once 2x faster
 again), transformers with torch.set_num_threads(--threads) (it has no batch parallelism), so
@@ -64,7 +64,7 @@ EOS = 1
 # ----------------------------------------------------------------------------- engines
 
 def _ours(job):
-  """decode.py's code path: `inference.load` and the session's translator."""
+  """decode.py's code path: `inference.load` and the session's search over token ids."""
   import inference  # pylint: disable=import-outside-toplevel
   from inference import decode_cli  # pylint: disable=import-outside-toplevel
 
@@ -72,13 +72,13 @@ def _ours(job):
   # repetition, so that cold run compiles every shape; later repetitions load them.
   decode_cli.enable_compilation_cache(job['xla_cache'])
   session = inference.load(job['workdir'], step=job['step'])
-  translator = session.translator(beam_size=job['beam'], alpha=None if job['beam'] == 1 else 0.0,
-                                  max_new_tokens=job['max_new_tokens'],
-                                  batch_size=job['batch_size'])
+  settings = dict(beam_size=job['beam'], alpha=None if job['beam'] == 1 else 0.0,
+                  max_new_tokens=job['max_new_tokens'], batch_size=job['batch_size'])
   sources = job['sources']
 
   def run():
-    return [list(map(int, o)) for o in translator(sources)]
+    return [list(map(int, h[0].tokens)) for h in session.search(sources, scores=False,
+                                                                **settings)]
   return run
 
 

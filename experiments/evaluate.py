@@ -114,7 +114,7 @@ def _translation(workdir: str, decode: Mapping[str, Any], sentences: int | None
   average = min(int(decode.get(AVERAGE_LAST, 1)), max(kept, 1))
   warnings: list[str] = []
   session = inference.load(workdir, average_last=average, warn=warnings.append)
-  translator = session.translator(**settings)
+  limits = session.settings(**settings)[1]
   data = session.config.data
   out: dict[str, Any] = {'step': session.step, 'parameters': _parameters(session.module),
                          'decode': {**settings, AVERAGE_LAST: average},
@@ -131,7 +131,8 @@ def _translation(workdir: str, decode: Mapping[str, Any], sentences: int | None
     out[split] = {'split': name, 'sentences': len(examples),
                   'empty': sum(not h.strip() for h in hypotheses),
                   # stopped at max_new_tokens without EOS, as decode.py counts them
-                  'cut': sum(bool(h) and stopped_at_limit(h[0].tokens, translator)
+                  'cut': sum(bool(h) and stopped_at_limit(h[0].tokens, limits.max_new_tokens,
+                                                          session.tokenizer.eos_id)
                              for h in found),
                   'decode_wall_s': round(time.perf_counter() - started, 1),
                   **scores(hypotheses, references)}

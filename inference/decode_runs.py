@@ -33,8 +33,8 @@ def translate(F, session, plan, lines, references) -> None:
   if lines is not None:  # a file: no more rows than sentences
     sentences = max(1, sum(bool(line.strip()) for line in lines))
     settings['batch_size'] = min(session.settings(**settings)[1].batch_size, sentences)
-  translator = session.translator(**settings)
-  batch_size, nbest = translator.limits.batch_size, translator.limits.nbest
+  strategy, limits = session.settings(**settings)
+  batch_size, nbest, eos = limits.batch_size, limits.nbest, session.tokenizer.eos_id
   scores = F.output_format == 'jsonl' or nbest > 1
   out, texts, plotted = streaming.Output(F.output_file, workdirs=[F.workdir]), [], []
   seconds, count, tokens, empty, cut = 0.0, 0, 0, 0, 0
@@ -42,32 +42,30 @@ def translate(F, session, plan, lines, references) -> None:
   with tqdm(total=total, file=sys.stderr, unit='sent', desc='decoding', dynamic_ncols=True,
             disable=lines is None or total <= batch_size) as bar:
     for first, chunk in _chunks(lines, batch_size):
-      sources = session.encode(chunk, first_line=first + 1)
       started = time.perf_counter()
-      found = translator.search(sources, progress=bar.update, scores=scores,
-                                line_ids=range(first, first + len(chunk)),
-                                fixed_rows=lines is not None)
+      found = session.hypotheses(chunk, first_line=first + 1, progress=bar.update,
+                                 scores=scores, fixed_rows=lines is not None, **settings)
       seconds += time.perf_counter() - started
-      for i, (line, source, hyps) in enumerate(zip(chunk, sources, found, strict=True)):
-        hyps = session.with_text(hyps)
+      for i, (line, hyps) in enumerate(zip(chunk, found, strict=True)):
         out.write(streaming.format_hypotheses(first + i, line, hyps, F.output_format, nbest))
         texts.append(hyps[0].text if hyps else '')
-        count += source is not None
+        if not line.strip():
+          continue
+        count += 1
         tokens += sum(len(h.tokens) for h in hyps[:1])
-        if source is not None:
-          empty += not hyps or not hyps[0].text
-          cut += bool(hyps) and stopped_at_limit(hyps[0].tokens, translator)
-        if F.attention_plot and source is not None and hyps:
-          plotted.append((first + i, source, hyps[0].tokens))
+        empty += not hyps or not hyps[0].text
+        cut += bool(hyps) and stopped_at_limit(hyps[0].tokens, limits.max_new_tokens, eos)
+        if F.attention_plot and hyps:
+          plotted.append((first + i, line, hyps[0].tokens))
   out.close()
-  search = translator.strategy.describe()
+  search = strategy.describe()
   if nbest > 1:
     search += f', {nbest} per sentence'
   excluded = '; attention plots not included' if F.attention_plot else ''
   _info(f'translated {count} sentence(s) ({search}) in {seconds:.1f}s: '
         f'{_rate(count, "sentences", seconds)}, {tokens / max(seconds, 1e-9):.0f} tokens/s '
         f'(compilation included{excluded}); {empty} empty, {cut} cut at '
-        f'{translator.limits.max_new_tokens} tokens')
+        f'{limits.max_new_tokens} tokens')
   if references is not None:
     from common import scores  # pylint: disable=import-outside-toplevel
     for line in scores.report_lines(texts, references, lowercase_bleu=F.lowercase_bleu):
@@ -76,10 +74,9 @@ def translate(F, session, plan, lines, references) -> None:
     plot(F, session, plotted)
 
 
-def stopped_at_limit(tokens, translator) -> bool:
+def stopped_at_limit(tokens, max_new_tokens: int, eos_id: int | None) -> bool:
   """Whether an output stopped at the token limit, not at EOS (likely a repetition loop)."""
-  eos = translator.eos_id
-  return len(tokens) >= translator.limits.max_new_tokens and (eos is None or tokens[-1] != eos)
+  return len(tokens) >= max_new_tokens and (eos_id is None or tokens[-1] != eos_id)
 
 
 def score(F, session, lines, references) -> None:
@@ -136,13 +133,19 @@ def generate(F, session, plan, lines) -> None:
 
 
 def plot(F, session, plotted) -> None:
-  """Attention heatmaps of the first `--attention_plot_max` (index, source ids or None,
-  output ids), teacher-forced on the outputs, with a progress bar and their time."""
+  """Attention heatmaps of the first `--attention_plot_max` (index, source line or None for a
+  language model, output ids), teacher-forced on the outputs, with a progress bar and their
+  time."""
   from tqdm import tqdm  # pylint: disable=import-outside-toplevel
 
+  from common.tokens import truncate  # pylint: disable=import-outside-toplevel
   from inference import plotting  # pylint: disable=import-outside-toplevel
   limit = F.attention_plot_max
   chosen = plotted[:limit] if limit > 0 else plotted
+  # The source ids the search saw (translation warned already about a truncated line).
+  tok, positions = session.tokenizer, session.module.config.max_len
+  chosen = [(i, None if line is None else truncate(tok.encode(line), positions, tok.eos_id),
+             output) for i, line, output in chosen]
   started = time.perf_counter()
   piece = lambda i: session.tokenizer.id_to_piece(int(i))  # noqa: E731
   with tqdm(total=len(chosen), file=sys.stderr, unit='sent', desc='plotting',

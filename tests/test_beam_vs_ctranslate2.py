@@ -140,8 +140,8 @@ def test_no_empty_output_for_a_non_empty_source():
   `min_new_tokens` tokens before EOS (default 1: no empty output), on a model whose most
   likely output is the empty one for many sources (and for greedy decoding too: seed 2 after
   60 steps); with `min_new_tokens=0` those come back."""
+  from autoregressive.batches import search_in_batches  # pylint: disable=import-outside-toplevel
   from autoregressive.strategies import BeamSearch, Greedy, Limits, Sampling  # pylint: disable=import-outside-toplevel
-  from autoregressive.translator import Translator  # pylint: disable=import-outside-toplevel
   model = _trained(2, steps=60)
   sources = [src for src, _ in _pairs(np.random.default_rng(102), 24)]
   searches = {'greedy': (Greedy(), 1), 'beam': (BeamSearch(beam_size=4, alpha=0.0), 4),
@@ -149,7 +149,7 @@ def test_no_empty_output_for_a_non_empty_source():
 
   def lengths(least, strategy, nbest):  # tokens before EOS, every hypothesis of every source
     limits = Limits(max_new_tokens=MAX_NEW, min_new_tokens=least, batch_size=8, nbest=nbest)
-    found = Translator(model, strategy, limits).search(sources)
+    found = search_in_batches(model, strategy, limits, sources)
     assert all(len(h) == nbest for h in found)
     return [len([t for t in h.tokens if t != EOS]) for hyps in found for h in hyps]
   for name, search in searches.items():

@@ -10,12 +10,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from autoregressive.batches import in_order
+from autoregressive.batches import in_order, search_in_batches
 from autoregressive.strategies import BeamSearch, Limits, beam
 from autoregressive.strategies.beam import beam_search_decode
 from autoregressive.strategies.greedy import greedy_decode
 from autoregressive.strategies.loop import compact_sizes, draw_tokens, first_argmax, prepare
-from autoregressive.translator import Translator
 from model import ModelConfig, bind, build_model, params_of
 
 BATCH = 12
@@ -99,7 +98,7 @@ def test_beam_search_drops_finished_sentences_with_the_same_results():
   """Beam 1: it ends a sentence when greedy decoding ends it, so the later stages surely run.
   Wider beams with finished sentences dropped: test_beam_search_first_window_gives_the_same_results
   (beam 3, STAGES), test_decoder_only_prompts_of_different_lengths_drop_finished_rows (beam 2)
-  and test_translator_drop_finished_option_gives_the_same_hypotheses (beam 3)."""
+  and test_batched_search_drop_finished_option_gives_the_same_hypotheses (beam 3)."""
   model = _model(seed=0)
   src = _sources(seed=0)
   eos = _greedy_eos(model, inputs=src)
@@ -224,21 +223,21 @@ def test_beam_search_stopping_at_the_final_nbest_gives_the_same_nbest(alpha, reo
     beam_search_decode(model, src, nbest=5, **kw)
 
 
-def test_translator_drop_finished_option_gives_the_same_hypotheses():
+def test_batched_search_drop_finished_option_gives_the_same_hypotheses():
   model = _model(seed=1)
   src = _sources(seed=1)
   eos = _greedy_eos(model, inputs=src)
   sources = [[int(t) for t in row if t] for row in src]
   limits = Limits(max_new_tokens=MAX_LEN, batch_size=BATCH, nbest=3)
-  found = [Translator(model, BeamSearch(beam_size=3, alpha=0.6), limits, eos_id=eos,
-                      drop_finished=d).search(sources)
+  found = [search_in_batches(model, BeamSearch(beam_size=3, alpha=0.6), limits, sources,
+                             eos_id=eos, drop_finished=d)
            for d in (ROWS, False)]
   for fast, plain in zip(found[0], found[1], strict=True):
     assert [h.tokens for h in fast] == [h.tokens for h in plain]
     np.testing.assert_allclose([h.score for h in fast], [h.score for h in plain], rtol=1e-5)
 
 
-def test_translator_workers_give_the_same_hypotheses_in_order():
+def test_batched_search_workers_give_the_same_hypotheses_in_order():
   """Batches decoded two at a time (threads) come back as one at a time gives them: sources
   of two length buckets (two shapes, each compiled by its first batch)."""
   model = _model(seed=2)
@@ -248,7 +247,7 @@ def test_translator_workers_give_the_same_hypotheses_in_order():
   search = (BeamSearch(beam_size=2, alpha=0.6), Limits(max_new_tokens=MAX_LEN, batch_size=2,
                                                       nbest=2))
   done = []
-  found = [Translator(model, *search, workers=w).search(sources, progress=done.append)
+  found = [search_in_batches(model, *search, sources, progress=done.append, workers=w)
            for w in (1, 2)]
   assert found[1][4] is None and sum(done) == 2 * 9
   for two, one in zip(found[1], found[0], strict=True):
@@ -258,20 +257,20 @@ def test_translator_workers_give_the_same_hypotheses_in_order():
       np.testing.assert_allclose([h.score for h in two], [h.score for h in one], rtol=1e-6)
 
 
-def test_translator_decodes_the_longest_sources_first(monkeypatch):
+def test_batched_search_decodes_the_longest_sources_first(monkeypatch):
   """So that a pass does not end with one worker on the slowest batch while the others wait;
   a short batch's padding rows repeat its shortest source (an empty one may decode for long)."""
   model = _model(seed=2)
   batches = []
 
-  def record(self, inputs, line_ids, scores):  # stands in for the search
+  def record(self, module, inputs, **_):  # stands in for the search: one empty output a row
     batches.append(inputs)
-    return [[] for _ in line_ids]
+    return np.zeros((inputs.shape[0], 1, 1), np.int32), np.zeros((inputs.shape[0], 1))
 
-  monkeypatch.setattr(Translator, '_batch', record)
+  monkeypatch.setattr(BeamSearch, 'search', record)
   sources = [[5] * n + [1] for n in (3, 20, 5, 18, 2, 7, 4)]
-  Translator(model, BeamSearch(beam_size=2, alpha=0.6),
-             Limits(max_new_tokens=MAX_LEN, batch_size=3), workers=1).search(sources)
+  search_in_batches(model, BeamSearch(beam_size=2, alpha=0.6),
+                    Limits(max_new_tokens=MAX_LEN, batch_size=3), sources, workers=1)
   assert [int(np.max(np.sum(b != 0, axis=1))) for b in batches] == [21, 6, 3]
   assert [b.shape[0] for b in batches] == [3, 3, 3]
   np.testing.assert_array_equal(batches[-1][1:], np.tile(batches[-1][:1], (2, 1)))

@@ -166,8 +166,9 @@ def test_trained_export_decodes_as_decode_py(exported):
   # near-tie rule in test_beam_vs_ctranslate2, and on this model in test_decode_engines_bench).
   for beam in sorted({1, 4, options['beam_size']}):
     penalty = {} if beam == 1 else {'alpha': 0.0}  # greedy has no length penalty
-    ours[beam] = restored.translator(beam_size=beam, batch_size=16, **penalty,
-                                     max_new_tokens=options['max_decoding_length'])(sources)
+    ours[beam] = [h[0].tokens for h in restored.search(
+        sources, beam_size=beam, batch_size=16, scores=False, **penalty,
+        max_new_tokens=options['max_decoding_length'])]
     results = translator.translate_batch(pieces, **{**options, 'beam_size': beam})
     theirs = [[sp.piece_to_id(p) for p in r.hypotheses[0]] for r in results]
     assert all(theirs) and all(o and o != [1] for o in ours[beam])  # no empty translation

@@ -281,8 +281,8 @@ def test_trained_export_translates_as_decode_py(trained, exported):
   np.testing.assert_allclose(theirs[targets > 0], ours[targets > 0], atol=1e-4, rtol=0)
 
   # Beam 4 with no length penalty: the same search (see the README), so the same output.
-  outputs = restored.translator(beam_size=4, alpha=0.0, max_new_tokens=32,
-                                batch_size=len(lines))(sources)
+  outputs = [h[0].tokens for h in restored.search(sources, beam_size=4, alpha=0.0,
+                                                  max_new_tokens=32, batch_size=len(lines))]
   batch = tokenizer(lines, return_tensors='pt', padding=True, truncation=True)
   assert batch['input_ids'][-1].tolist() == sources[-1]  # max_len - 1 pieces, then EOS
   generated = model.generate(**batch, num_beams=4, length_penalty=0.0, max_new_tokens=32,

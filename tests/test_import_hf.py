@@ -106,8 +106,8 @@ def test_a_trained_model_in_opus_layout_searches_as_generate(tmp_path_factory):
   src = ckpts.multi30k('test_2016_flickr', 'en', 8)
   batch = theirs(src, return_tensors='pt', padding=True)
   beam = 4
-  found = session.translator(beam_size=beam, max_new_tokens=32, batch_size=8,
-                             alpha=0.0)(session.encode(src))
+  found = [h[0].tokens for h in session.search(session.encode(src), beam_size=beam,
+                                               max_new_tokens=32, batch_size=8, alpha=0.0)]
   generated = model.generate(**batch, num_beams=beam, length_penalty=0.0, max_new_tokens=32,
                              early_stopping='never', min_new_tokens=1, do_sample=False,
                              forced_eos_token_id=None)

@@ -74,7 +74,8 @@ def test_public_names():
   for name in ('inference.session', 'model.decoding', 'model.inference', 'model.plotting',
                'model.beam_search', 'model.decode_loop', 'training.restore', 'training.atomic_file',
                'inference.decoding', 'inference.decode_loop', 'inference.beam_search',
-               'inference.translator', 'inference.scoring', 'autoregressive.decoding',
+               'inference.translator', 'autoregressive.translator', 'inference.scoring',
+               'autoregressive.decoding',
                'autoregressive.beam_search', 'autoregressive.decode_loop', 'inference.restore',
                'training.config_io', 'training.checkpoint', 'training.cli', 'training.report'):
     assert importlib.util.find_spec(name) is None, name
@@ -107,8 +108,7 @@ def test_sampling_is_reproducible_and_independent_of_the_batch(mt):
   assert mt.hypotheses(LINES, **settings) == first
   assert [len(h) for h in first] == [2, 0, 2, 2]
   # A line's samples depend on the seed and its line number only, not on its batch.
-  translator = mt.translator(batch_size=4, **settings)
-  alone = translator.search([mt.encode(['two men'])[0]], line_ids=[2], fixed_rows=False)
+  alone = mt.hypotheses(['two men'], first_line=3, fixed_rows=False, batch_size=4, **settings)
   assert [h.tokens for h in alone[0]] == [h.tokens for h in first[2]]
   other = mt.hypotheses(LINES, **{**settings, 'seed': 4})
   assert [[h.tokens for h in hs] for hs in other] != [[h.tokens for h in hs] for hs in first]

@@ -125,7 +125,13 @@ def mesh_runs(tmp_path_factory):
 @pytest.mark.parametrize('mesh', MESHES)
 def test_every_mesh_gives_the_one_device_loss_curve(mesh_runs, kind, mesh):
   one = mesh_runs[f'{kind} (1, 1, 1)']['losses']
-  np.testing.assert_allclose(mesh_runs[f'{kind} {tuple(mesh)}']['losses'], one, rtol=1e-5)
+  losses = mesh_runs[f'{kind} {tuple(mesh)}']['losses']
+  # The first loss is one forward pass: only the reductions' order differs. Later ones follow
+  # Adam's updates, which amplify that (measured: 1.3e-5 at step 5 on an Intel AVX-512 VM,
+  # within 1e-5 on AMD); a sharding error (a sum counted twice, a missing all-reduce) moves
+  # a loss by more than 1e-2.
+  np.testing.assert_allclose(losses[0], one[0], rtol=1e-5)
+  np.testing.assert_allclose(losses, one, rtol=1e-4)
   assert one[-1] < one[0]
 
 

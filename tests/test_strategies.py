@@ -6,6 +6,7 @@ import dataclasses
 import os
 import re
 
+import numpy as np
 import pytest
 import test_inference
 
@@ -78,17 +79,16 @@ class _Repeated(Greedy):
   HELP = 'greedy, repeated'
   times: int = setting(2, 'copies of the greedy output', low=1, high=3, in_config=False)
 
-  def search(self, model, inputs, limits, **kw):
-    found = super().search(model, inputs, limits, **kw)
-    return [hyps * self.times for hyps in found]
+  def search(self, module, inputs=None, **kw):
+    tokens, scores = super().search(module, inputs, **kw)
+    return np.repeat(tokens, self.times, axis=1), np.repeat(scores, self.times, axis=1)
 
 
 def test_every_row_is_reachable_from_a_session_and_a_new_row_needs_only_itself(session,
                                                                                 monkeypatch):
   lines = test_inference.LINES  # its shapes: test_inference runs them too
   for name in strategies.TABLE:
-    translator = session.translator(strategy=name)
-    assert translator.strategy.NAME == name
+    assert session.settings(strategy=name)[0].NAME == name
     assert len(session.translate(lines, strategy=name)) == len(lines)
   monkeypatch.setitem(strategies.TABLE, _Repeated.NAME, _Repeated)
   found = session.hypotheses(lines, strategy='repeated', times=3)

@@ -74,7 +74,7 @@ def from_config(decode: Mapping[str, Any], overrides: Mapping[str, Any] | None =
   for name in overrides:
     owner = owned[name][0]
     greedy_beam = row is Greedy and name == 'beam_size' and overrides[name] == 1
-    if owner not in (Limits, row) and not greedy_beam:
+    if not (owner is Limits or issubclass(row, owner)) and not greedy_beam:  # a row's base's
       raise ValueError(f'{where(name)} applies to {owner.NAME}, not to {row.NAME} '
                        f'(choose it with {where("strategy")}={owner.NAME})')
   named = lambda name: where(name) if name in overrides else f'config.decode.{name}'  # noqa: E731

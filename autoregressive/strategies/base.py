@@ -19,7 +19,7 @@ import numpy as np
 
 from common.dtype_limits import FLOAT32_MAX, FLOAT32_TINY, INT32_MAX
 from common.schema import documented, is_int, is_number
-from common.tokens import DEFAULT_MIN_NEW_TOKENS, PAD_ID
+from common.tokens import DEFAULT_MIN_NEW_TOKENS, EOS_ID, PAD_ID
 
 LOW, HIGH, LOW_OPEN, RULE, IN_CONFIG = 'low', 'high', 'low_open', 'rule', 'in_config'
 NBEST_MAX = 1024  # an n-best list is at most a beam (beam.py's BEAM_SIZE_MAX); as many samples
@@ -99,13 +99,40 @@ class Strategy(Settings):
     """The settings that shape the search's compiled programs (not runtime scalars)."""
     return ()
 
-  def search(self, model, inputs, limits: Limits, *, eos_id: int | None,
-             line_ids: Sequence[int], scores: bool, drop_finished: bool | int
-             ) -> list[list[Hypothesis]]:
-    """Hypotheses of the first `len(line_ids)` rows of `inputs` `[rows, src_len]` under `model`
-    (a `loop.Decodable`, or an NNX model), best first (`line_ids` seed a sentence's
-    random draws; `scores=False` may leave scores NaN)."""
+  def search(self, module, inputs=None, *, prompt=None, limits: Limits | None = None,
+             eos_id: int | None = EOS_ID, line_ids: Sequence[int] | None = None,
+             scores: bool = True, drop_finished: bool | int = True
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """The search over one batch -> (tokens `[batch, n, max_new_tokens]`, scores `[batch, n]`),
+    best first: n = `limits.nbest` hypotheses per row, EOS kept and zeros after it.
+
+    `module`: an NNX model (it holds its parameters). `inputs` `[batch, src_len]`: an
+    encoder-decoder's sources; `prompt` `[batch, len]`: a decoder-only model's prompt (or an
+    encoder-decoder's forced target prefix), both right-padded with 0. `limits` (default
+    `Limits()`): lengths and `nbest`. `line_ids` (default: the row numbers) seed a row's
+    random draws. `scores` are the strategy's own (beam search's length-normalised score,
+    else log P under the model by forced decoding; `scores=False` may leave them NaN; a
+    missing hypothesis, as when a tiny vocabulary has fewer than n, scores -inf).
+    `drop_finished`: `loop.compact_sizes` (same outputs; False runs every row to the end)."""
     raise NotImplementedError
+
+  def log_probs(self, scores: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """log P of hypotheses of `lengths` tokens from their `scores` (the same by default)."""
+    del lengths
+    return scores
+
+  def hypotheses(self, tokens: np.ndarray, scores: np.ndarray, *, eos_id: int | None,
+                 rows: int | None = None) -> list[list[Hypothesis]]:
+    """`search`'s arrays as `Hypothesis` lists for the first `rows` rows (default: all),
+    without the missing ones (score -inf)."""
+    tokens, scores = np.asarray(tokens)[:rows], np.asarray(scores, np.float32)[:rows]
+    ids = [[until_eos(t, eos_id) for t in row] for row in tokens]
+    lengths = np.array([[len(i) for i in row] for row in ids], np.int32).reshape(scores.shape)
+    log_probs = np.asarray(self.log_probs(scores, lengths))
+    return [[Hypothesis(i, float(s), float(p))
+             for i, s, p in zip(ids[r], scores[r], log_probs[r], strict=True)
+             if not np.isneginf(s)]
+            for r in range(len(ids))]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,16 +196,21 @@ def until_eos(ids: Sequence[int], eos_id: int | None) -> list[int]:
   return out
 
 
-def one_by_one(model, rows, tokens, *, k: int, n: int, eos_id: int | None,
-               scores: bool) -> list[list[Hypothesis]]:
-  """The `k` outputs `tokens` `[n * k (+ padding rows), len]` of `rows` (sources repeated k
-  times) as hypotheses of n sentences, scored by forced decoding (`scores`; else NaN) and
-  best first: what a strategy that draws one token at a time returns."""
-  # Here, not at the top: scoring imports strategies.loop, whose package imports this module.
-  from autoregressive.scoring import forced_log_probs  # pylint: disable=import-outside-toplevel
-  log_probs = (forced_log_probs(model, rows, tokens) if scores
-               else np.full(rows.shape[0], np.nan, np.float32))
+def forced_scores(module, inputs, prompt, tokens, *, scores: bool) -> tuple[np.ndarray, np.ndarray]:
+  """Outputs `tokens` `[batch, n, len]` of a search that draws one token at a time, with their
+  log P under the model (forced decoding; NaN without `scores`), best first when scored."""
   tokens = np.asarray(tokens)
-  found = [[Hypothesis(until_eos(tokens[r * k + j], eos_id), float(log_probs[r * k + j]),
-                       float(log_probs[r * k + j])) for j in range(k)] for r in range(n)]
-  return [sorted(h, key=lambda x: -x.score) if scores else h for h in found]
+  batch, n, _ = tokens.shape
+  if not scores:
+    return tokens, np.full((batch, n), np.nan, np.float32)
+  # Here, not at the top: scoring imports strategies.loop, whose package imports this module.
+  from autoregressive import scoring  # pylint: disable=import-outside-toplevel
+  if prompt is None and inputs is not None:  # one jitted pass over the flattened rows
+    flat = scoring.forced_log_probs(module, np.repeat(np.asarray(inputs), n, axis=0),
+                                    tokens.reshape(batch * n, -1))
+    log_p = flat.reshape(batch, n)
+  else:
+    log_p = np.asarray(scoring.sequence_log_probs(module, inputs, prompt=prompt, tokens=tokens))
+  order = np.argsort(-log_p, axis=1, kind='stable')
+  return (np.take_along_axis(tokens, order[..., None], axis=1),
+          np.take_along_axis(log_p, order, axis=1))

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from autoregressive import program_cache
-from autoregressive.strategies.base import NBEST_MAX, Hypothesis, Strategy, setting, until_eos
+from autoregressive.strategies.base import NBEST_MAX, Limits, Strategy, setting
 from autoregressive.strategies.loop import (
   FIRST_WINDOW,
   NEG_INF,
@@ -82,20 +82,19 @@ class BeamSearch(Strategy):
   def program_key(self) -> tuple:
     return (self.beam_size,)
 
-  def search(self, model, inputs, limits, *, eos_id, line_ids, scores, drop_finished):
-    n, nbest = len(line_ids), limits.nbest
+  def search(self, module, inputs=None, *, prompt=None, limits=None, eos_id=EOS_ID,
+             line_ids=None, scores=True, drop_finished=True):
+    del line_ids, scores  # no random draws; the search's own scores
+    limits = limits or Limits()
     tokens, found = beam_search_decode(
-        model, inputs, beam_size=self.beam_size, alpha=self.alpha,
+        module, inputs, prompt=prompt, beam_size=self.beam_size, alpha=self.alpha,
         max_new_tokens=limits.max_new_tokens, min_new_tokens=limits.min_new_tokens,
-        eos_id=eos_id, drop_finished=drop_finished, nbest=nbest)
-    tokens, found = np.asarray(tokens)[:n, :nbest], np.asarray(found)[:n, :nbest]
-    ids = [[until_eos(t, eos_id) for t in row] for row in tokens]
-    # log P = score * penalty; one call for the batch (one per sentence took ~5% of a pass).
-    lengths = np.array([[len(i) for i in row] for row in ids], np.int32).reshape(n, -1)
-    penalty = np.asarray(_length_penalty(lengths, self.alpha))
-    return [[Hypothesis(i, float(s), float(s) * float(p))
-             for i, s, p in zip(ids[r], found[r], penalty[r], strict=True) if np.isfinite(s)]
-            for r in range(n)]
+        eos_id=eos_id, drop_finished=drop_finished, nbest=limits.nbest)
+    return np.asarray(tokens)[:, :limits.nbest], np.asarray(found)[:, :limits.nbest]
+
+  def log_probs(self, scores, lengths):
+    # score = log P / penalty; one call for the batch (one per sentence took ~5% of a pass).
+    return scores * np.asarray(_length_penalty(lengths, self.alpha))
 
 
 def beam_search_decode(module, inputs=None, *, prompt=None, beam_size: int,

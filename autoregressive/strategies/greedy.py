@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from autoregressive import program_cache
-from autoregressive.strategies.base import Strategy, one_by_one
+from autoregressive.strategies.base import Limits, Strategy, forced_scores
 from autoregressive.strategies.loop import (
   checked_min_new_tokens,
   compact_sizes,
@@ -32,13 +32,13 @@ class Greedy(Strategy):
       raise ValueError(f'{where}={nbest} is more than greedy decoding finds (1): use beam '
                        'search or sampling for more')
 
-  def search(self, model, inputs, limits, *, eos_id, line_ids, scores, drop_finished):
-    tokens = greedy_decode(model, inputs,
-                           max_new_tokens=limits.max_new_tokens,
+  def search(self, module, inputs=None, *, prompt=None, limits=None, eos_id=EOS_ID,
+             line_ids=None, scores=True, drop_finished=True):
+    limits = limits or Limits()
+    tokens = greedy_decode(module, inputs, prompt=prompt, max_new_tokens=limits.max_new_tokens,
                            min_new_tokens=limits.min_new_tokens, eos_id=eos_id,
                            drop_finished=drop_finished)
-    return one_by_one(model, np.asarray(inputs), tokens, k=1, n=len(line_ids),
-                      eos_id=eos_id, scores=scores)
+    return forced_scores(module, inputs, prompt, np.asarray(tokens)[:, None], scores=scores)
 
 
 def greedy_decode(module, inputs=None, *, prompt=None, max_new_tokens: int,

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from autoregressive import program_cache
-from autoregressive.strategies.base import Strategy, one_by_one, setting
+from autoregressive.strategies.base import Limits, Strategy, forced_scores, setting
 from autoregressive.strategies.loop import (
   checked_min_new_tokens,
   compact_sizes,
@@ -52,17 +52,22 @@ class Sampling(Strategy):
   def program_key(self) -> tuple:
     return (self.top_k, self.top_p < 1.0, self.temperature == 0)
 
-  def search(self, model, inputs, limits, *, eos_id, line_ids, scores, drop_finished):
+  def search(self, module, inputs=None, *, prompt=None, limits=None, eos_id=EOS_ID,
+             line_ids=None, scores=True, drop_finished=True):
+    limits = limits or Limits()
     k = limits.nbest
-    rows = np.repeat(np.asarray(inputs), k, axis=0)
+    given = inputs if prompt is None else prompt
+    batch = np.asarray(given).shape[0]
+    line_ids = range(batch) if line_ids is None else line_ids
+    repeat = lambda x: None if x is None else np.repeat(np.asarray(x), k, axis=0)  # noqa: E731
     tokens = sample(
-        model, rows, max_new_tokens=limits.max_new_tokens,
+        module, repeat(inputs), prompt=repeat(prompt), max_new_tokens=limits.max_new_tokens,
         min_new_tokens=limits.min_new_tokens, eos_id=eos_id,
-        rng=sample_keys(self.seed, line_ids, k, inputs.shape[0]),
+        rng=sample_keys(self.seed, line_ids, k, batch),
         temperature=self.temperature, top_k=self.top_k or None,
         top_p=self.top_p if self.top_p < 1.0 else None, drop_finished=drop_finished)
-    return one_by_one(model, rows, tokens, k=k, n=len(line_ids), eos_id=eos_id,
-                      scores=scores)
+    return forced_scores(module, inputs, prompt, np.asarray(tokens).reshape(batch, k, -1),
+                         scores=scores)
 
 
 def sample_keys(seed: int, line_ids: Sequence[int], n: int, rows: int):
