@@ -232,27 +232,9 @@ def parse_profile_steps(value: str) -> tuple[int, int] | None:
   return start, end
 
 
-def _setting(name: str):
-  """config.decode's field `name`: the default and doc of its decoding setting."""
-  _, field = strategies.config_fields()[name]
-  return documented(field.default, field.metadata[DOC])
-
-
-@dataclasses.dataclass(frozen=True)
-class DecodeConfig(Schema):
-  """`config.decode`: the validation BLEU's decoding, and decode.py's defaults. Its fields are
-  the decoding settings of `autoregressive.strategies` (defaults, docs and bounds there;
-  decode.py's flags and `Session` read them too) but the per-call ones, plus
-  num_eval_sentences."""
+class _DecodeRules(Schema):
+  """What config.decode checks beyond each field's bounds."""
   SECTION = 'decode'
-  beam_size: int = _setting('beam_size')
-  alpha: float = _setting('alpha')
-  max_new_tokens: int = _setting('max_new_tokens')
-  min_new_tokens: int = _setting('min_new_tokens')
-  num_eval_sentences: int = documented(1014, 'sentences the validation BLEU decodes')
-  batch_size: int = _setting('batch_size')
-  temperature: float = _setting('temperature')
-  top_k: int = _setting('top_k')
 
   def validate(self) -> None:
     super().validate()
@@ -265,6 +247,19 @@ class DecodeConfig(Schema):
         strategies.from_config(values, strategy=name)
     except ValueError as e:
       raise ConfigError(str(e)) from None
+
+
+# `config.decode`: the validation BLEU's decoding, and decode.py's defaults. Its fields are made
+# from the decoding settings of `autoregressive.strategies` that a config holds (defaults, docs
+# and bounds live there; decode.py's flags and `Session` read them too), plus
+# num_eval_sentences: a new row's `in_config` setting is a field here with nothing written.
+DecodeConfig = dataclasses.make_dataclass(
+    'DecodeConfig',
+    [(name, field.type, documented(field.default, field.metadata[DOC]))
+     for name, (_, field) in strategies.config_fields().items()]
+    + [('num_eval_sentences', int, documented(1014, 'sentences the validation BLEU decodes'))],
+    bases=(_DecodeRules,), frozen=True)
+DecodeConfig.__module__ = __name__  # (make_dataclass's `module=` is Python 3.12's)
 
 
 @dataclasses.dataclass(frozen=True)
