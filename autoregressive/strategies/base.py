@@ -128,7 +128,7 @@ class Strategy(Settings):
     tokens, scores = np.asarray(tokens)[:rows], np.asarray(scores, np.float32)[:rows]
     ids = [[until_eos(t, eos_id) for t in row] for row in tokens]
     lengths = np.array([[len(i) for i in row] for row in ids], np.int32).reshape(scores.shape)
-    log_probs = np.asarray(self.log_probs(scores, lengths))
+    log_probs = np.asarray(self.log_probs(scores.astype(np.float64), lengths))  # exact product
     return [[Hypothesis(i, float(s), float(p))
              for i, s, p in zip(ids[r], scores[r], log_probs[r], strict=True)
              if not np.isneginf(s)]
