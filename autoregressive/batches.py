@@ -93,7 +93,7 @@ def search_in_batches(model, strategy, limits, sources: Sequence[Sequence[int] |
                       fixed_rows: bool = True, drop_finished: bool | int = True,
                       workers: int | None = None) -> list:
   """`strategy`'s hypotheses (`limits.nbest` per source, best first) of every source under
-  `model` (an NNX model or its `loop.decoding_model` form), None where the source is None.
+  `model` (an NNX model; a `Session` passes the split it keeps), None where the source is None.
 
   Sources are decoded sorted by length (longest first) in batches of `limits.batch_size`;
   `fixed_rows` pads every batch to that many rows (one shape for a whole file), else to the

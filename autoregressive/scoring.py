@@ -44,8 +44,8 @@ def _summed_log_probs(config, params, inputs, targets):
 
 
 def forced_log_probs(module, inputs, targets) -> np.ndarray:
-  """log P(targets | inputs) per row under `module` (an NNX model, or its `decoding_model`
-  form): `inputs` `[batch, src]` (None for a decoder-only model), `targets` `[batch, len]`
+  """log P(targets | inputs) per row under `module` (an NNX model):
+  `inputs` `[batch, src]` (None for a decoder-only model), `targets` `[batch, len]`
   right-padded with 0 (the pad id is never a target) -> `[batch]` float32, the sum over the
   targets (EOS included when present)."""
   config, params = decoding_model(module)

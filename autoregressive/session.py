@@ -57,9 +57,10 @@ class Session:
       raise ValueError(f'a {self.kind} model has no decoder: there is nothing to decode')
 
   @functools.cached_property
-  def model(self) -> Decodable:
-    """The module split once (unrolled) for every search: (config, params). On first use, so
-    that a session that only encodes text needs no parameters (an abstract module will do)."""
+  def _split(self) -> Decodable:
+    """The module split once (unrolled) for every batch: (config, params), the jitted
+    programs' form (a split per batch would cost ~10 ms each). On first use, so that a session
+    that only encodes text needs no parameters (an abstract module will do)."""
     return decoding_model(self.module)
 
   # -- settings ------------------------------------------------------------------------------
@@ -92,7 +93,7 @@ class Session:
     forced-scoring pass, a stream's few rows)."""
     self._require(True, 'translation')
     chosen, limits = self.settings(**settings)
-    return search_in_batches(self.model, chosen, limits, sources, eos_id=self.tokenizer.eos_id,
+    return search_in_batches(self._split, chosen, limits, sources, eos_id=self.tokenizer.eos_id,
                              progress=progress, line_ids=line_ids, scores=scores,
                              fixed_rows=fixed_rows)
 
@@ -175,7 +176,7 @@ class Session:
                          f'model\'s max_len {limit}: it cannot be scored')
       targets.append(ids)
     _, limits = self.settings(batch_size=batch_size)
-    return score_references(self.model, self.encode(sources), targets,
+    return score_references(self._split, self.encode(sources), targets,
                             batch_size=limits.batch_size)
 
   # -- language model ------------------------------------------------------------------------
@@ -203,7 +204,7 @@ class Session:
     sampling, limits = strategies.from_config(
         dict(self.config.get('decode', {})), dict(settings, max_new_tokens=num_tokens),
         strategy=strategies.Sampling.NAME)
-    new = _continued(self.model, ids, num_tokens=limits.max_new_tokens,
+    new = _continued(self._split, ids, num_tokens=limits.max_new_tokens,
                      min_new_tokens=limits.min_new_tokens, sampling=sampling, line=line,
                      eos_id=tok.eos_id, warn=self.warn)
     return ids, new

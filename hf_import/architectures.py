@@ -18,6 +18,7 @@ import numpy as np
 
 from hf_export.convert import HF_ACTIVATIONS
 from hf_import import convert
+from model.kinds import ADAPTERS
 
 ACTIVATIONS = {hf: ours for ours, hf in HF_ACTIVATIONS.items()} | {
     'silu': 'silu', 'gelu_pytorch_tanh': 'gelu'}
@@ -179,7 +180,7 @@ def decode_settings(generation: dict, kind: str, max_len: int) -> dict:
   out = {}
   if 'min_new_tokens' in generation:
     out['min_new_tokens'] = generation['min_new_tokens']
-  if kind == 'decoder_only':
+  if ADAPTERS[kind].has_decoder and not ADAPTERS[kind].has_source:  # a language model
     if not generation.get('do_sample', False):
       return {**out, 'temperature': 0.0}  # greedy
     theirs = {**TRANSFORMERS_SAMPLING, **generation}

@@ -150,7 +150,7 @@ def plot(F, session, plotted) -> None:
   piece = lambda i: session.tokenizer.id_to_piece(int(i))  # noqa: E731
   with tqdm(total=len(chosen), file=sys.stderr, unit='sent', desc='plotting',
             dynamic_ncols=True) as bar:
-    written = plotting.plot_lines(session.model, piece, chosen,
+    written = plotting.plot_lines(session.module, piece, chosen,
                                   F.attention_plot, heads=F.attention_plot_heads,
                                   progress=bar.update)
   more = ''

@@ -69,7 +69,7 @@ def _forward_with_weights(config, params, inputs, targets) -> dict[str, jax.Arra
 
 def collect_attention(module, inputs, targets) -> dict[str, np.ndarray]:
   """Teacher-forced forward pass -> attention weights by module name, `[batch, heads, q, k]`
-  float32 (`module`: an NNX model, or its `decoding_model` form).
+  float32 (`module`: an NNX model).
 
   `inputs` `[batch, src_len]` (None for a decoder-only model) and `targets`
   `[batch, tgt_len]` (for a decoder-only model, the tokens), right-padded with 0.
@@ -277,7 +277,7 @@ def plot_lines(module, piece, items, out_dir: str, *, heads: str = 'all',
   """Attention heatmaps of `items`, `(index, source ids or None, output ids)` each, teacher-forced
   on the output ids (a decoder-only model takes no source). `piece(id)` labels the axes; item
   `index` goes to `out_dir/line_<index+1>/`; `progress(1)` after each sentence. Returns the
-  number of PNGs. `module`: an NNX model, or its `decoding_model` form."""
+  number of PNGs. `module`: an NNX model."""
   module = decoding_model(module)  # split once for every batch
   has_source = adapter_of(module).has_source
   _make_dir(out_dir)

@@ -149,8 +149,8 @@ def test_gpt2_equals_transformers(built):
                              atol=1e-5, rtol=0)
   prompt = np.array([ours.encode('ROMEO: But soft, what light')], np.int32)
   hf_prompt = torch.tensor([[start] + ours.to_theirs(prompt[0])])
-  greedy = greedy_decode(session.model, prompt=prompt, max_new_tokens=10, eos_id=None)
-  beams, _ = beam_search_decode(session.model, prompt=prompt, beam_size=4, alpha=0.0,
+  greedy = greedy_decode(session.module, prompt=prompt, max_new_tokens=10, eos_id=None)
+  beams, _ = beam_search_decode(session.module, prompt=prompt, beam_size=4, alpha=0.0,
                                 max_new_tokens=10, eos_id=None)
   for beam, found in ((1, np.asarray(greedy)[0]), (4, np.asarray(beams)[0, 0])):
     generated = model.generate(hf_prompt, num_beams=beam, length_penalty=0.0, do_sample=False,

@@ -48,7 +48,7 @@ def greedy_decode(module, inputs=None, *, prompt=None, max_new_tokens: int,
 
   Args:
     module: an encoder-decoder or decoder-only NNX model (`model.build_model`; it holds its
-      parameters), or its `loop.decoding_model` form.
+      parameters).
     inputs: encoder-decoder source tokens `[batch, src_len]`, right-padded with 0.
       A decoder-only model (no source) takes `inputs` as its prompt.
     prompt: decoder-only prompt `[batch, len]` right-padded with 0 (rows may differ in

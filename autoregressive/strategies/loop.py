@@ -92,7 +92,8 @@ def left_out_blocks(size: int, exclude: int | None = PAD_ID, eos_banned: Array |
 class Decodable(NamedTuple):
   """A model as the decoding programs take it: `config` (static: a program is compiled per
   config) and `params` (the pure dict of its parameters, traced), unrolled. Callers that decode
-  many batches (`Translator`, `Session`) keep this form, so that the module is split once."""
+  many batches (a `Session`) keep this form, so that the module is split once; it never
+  appears in a public signature (the NNX model is the one public form)."""
   config: ModelConfig
   params: dict[str, Any]
 
@@ -101,8 +102,9 @@ def decoding_model(model) -> Decodable:
   """The (config, params) to decode or plot with, of an NNX model (`model.build_model`) or of a
   `Decodable` (returned as it is). A `scan_layers` model runs unrolled, so that every layer has
   its own KV cache and its own kept attention weights (same weights, same results). Every
-  inference path goes through here: `workdir.restore` and `Translator` split once, and the
-  decoding functions' own call is then a no-op."""
+  inference path goes through here. Internal: the public functions take the NNX model; a
+  `Session` splits once and passes its split down (a split costs ~10 ms), where the decoding
+  functions' own call is then a no-op."""
   if isinstance(model, Decodable):
     return model
   model = unrolled(model)
