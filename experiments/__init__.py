@@ -10,6 +10,8 @@ Modules:
   evaluate      the evaluation every run gets: BLEU/chrF on validation and test, or LM loss
   significance  paired bootstrap over test sentences (sacreBLEU's), Welch's t over seeds
   table         ROOT/summary.md and ROOT/curves.png
+  archive       `python -m experiments.archive save|restore`: evaluated runs without their
+                checkpoints, kept and put back (a sweep longer than one machine's lease)
   report        `python -m experiments.report`: curves and a table of any runs, from their
                 TensorBoard event files
 """

@@ -251,6 +251,24 @@ def test_dry_run_shows_states_and_measured_time(swept):
   assert '4 of 6 runs done' in out, out
 
 
+def test_archived_runs_restore_as_done_with_the_same_table(swept, tmp_path):
+  """`experiments.archive`: the evaluated runs without checkpoints, put back into another root,
+  are done for sweep.py and give the table the same rows; a second restore writes nothing."""
+  from experiments import archive, table  # pylint: disable=import-outside-toplevel
+  saved = archive.save(str(swept['root']), str(tmp_path / 'archive'))
+  assert saved == ['post/seed_0', 'post/seed_1', 'pre/seed_0', 'pre/seed_1']  # not the typos
+  assert archive.save(str(swept['root']), str(tmp_path / 'archive')) == []
+  old = swept['plan']
+  new = sweep_file.plan(old.sweep, str(tmp_path / 'root'), old.path)
+  assert archive.restore(str(tmp_path / 'archive'), new.root) == saved
+  assert archive.restore(str(tmp_path / 'archive'), new.root) == []
+  states = {f'{r.row}/seed_{r.seed}': launch.run_state(new, r)[0] for r in new.runs}
+  assert [name for name, state in states.items() if state == 'done'] == saved, states
+  for before, after in zip(table.collect(old), table.collect(new), strict=True):
+    assert (before.results, before.test_outputs, before.references) == (
+        after.results, after.test_outputs, after.references), before.name
+
+
 # ----------------------------------------------------------------------------- SLURM
 
 FAKE_SBATCH = """#!/bin/sh
