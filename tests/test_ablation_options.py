@@ -1,4 +1,4 @@
-"""The ablation options (issue 56), each off by default: its equation against a NumPy
+"""The ablation options, each off by default: its equation against a NumPy
 reference, its shapes, the model equal to the plain path at its off value, and what the
 exports and --show_config say of it."""
 

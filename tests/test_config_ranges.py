@@ -1,5 +1,5 @@
-"""Issue 27 items 4 and 6 for the config and train.py's flags: every number is range-checked
-in the type it is used in (float32, int32, a uint32 seed), in one line naming the field."""
+"""The config's and train.py's numbers: each is range-checked in the type it is used in
+(float32, int32, a uint32 seed), in one line naming the field."""
 
 import pytest
 import test_train_synthetic as syn

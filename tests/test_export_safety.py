@@ -1,4 +1,4 @@
-"""export.py never loses data and fails in one line (issue 27 items 1, 7, 8): the output
+"""export.py never loses data and fails in one line: the output
 directory is never the workdir, inside it or above it (symlinks resolved), --overwrite
 replaces only a previous export, bad flags exit 2, a missing optional package names its extra.
 """

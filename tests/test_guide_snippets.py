@@ -1,4 +1,4 @@
-"""The Python code of docs/guide.md and README.md runs as written (issue 29), so the guide
+"""The Python code of docs/guide.md and README.md runs as written, so the guide
 cannot go stale: every ```python block is executed in a directory whose `runs/` holds tiny
 trained workdirs under the names the guide uses (`runs/default`: a translation model,
 `runs/shakespeare`: a character language model, `runs/default_hf` and `runs/default_ct2`: the

@@ -1,4 +1,4 @@
-"""Issue 44: transformers checkpoints in (import.py, hf_import). Small random Marian, GPT-2
+"""transformers checkpoints in (import.py, hf_import). Small random Marian, GPT-2
 and BERT checkpoints built here with transformers' own classes (tests/hf_checkpoints.py):
 logits equal to transformers', tokenizer ids equal on a few hundred real sentences, greedy and
 beam outputs equal to generate(), and our exports imported back to identical parameters (an

@@ -1,4 +1,4 @@
-"""`config.model.init`, `config.model.scale_embeddings` and the weight-decay mask (issue 16)."""
+"""`config.model.init`, `config.model.scale_embeddings` and the weight-decay mask."""
 
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,4 @@
-"""Issue 17: one writer per workdir; full disks, damaged and bit-rotted checkpoints, bad flags
+"""One writer per workdir; full disks, damaged and bit-rotted checkpoints, bad flags
 and refused runs end in one clear line, with nothing lost and nothing silently wrong."""
 
 import gc

@@ -1,4 +1,4 @@
-"""Issues 17 and 27 through the command lines, on small parallel text: refused runs leave
+"""Robustness through the command lines, on small parallel text: refused runs leave
 nothing behind, full disks end in one line, a second Ctrl-C stops at once."""
 
 import os

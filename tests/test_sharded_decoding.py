@@ -1,4 +1,4 @@
-"""Decoding with sharded parameters (issue 14): greedy, sampling and beam search with the
+"""Decoding with sharded parameters: greedy, sampling and beam search with the
 parameters sharded over a `(data, fsdp, tensor)` mesh of 8 simulated CPU devices give the
 tokens of 1 device, and `decode.py --mesh` decodes a checkpoint trained on another mesh as
 1 device does.

@@ -1,4 +1,4 @@
-"""FSDP and tensor parallelism (issue 14): the same training on every mesh of 8 simulated
+"""FSDP and tensor parallelism: the same training on every mesh of 8 simulated
 devices as on 1, per-device memory, checkpoints across meshes, bad meshes refused.
 
 `python tests/test_sharding.py OUT.json` (8 devices) trains the same 5 steps on each mesh

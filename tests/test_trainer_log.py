@@ -1,4 +1,4 @@
-"""What a run says about itself (issue 29): step time, tokens/s and ETA measure train steps
+"""What a run says about itself: step time, tokens/s and ETA measure train steps
 only, evaluations / checkpoints / compilations get lines and metrics of their own, each
 compile wait is announced, the config is echoed against its preset, a typo'd field gets the
 close fields, and the best figures survive a resume.

@@ -1,4 +1,4 @@
-"""Issue 17, security: a workdir is data (no path escapes through tokenizer.json), written
+"""Security: a workdir is data (no path escapes through tokenizer.json), written
 files get the umask's mode, and temporary files are never predictable symlink targets."""
 
 import hashlib
