@@ -10,6 +10,8 @@ Parts, in order of importance, each a subprocess with its own time limit; togeth
   cudnn tests  tests/test_attention_impls.py -k cudnn, one process, -x: the GPU-only kernels
   tests        python -m pytest -n N (xdist workers sized to the machine), no GPU memory
                preallocation; the suite itself runs at the highest matmul precision
+  resume       bench/resume_check.py: train.py with deterministic=True, straight and resumed
+               halfway, the parameters compared bit for bit on the accelerator
   train bf16   bench/train_step.py: the paper's base model, batch 256 x 64, bfloat16 (with the
                Flax WMT example in the same process when --flax_wmt_dir is given)
   decode       bench/decode.py, 'small': greedy and beam 4, batch 16, 32 tokens
@@ -124,6 +126,12 @@ def summarize_decode(part: dict) -> dict:
   return out
 
 
+def summarize_resume(part: dict) -> dict:
+  found = [r for r in json_lines(part['stdout']) if r.get('bench') == 'resume_check']
+  return {k: found[-1][k] for k in ('backend', 'bitwise_equal', 'leaves_differing',
+                                    'max_abs_diff')} if found else {}
+
+
 def summarize_default_run(train: dict, decode: dict) -> dict:
   out = {'train_wall_s': train['wall_s'], 'train_rc': train['rc']}
   steps = re.findall(r'step (\d+)/\d+ .*?([\d,]+) tok/s', train['stdout'])
@@ -160,6 +168,7 @@ def plan(args, info: dict, out_dir: str) -> list[tuple[str, list[str], float]]:
   return [
       ('cudnn tests', cudnn, 120),
       ('tests', tests, args.tests_limit_s),
+      ('resume', [py, 'bench/resume_check.py', '--steps=20'], 150),
       ('train bf16', train_step_cmd('bfloat16', 20, flax_wmt_dir=args.flax_wmt_dir), 150),
       ('decode', decode_bench_cmd('auto', 10), 90),
       ('default run', [py, 'train.py', f'--workdir={run_dir}', *args.default_run_args.split()],
@@ -205,7 +214,7 @@ def _fmt(value) -> str:
 
 SUMMARIES = {'cudnn tests': summarize_tests, 'tests': summarize_tests,
              'train bf16': summarize_train, 'train f32': summarize_train,
-             'decode': summarize_decode}
+             'decode': summarize_decode, 'resume': summarize_resume}
 
 
 def main() -> None:
