@@ -84,9 +84,12 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
     log.write(f'\n=== {time.strftime("%Y-%m-%d %H:%M:%S")} train.py {" ".join(spec["args"])}\n'
               .encode())
     log.flush()
+    env = dict(os.environ)
+    if spec.get('compilation_cache'):  # JAX's own variable: train.py's programs, cached
+      env['JAX_COMPILATION_CACHE_DIR'] = spec['compilation_cache']
     forward.child = subprocess.Popen(  # pylint: disable=consider-using-with
         [sys.executable, 'train.py', *spec['args']], cwd=spec['repo'], stdout=log,
-        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
     write_status(status_file, state=RUNNING, phase='train', job_pid=os.getpid(),
                  train_pid=forward.child.pid, started=started)
     code = forward.child.wait()
@@ -99,6 +102,9 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
                 error=last_error(log_file))
   write_status(status_file, state=RUNNING, phase='evaluate', job_pid=os.getpid(),
                started=started)
+  if spec.get('compilation_cache'):  # decode.py's: the programs and their compiled code
+    from inference.decode_cli import enable_compilation_cache  # pylint: disable=import-outside-toplevel
+    enable_compilation_cache(spec['compilation_cache'])
   try:
     results = evaluate.evaluate(workdir, spec['decode'], translates=spec['translates'],
                                 sentences=spec.get('eval_sentences'))

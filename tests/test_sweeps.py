@@ -203,6 +203,10 @@ def test_failed_run_reported_and_the_others_finish(swept):
 
 def test_each_run_is_an_evaluated_workdir(swept):
   root = swept['root']
+  # The runs share one persistent compilation cache: train.py's programs and the evaluation's.
+  cache = root / '.sweep' / 'xla_cache'
+  assert any(name.startswith('jit_') for name in os.listdir(cache))
+  assert os.listdir(cache / 'programs')  # the exported decoding programs
   for row in ('post', 'pre'):
     for seed in (0, 1):
       workdir = root / row / f'seed_{seed}'
