@@ -10,7 +10,7 @@ optimizer, loss and timing, so the ratio compares model code only.
 import jax.numpy as jnp
 from flax import nnx
 
-from autoregressive.strategies import BeamSearch, Limits
+from autoregressive.strategies.beam import beam_search_decode
 from model import ModelConfig, bind, build_model, params_of
 from training.losses import smoothed_cross_entropy
 
@@ -43,9 +43,12 @@ class Harnessed:
     return (losses * weights).sum() / weights.sum()
 
   def beam_search(self, params, inputs, beam_size, max_decode_len, eos_id):
-    search = BeamSearch(beam_size=beam_size, alpha=0.6)
-    limits = Limits(max_new_tokens=max_decode_len, nbest=beam_size)
-    return search.search(bind(self.config, params), inputs, limits=limits, eos_id=eos_id)[0]
+    # The beam row's loop, not its `search`: the harness jits this method, and `search`
+    # returns NumPy arrays (the token door is for eager callers).
+    tokens, _ = beam_search_decode(bind(self.config, params), inputs,
+                                   beam_size=beam_size, alpha=0.6,
+                                   max_new_tokens=max_decode_len, eos_id=eos_id)
+    return tokens
 
 
 def make(cfg):
