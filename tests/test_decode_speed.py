@@ -346,3 +346,31 @@ def test_first_argmax_equals_argmax_ties_infinities_and_nan_included():
     y[:, 0] = -np.inf
     y[banned, eos] = -np.inf
     np.testing.assert_array_equal(got, np.asarray(jnp.argmax(jnp.asarray(y), axis=-1)))
+
+
+def test_a_rows_search_over_a_language_models_prompt():
+  """The token door on a decoder-only model: a row's `search` takes the prompt by keyword or
+  as its positional array alike, and greedy decoding's and sampling's scores are the log P of
+  each continuation under the model (a full forward pass over prompt + output, here)."""
+  from autoregressive.strategies import Greedy, Sampling  # pylint: disable=import-outside-toplevel
+  model = _model('decoder_only', seed=4)
+  prompt = np.random.RandomState(4).randint(3, 20, size=(3, 5)).astype(np.int32)
+  for row, nbest in ((Greedy(), 1), (Sampling(temperature=1.0, seed=2), 3)):
+    limits = Limits(max_new_tokens=6, nbest=nbest)
+    tokens, scores = row.search(model, prompt=prompt, limits=limits)
+    again = row.search(model, prompt, limits=limits)
+    np.testing.assert_array_equal(again[0], tokens)
+    np.testing.assert_array_equal(again[1], scores)
+    assert tokens.shape == (3, nbest, 6) and scores.shape == (3, nbest)
+    assert np.all(np.diff(scores, axis=1) <= 0), row.NAME  # best first
+    for b in range(3):
+      for j in range(nbest):
+        out = list(tokens[b, j])
+        out = out[:out.index(1) + 1] if 1 in out else out  # up to EOS
+        full = np.array([list(prompt[b]) + out], np.int32)
+        logits = np.asarray(model(full), np.float64)[0]
+        logits[:, 0] = -np.inf  # the pad id is never an output
+        log_p = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1,
+                                keepdims=True)) - logits.max(-1, keepdims=True)
+        expected = sum(log_p[5 + t, tok] for t, tok in enumerate(out))
+        np.testing.assert_allclose(scores[b, j], expected, rtol=1e-4, atol=1e-4)

@@ -205,6 +205,9 @@ def forced_scores(module, inputs, prompt, tokens, *, scores: bool) -> tuple[np.n
     return tokens, np.full((batch, n), np.nan, np.float32)
   # Here, not at the top: scoring imports strategies.loop, whose package imports this module.
   from autoregressive import scoring  # pylint: disable=import-outside-toplevel
+  from model.kinds import adapter_of  # pylint: disable=import-outside-toplevel
+  if not adapter_of(module).has_source and prompt is None:
+    inputs, prompt = None, inputs  # a language model takes a positional array as its prompt
   if prompt is None and inputs is not None:  # one jitted pass over the flattened rows
     flat = scoring.forced_log_probs(module, np.repeat(np.asarray(inputs), n, axis=0),
                                     tokens.reshape(batch * n, -1))
