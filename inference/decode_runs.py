@@ -30,10 +30,12 @@ def translate(F, session, plan, lines, references) -> None:
   """Translations (or n-best lists, or samples) of every input line, in order."""
   from tqdm import tqdm  # pylint: disable=import-outside-toplevel
   settings = dict(plan.settings)
+  strategy, limits = session.settings(**settings)  # warns once of a capped max_new_tokens
+  settings['max_new_tokens'] = limits.max_new_tokens  # capped: each chunk's call is quiet
   if lines is not None:  # a file: no more rows than sentences
     sentences = max(1, sum(bool(line.strip()) for line in lines))
-    settings['batch_size'] = min(session.settings(**settings)[1].batch_size, sentences)
-  strategy, limits = session.settings(**settings)
+    settings['batch_size'] = min(limits.batch_size, sentences)
+    strategy, limits = session.settings(**settings)
   batch_size, nbest, eos = limits.batch_size, limits.nbest, session.tokenizer.eos_id
   scores = F.output_format == 'jsonl' or nbest > 1
   out, texts, plotted = streaming.Output(F.output_file, workdirs=[F.workdir]), [], []

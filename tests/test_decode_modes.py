@@ -75,9 +75,10 @@ class _Conversation:
 
 def test_translation_stream_is_answered_line_by_line(workdirs):
   """Also decode.py's stdin to stdout at an earlier checkpoint (`--step`; what
-  test_decode_cli's own process for it checked)."""
+  test_decode_cli's own process for it checked), and a max_new_tokens past the model's
+  positions capped with one warning, not one per chunk of the stream."""
   talk = _Conversation(f'--workdir={workdirs["mt"]}', '--step=10', '--beam_size=1',
-                       '--max_new_tokens=6', '--compilation_cache=')
+                       '--max_new_tokens=1000', '--compilation_cache=')
   first = talk.ask('A man rides a bike.')
   assert first.endswith('\n') and first.strip()
   assert talk.ask('') == '\n'  # an empty line gives an empty line
@@ -85,9 +86,11 @@ def test_translation_stream_is_answered_line_by_line(workdirs):
   err = talk.close()
   assert 'translated 2 sentence(s) (greedy)' in err and 'Traceback' not in err
   assert 'step 10' in err
+  assert err.count("max_new_tokens 1000 is more than the model's max_len") == 1, err[-2000:]
   import inference  # pylint: disable=import-outside-toplevel  # the same from Python
-  session = inference.load(workdirs['mt'], step=10)
-  assert session.translate(['A man rides a bike.'], beam_size=1, max_new_tokens=6) == [first[:-1]]
+  session = inference.load(workdirs['mt'], step=10, warn=lambda message: None)
+  assert session.translate(['A man rides a bike.'], beam_size=1, max_new_tokens=1000) == [
+      first[:-1]]
 
 
 def test_a_stream_stops_cleanly_on_a_bad_line_or_ctrl_c(workdirs):
