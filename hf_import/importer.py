@@ -226,8 +226,6 @@ def write_workdir(imported: Imported, workdir: str) -> None:
   imports into one `workdir` cannot mix their files: the second is refused. A killed import
   (SIGKILL) may leave its `.NAME.importing-*` directory behind; nothing else."""
   from configs import base  # pylint: disable=import-outside-toplevel
-  from model import ModelConfig  # pylint: disable=import-outside-toplevel
-  from training import mesh, optim, state  # pylint: disable=import-outside-toplevel
   from workdir import checkpoint, config_io  # pylint: disable=import-outside-toplevel
   refuse_existing(workdir)
   config = base.base_config()
@@ -251,14 +249,7 @@ def write_workdir(imported: Imported, workdir: str) -> None:
   try:
     config_io.save_config(config, partial)
     imported.tokenizer.save(os.path.join(partial, tokenizers.TOKENIZER_DIR))
-    cfg = ModelConfig.from_config(config.model)
-    tx = optim.make_optimizer(config, optim.make_schedule(config))
-    params = jax.tree.map(np.asarray, imported.params)
-    train_state = state.create_train_state(cfg, tx, config.train.seed, mesh.make_mesh(1),
-                                           params=params)
-    saver = checkpoint.Checkpointer(partial, async_save=False)
-    saver.save(0, train_state, None)
-    saver.close()
+    checkpoint.save_params(partial, jax.tree.map(np.asarray, imported.params))
     with _locked(parent):  # the check and the rename, atomic among imports
       refuse_existing(workdir)
       os.rename(partial, target)

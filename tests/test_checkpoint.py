@@ -49,6 +49,34 @@ def test_restore_params_and_average(straight_run):
   assert leaf.sharding.device_set == {jax.local_devices()[0]}
 
 
+def test_a_params_only_checkpoint_starts_a_run_as_a_full_step_0_state_did(straight_run,
+                                                                          tmp_path):
+  """`save_params` (what an import writes): decode.py reads it as any checkpoint, the trainer's
+  restore gives `ParamsOnly`, and a run started from it is bitwise the run started from a full
+  step-0 train state holding those parameters (what imports wrote before)."""
+  from model import ModelConfig  # pylint: disable=import-outside-toplevel
+  from training import mesh as mesh_lib, optim, state as state_lib  # pylint: disable=import-outside-toplevel
+  params, _ = checkpoint.restore_params(straight_run[0])  # trained: not the run's own init
+  only, full = str(tmp_path / 'only'), str(tmp_path / 'full')
+  checkpoint.save_params(only, params)
+  config = syn.tiny_config('encoder_decoder', **STRAIGHT)
+  tx = optim.make_optimizer(config)
+  model_config, mesh = ModelConfig.from_config(config.model), mesh_lib.make_mesh()
+  saver = checkpoint.Checkpointer(full, async_save=False)
+  saver.save(0, state_lib.create_train_state(model_config, tx, config.train.seed, mesh,
+                                             params=params), None)
+  saver.close()
+  _assert_trees_equal(checkpoint.restore_params(only)[0], params)
+  reader = checkpoint.Checkpointer(only)
+  found, data, step = reader.restore(state_lib.abstract_train_state(model_config, tx, mesh))
+  reader.close()
+  assert isinstance(found, checkpoint.ParamsOnly) and (data, step) == (None, 0)
+  _assert_trees_equal(found.params, params)
+  runs = [syn.run(w, 'encoder_decoder', STRAIGHT) for w in (only, full)]
+  assert runs[0]['losses'] == runs[1]['losses']
+  _assert_trees_equal(runs[0]['state'].params, runs[1]['state'].params)
+
+
 def test_restore_params_errors(straight_run, tmp_path):
   workdir, _ = straight_run
   with pytest.raises(checkpoint.CheckpointError, match='no checkpoint in'):

@@ -38,8 +38,6 @@ KNOWN_UPWARD: dict[str, str] = {}
 TRAINING_IMPORTERS = {
     'train': 'the training command line',
     'bench': "benchmarks of the train step, the optimizer's state and the mesh",
-    'hf_import': "an import's checkpoint holds the train state train.py resumes (the "
-                 "optimizer's initial state)",
 }
 
 def _modules() -> dict[str, str]:

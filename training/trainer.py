@@ -182,6 +182,10 @@ class _Run:
       return state_lib.create_train_state(self.model_config, self.tx, t.seed, self.mesh, self.rules,
                                           params=init_from.params(self.config))
     state, data_state, step = restored
+    if isinstance(state, ckpt_lib.ParamsOnly):  # an import's step 0: its optimizer starts here
+      log(f'starting from the parameters of checkpoint {step} (parameters only: an import)')
+      return state_lib.create_train_state(self.model_config, self.tx, t.seed, self.mesh,
+                                          self.rules, params=state.params)
     if data_state is not None:
       self.datasets.train_iter.set_state(data_state)
     log(f'resumed from the checkpoint at step {step}')

@@ -2,11 +2,13 @@
 
   Checkpointer(workdir, max_to_keep=3)   for the trainer: save(step, state, data_state) (async),
                                          restore(abstract_state) with fallback, wait(), close()
+  save_params(workdir, params)           a step-0 checkpoint of parameters only (an import):
+                                         restore gives `ParamsOnly`, the trainer starts from it
   restore_params(workdir, step=None, average_last=1) -> (params, step)   for decode.py;
   list_steps(workdir) -> [int]. A checkpoint of version 0.1 (Linen names) is refused.
 
-`state` is the TrainState (params, opt_state, step, rng); `data` every process's JSON iterator
-state. Orbax writes a step to a temporary directory renamed when complete (a kill mid-write
+`state` is the TrainState (params, opt_state, step, rng), or `{'params': ...}` alone (an
+import, which trains nothing); `data` every process's JSON iterator state. Orbax writes a step to a temporary directory renamed when complete (a kill mid-write
 leaves the earlier checkpoints intact); single-process runs add `checksums.json` (sha256 of
 every file) before that rename. A step failing it, or unreadable, is "damaged": skipped with a
 warning. A failed save raises `CheckpointWriteError` naming the step; arrays restore onto any mesh.
@@ -19,7 +21,7 @@ import glob
 import os
 import shutil
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +33,12 @@ from common.messages import first_few
 from workdir import checkpoint_files as files, orbax_noise
 
 CHECKPOINT_SUBDIR = 'checkpoints'
+
+
+class ParamsOnly(NamedTuple):
+  """What `Checkpointer.restore` gives for a checkpoint of parameters only (`save_params`: an
+  import's step 0): the trainer starts its optimizer state and data afresh from `params`."""
+  params: Any
 
 
 class CheckpointError(RuntimeError):
@@ -224,6 +232,13 @@ class Checkpointer:
         skipped.append(step)
         continue
       self._check_fits(abstract_state, stored, step)
+      if 'opt_state' not in stored:  # parameters only: nothing of a run to resume but them
+        if step != 0:
+          raise CheckpointError(f'checkpoint {step} in {checkpoint_dir(self.workdir)} holds '
+                                'parameters only, which only a step-0 checkpoint may')
+        first = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        return ParamsOnly(_restore_params_at(self._manager, self.workdir, step, first,
+                                             unverified)), None, step
       if no_data:
         self._no_data_state(step, allow_fresh_data)
       try:
@@ -370,6 +385,17 @@ def _load_params(workdir: str, candidates: list[int], count: int, sharding,
       if len(loaded) == count:
         break
   return loaded
+
+
+def save_params(workdir: str, params: Any, step: int = 0) -> None:
+  """A checkpoint of `params` (a pure dict of arrays) alone at `step` (0), written and
+  checksummed before this returns: a workdir made without training (an import) that decode.py,
+  export.py and `init_from` read as any, and that train.py starts from (`ParamsOnly`)."""
+  saver = Checkpointer(workdir, async_save=False)
+  try:
+    saver.save(step, {'params': jax.tree.map(jnp.asarray, params)}, None)
+  finally:
+    saver.close()
 
 
 def restore_params(workdir: str, step: int | None = None, average_last: int = 1,
