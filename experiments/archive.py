@@ -92,9 +92,12 @@ def restore(archive: str, root: str) -> list[str]:
   """Puts every archived run that `root` does not have into it -> the runs restored."""
   restored = []
   for run in _runs(archive):
-    src, dst = os.path.join(archive, run), os.path.join(root, run)
-    if os.path.exists(dst):
+    src, final = os.path.join(archive, run), os.path.join(root, run)
+    if os.path.exists(final):
       continue
+    # Written under a hidden name, renamed into place when whole: a failed restore leaves no run.
+    dst = os.path.join(os.path.dirname(final), f'.{os.path.basename(final)}.restoring')
+    shutil.rmtree(dst, ignore_errors=True)
     os.makedirs(os.path.join(dst, evaluate.EVAL_DIR))
     for name in os.listdir(src):
       if os.path.isfile(os.path.join(src, name)):
@@ -107,7 +110,8 @@ def restore(archive: str, root: str) -> list[str]:
         ref = own if os.path.exists(own) else os.path.join(archive, REFS, f'{split}.ref.gz')
         _gunzip(ref, evaluate.split_file(dst, split, 'ref'))
     shutil.copyfile(os.path.join(src, evaluate.EVAL_DIR, evaluate.RESULTS_FILE),
-                    evaluate.results_path(dst))  # last, as the evaluation writes it
+                    evaluate.results_path(dst))
+    os.rename(dst, final)
     restored.append(run)
   return restored
 
@@ -127,10 +131,15 @@ def main(argv=None) -> int:
   if not os.path.isdir(source):
     print(f'{ap.prog}: error: {source} is not a directory', file=sys.stderr)
     return 2
-  if args.command == 'save':
-    done, what = save(args.root, args.to), f'archived {{}} run(s) into {args.to}'
-  else:
-    done, what = restore(args.archive, args.root), f'restored {{}} run(s) into {args.root}'
+  try:
+    if args.command == 'save':
+      done, what = save(args.root, args.to), f'archived {{}} run(s) into {args.to}'
+    else:
+      done, what = restore(args.archive, args.root), f'restored {{}} run(s) into {args.root}'
+  except OSError as e:  # a full disk, a read-only destination: what was finished is kept
+    where = f' ({e.filename})' if e.filename else ''
+    print(f'{ap.prog}: error: {e.strerror or e}{where}', file=sys.stderr)
+    return 1
   print(what.format(len(done)) + (f': {", ".join(done)}' if done else ''))
   return 0
 
