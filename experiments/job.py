@@ -71,6 +71,12 @@ def trained_step(workdir: str) -> int:
   return steps[-1] if steps else 0
 
 
+def compilation_cache(spec: dict[str, Any], environ=os.environ) -> str | None:
+  """The persistent compilation cache of a run: the one `JAX_COMPILATION_CACHE_DIR` names
+  already (the user's, shared beyond this sweep), else the sweep's own."""
+  return environ.get('JAX_COMPILATION_CACHE_DIR') or spec.get('compilation_cache')
+
+
 def run_job(spec: dict[str, Any]) -> dict[str, Any]:
   """Trains and evaluates one run. `spec`: `launch.job_spec`'s dict. Never raises for the
   run's own failures: they are in the returned status (also in the status file)."""
@@ -85,8 +91,8 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
               .encode())
     log.flush()
     env = dict(os.environ)
-    if spec.get('compilation_cache'):  # JAX's own variable: train.py's programs, cached
-      env['JAX_COMPILATION_CACHE_DIR'] = spec['compilation_cache']
+    if compilation_cache(spec):  # JAX's own variable: train.py's programs, cached
+      env['JAX_COMPILATION_CACHE_DIR'] = compilation_cache(spec)
     forward.child = subprocess.Popen(  # pylint: disable=consider-using-with
         [sys.executable, 'train.py', *spec['args']], cwd=spec['repo'], stdout=log,
         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
@@ -102,9 +108,9 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
                 error=last_error(log_file))
   write_status(status_file, state=RUNNING, phase='evaluate', job_pid=os.getpid(),
                started=started)
-  if spec.get('compilation_cache'):  # decode.py's: the programs and their compiled code
+  if compilation_cache(spec):  # decode.py's: the programs and their compiled code
     from inference.decode_cli import enable_compilation_cache  # pylint: disable=import-outside-toplevel
-    enable_compilation_cache(spec['compilation_cache'])
+    enable_compilation_cache(compilation_cache(spec))
   try:
     results = evaluate.evaluate(workdir, spec['decode'], translates=spec['translates'],
                                 sentences=spec.get('eval_sentences'))

@@ -203,10 +203,13 @@ def test_failed_run_reported_and_the_others_finish(swept):
 
 def test_each_run_is_an_evaluated_workdir(swept):
   root = swept['root']
-  # The runs share one persistent compilation cache: train.py's programs and the evaluation's.
-  cache = root / '.sweep' / 'xla_cache'
-  assert any(name.startswith('jit_') for name in os.listdir(cache))
-  assert os.listdir(cache / 'programs')  # the exported decoding programs
+  # The runs share one persistent compilation cache (here the suite's own, which
+  # JAX_COMPILATION_CACHE_DIR names: a user's is kept, else the sweep's ROOT/.sweep/xla_cache).
+  from experiments import job  # pylint: disable=import-outside-toplevel
+  spec = launch.job_spec(swept['plan'], swept['plan'].runs[0])
+  assert spec['compilation_cache'] == str(root / '.sweep' / 'xla_cache')
+  assert job.compilation_cache(spec, {}) == spec['compilation_cache']
+  assert job.compilation_cache(spec, {'JAX_COMPILATION_CACHE_DIR': '/c'}) == '/c'
   for row in ('post', 'pre'):
     for seed in (0, 1):
       workdir = root / row / f'seed_{seed}'
