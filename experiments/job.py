@@ -81,6 +81,7 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
   """Trains and evaluates one run. `spec`: `launch.job_spec`'s dict. Never raises for the
   run's own failures: they are in the returned status (also in the status file)."""
   status_file, log_file, workdir = spec['status_file'], spec['log_file'], spec['workdir']
+  cache = compilation_cache(spec)
   forward = _ForwardOnce()
   for signum in (signal.SIGINT, signal.SIGTERM):
     signal.signal(signum, forward)
@@ -91,8 +92,8 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
               .encode())
     log.flush()
     env = dict(os.environ)
-    if compilation_cache(spec):  # JAX's own variable: train.py's programs, cached
-      env['JAX_COMPILATION_CACHE_DIR'] = compilation_cache(spec)
+    if cache:  # JAX's own variable: train.py's programs, cached
+      env['JAX_COMPILATION_CACHE_DIR'] = cache
     forward.child = subprocess.Popen(  # pylint: disable=consider-using-with
         [sys.executable, 'train.py', *spec['args']], cwd=spec['repo'], stdout=log,
         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
@@ -108,9 +109,9 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
                 error=last_error(log_file))
   write_status(status_file, state=RUNNING, phase='evaluate', job_pid=os.getpid(),
                started=started)
-  if compilation_cache(spec):  # decode.py's: the programs and their compiled code
+  if cache:  # decode.py's: the programs and their compiled code
     from inference.decode_cli import enable_compilation_cache  # pylint: disable=import-outside-toplevel
-    enable_compilation_cache(compilation_cache(spec))
+    enable_compilation_cache(cache)
   try:
     results = evaluate.evaluate(workdir, spec['decode'], translates=spec['translates'],
                                 sentences=spec.get('eval_sentences'))
