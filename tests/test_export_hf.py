@@ -21,11 +21,13 @@ import jax
 import numpy as np
 import pytest
 
+from autoregressive.strategies import BeamSearch, Limits
 from autoregressive.strategies.greedy import greedy_decode
 from configs import default, shakespeare_char
 from hf_export import UnsupportedConfig, check_exportable, writer
 from input_pipeline.tokenizers import CharTokenizer
 from model import build_model
+from model.build import with_options
 from model.layers import LAYER_NORM_EPS
 from model.stacks import stack_layer_params
 
@@ -322,7 +324,8 @@ def _run_readme_lines(out, line):
   printed = []
   exec(code.replace('runs/default_hf', out).replace("'A man is riding a bike.'", repr(line)),  # noqa: S102
        {'print': printed.append})
-  assert len(printed) == 1 and isinstance(printed[0][0], str) and printed[0][0]
+  assert len(printed) == 1 and len(printed[0]) == 1 and isinstance(printed[0][0], str)
+  return printed[0][0]
 
 
 def test_cli_refuses_without_writing(trained, tmp_path):
@@ -361,21 +364,43 @@ def _long_line(words=180):
   return line
 
 
-def test_trained_export_generates_a_long_line_with_padding_alone(exported):
+def test_trained_export_generates_a_long_line_with_padding_alone(trained, exported):
   """The README's lines (`padding=True`, no `truncation=True`) on a ~180-word line: the exported
-  Marian defines positions past max_len, so generate() translates it instead of failing; the
-  tokenizer still cuts at max_len when asked to (`truncation=True`, as decode.py). (Once, on
-  this line: a short one runs the same three lines, whose translations of short lines
-  test_trained_export_translates_as_decode_py checks through the same calls.)"""
+  Marian defines positions past max_len, so generate() translates the whole line instead of
+  failing, as our model would with its sinusoid table extended (`max_len=1024`: the same
+  parameters); the tokenizer still cuts at max_len when asked to (`truncation=True`, as
+  decode.py). (Once, on this line: a short one runs the same three lines, whose translations
+  of short lines test_trained_export_translates_as_decode_py checks through the same calls.)"""
+  import inference
+
   out, _ = exported
   config = transformers.AutoConfig.from_pretrained(out)
   tokenizer = transformers.AutoTokenizer.from_pretrained(out)
   max_len = tokenizer.model_max_length
   line = _long_line()
-  assert len(line.split()) >= 180 and len(tokenizer(line)['input_ids']) > 3 * max_len
-  assert config.max_position_embeddings >= 1024 > len(tokenizer(line)['input_ids'])
+  ids = tokenizer(line)['input_ids']
+  assert len(line.split()) >= 180 and len(ids) > 3 * max_len
+  assert config.max_position_embeddings >= 1024 > len(ids)
   assert len(tokenizer(line, truncation=True)['input_ids']) == max_len
-  _run_readme_lines(out, line)
+  printed = _run_readme_lines(out, line)
+  # The whole line, as our model extended past max_len reads it: beam 4 with no length
+  # penalty is the same search in both (the README), so the same translation (or a near tie).
+  restored = inference.load(trained, average_last=2, warn=lambda message: None)
+  extended = with_options(restored.module, max_len=1024)
+  assert ids == restored.tokenizer.encode(line)  # the same pieces, and EOS
+  model = _load(out, transformers.AutoModelForSeq2SeqLM)
+  generated = model.generate(**tokenizer([line], padding=True, return_tensors='pt'), num_beams=4,
+                             length_penalty=0.0, max_new_tokens=32)
+  theirs = [_until_eos(generated[0, 1:].tolist())]
+  tokens, _ = BeamSearch(beam_size=4, alpha=0.0).search(
+      extended, np.asarray([ids], np.int32), limits=Limits(max_new_tokens=32, batch_size=1))
+  ours = [_until_eos([int(t) for t in tokens[0, 0] if t])]
+
+  def reference(_):  # the rule in NumPy, on our extended model
+    search = beam_reference.model_next_log_probs(extended, ids, 32, 4)
+    return beam_reference.beam_search(search, k=4, max_new_tokens=32)
+  assert beam_reference.differences_are_ties(ours, theirs, reference) <= 1
+  assert len(ours[0]) > 8 and printed.strip()  # a translation, not an empty or cut-off line
   with open(os.path.join(ROOT, 'README.md'), encoding='utf-8') as f:
     readme = f.read()
   assert 'padding=True, return_tensors' in readme and 'truncation=True, return' not in readme

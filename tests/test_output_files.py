@@ -1,7 +1,7 @@
 """One way to write a file (`common.atomic_file`) and one way to read one (`common.files`):
 issue 45 items 1, 2, 3, 11 and 14 (outputs), in-process. A hang on a FIFO becomes a failure
-through SIGALRM; a full disk is a small tmpfs where the test may mount one (root), else a
-patched writer; a bind mount likewise."""
+through SIGALRM; a full disk is a patched writer and a small tmpfs, a bind mount a real one:
+mounted by root in-process, and by any user in a user namespace of its own (`unshare -Urm`)."""
 
 import contextlib
 import errno
@@ -213,6 +213,24 @@ def test_a_real_full_disk_too(tmp_path):
       writer.save_safetensors({'w': __import__('numpy').zeros(100_000)},
                               os.path.join(small, 'model.safetensors'), {})
     assert error.value.errno == errno.ENOSPC
+
+
+@pytest.mark.parametrize('check', [test_a_bind_mount_of_a_workdir_is_still_the_workdir,
+                                   test_a_real_full_disk_too], ids=['bind_mount', 'full_disk'])
+def test_the_mount_checks_need_no_root_in_a_user_namespace(check, tmp_path):
+  """The two checks above, run by a process that may mount without being root: `unshare -Urm`
+  gives any user a mount namespace of its own (where the kernel allows user namespaces), so
+  the properties are checked where the suite runs unprivileged too."""
+  if subprocess.run(['unshare', '-Urm', 'true'], capture_output=True, check=False).returncode:
+    pytest.skip('this kernel refuses user namespaces (unshare -Urm)')
+  tests = os.path.dirname(os.path.abspath(__file__))
+  code = (f'import sys, pathlib; sys.path[:0] = [{tests!r}, {os.path.dirname(tests)!r}]\n'
+          f'import test_output_files\n'
+          f'test_output_files.{check.__name__}(pathlib.Path({str(tmp_path)!r}))\n'
+          'print("checked")')
+  proc = subprocess.run(['unshare', '-Urm', sys.executable, '-c', code], capture_output=True,
+                        text=True, check=False, timeout=60)
+  assert proc.returncode == 0 and proc.stdout.split() == ['checked'], proc.stderr[-2000:]
 
 
 def test_an_output_left_unfinished_leaves_the_file_as_it_was(tmp_path):
