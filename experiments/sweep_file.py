@@ -35,6 +35,8 @@ from configs.sweeps import Sweep
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEED_FIELD = 'train.seed'
+# How the table compares rows: with the baseline row, or each with the row before it (a ladder).
+COMPARE = ('baseline', 'previous')
 # A row's name is a directory name: no separators, nothing a shell or SLURM would mangle.
 _NAME = re.compile(r'^[A-Za-z0-9][A-Za-z0-9_.=+-]*$')
 
@@ -70,6 +72,13 @@ class Plan:
   row_overrides: Mapping[str, Mapping[str, Any]]
   runs: tuple[Run, ...]
   baseline: str
+
+  def reference(self, row: str) -> str | None:
+    """The row that `row` is compared with in the table (None: the baseline itself)."""
+    if self.sweep.compare == 'previous':
+      index = self.rows.index(row)
+      return self.rows[index - 1] if index else None
+    return None if row == self.baseline else self.baseline
 
 
 def load(path: str) -> Sweep:
@@ -208,6 +217,11 @@ def plan(sweep: Sweep, root: str, path: str = '') -> Plan:
   baseline = sweep.baseline if sweep.baseline is not None else next(iter(rows))
   if baseline not in rows:
     raise SweepError(f'baseline={baseline!r} is not a row; rows: {list(rows)}')
+  if sweep.compare not in COMPARE:
+    raise SweepError(f'compare={sweep.compare!r} is not one of {list(COMPARE)}')
+  if sweep.compare == 'previous' and baseline != next(iter(rows)):
+    raise SweepError(f"compare='previous' compares each row with the one before it: its "
+                     f'baseline is the first row ({next(iter(rows))!r}), not {baseline!r}')
   runs = []
   for name, row in rows.items():
     where = f'row {name!r}'

@@ -1,8 +1,9 @@
 """A sweep's table and curves: `ROOT/summary.md` and `ROOT/curves.png`.
 
 One line per row: the sweep's metric as mean ± standard deviation over the finished seeds,
-min and max, then the difference to the baseline row with its 95% interval, p-value and
-verdict, then the other scores, the parameters and the time per run. A translation's verdict
+min and max, then the difference to the baseline row (or, in a ladder, to the row before it)
+with its 95% interval, p-value and verdict, then the other scores, the parameters, the
+median step time and the time per run. A translation's verdict
 is the paired bootstrap over test sentences of the seed-averaged outputs
 (`significance.paired_bootstrap`); a language model's is Welch's t-test over the seeds. A
 partly finished sweep reports what it has and marks the rest.
@@ -89,12 +90,15 @@ def _range(values: list[float], digits: int) -> str:
 
 
 def compare(plan: Plan, rows: list[RowResults]) -> dict[str, significance.Comparison | None]:
-  """Each row against the baseline row (None: not enough finished runs to compare)."""
+  """Each row against its reference row (`Plan.reference`: the baseline, or the row before it)
+  (None: the baseline itself, or not enough finished runs to compare)."""
   metric = metric_of(plan)
-  base = next(r for r in rows if r.name == plan.baseline)
+  by_name = {r.name: r for r in rows}
   out: dict[str, significance.Comparison | None] = {}
   for row in rows:
-    if row.name == base.name or not row.results or not base.results:
+    reference = plan.reference(row.name)
+    base = by_name[reference] if reference is not None else None
+    if base is None or not row.results or not base.results:
       out[row.name] = None
     elif metric == 'loss':
       out[row.name] = significance.welch(base.values('loss', 'validation'),
@@ -121,6 +125,13 @@ def _minutes(run: Run) -> float | None:
   return None if events is None else events.minutes
 
 
+def _step_ms(run: Run) -> float | None:
+  """The run's median training step time (ms), from train.py's log."""
+  events = _events(run)
+  points = [] if events is None else events.scalars.get('train/step_ms', [])
+  return statistics.median(p.value for p in points) if points else None
+
+
 def _final_loss(run: Run) -> float | None:
   """The trainer's last validation loss (teacher-forced: a figure with little seed noise)."""
   events = _events(run)
@@ -134,17 +145,18 @@ def markdown(plan: Plan, rows: list[RowResults]) -> str:
   split = 'test' if translation else 'validation'
   digits = 2 if translation else 4
   comparisons = compare(plan, rows)
+  against = 'previous row' if plan.sweep.compare == 'previous' else plan.baseline
   header = ['row', 'seeds', f'test {NAMES[metric]}' if translation else NAMES[metric], 'min–max',
-            f'Δ vs {plan.baseline} [95% interval]', 'p', 'verdict']
+            f'Δ vs {against} [95% interval]', 'p', 'verdict']
   others = [m for m in evaluate.METRICS if m != metric] if translation else []
   header += [f'test {NAMES[m]}' for m in others]
   header += ['valid BLEU', 'valid loss'] if translation else []
-  header += ['parameters', 'train min/run', 'eval min/run']
+  header += ['parameters', 'ms/step', 'train min/run', 'eval min/run']
   lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
   for row in rows:
     values = row.values(metric, split)
     c = comparisons[row.name]
-    if row.name == plan.baseline:
+    if plan.reference(row.name) is None:
       delta, p, verdict = 'baseline', '', ''
     elif c is None:
       delta, p, verdict = '-', '-', 'too few runs' if row.results else '-'
@@ -162,7 +174,9 @@ def markdown(plan: Plan, rows: list[RowResults]) -> str:
     params = {r.get('parameters') for r in row.results} - {None}
     minutes = [m for m in (_minutes(r) for r in row.planned) if m is not None]
     evals = [r['eval_wall_s'] / 60 for r in row.results if 'eval_wall_s' in r]
+    step_ms = [m for m in (_step_ms(r) for r in row.planned) if m is not None]
     cells += [f'{params.pop():,}' if len(params) == 1 else '-',
+              f'{statistics.mean(step_ms):.0f}' if step_ms else '-',
               f'{statistics.mean(minutes):.1f}' if minutes else '-',
               f'{statistics.mean(evals):.1f}' if evals else '-']
     lines.append('| ' + ' | '.join(cells) + ' |')
@@ -198,15 +212,18 @@ def _preamble(plan: Plan, rows: list[RowResults], translation: bool) -> list[str
 
 
 def _notes(plan: Plan, translation: bool) -> str:
+  reference = 'previous row' if plan.sweep.compare == 'previous' else 'baseline'
   if translation:
     return (f'\nmean ± sd over seeds. Δ: the row\'s seed-averaged test score minus the '
-            f'baseline\'s; interval and p from a paired bootstrap over test sentences '
+            f'{reference}\'s; interval and p from a paired bootstrap over test sentences '
             f'({significance.SAMPLES} resamples, sacreBLEU\'s method and seed) of the '
             f'seed-averaged outputs; "significant" at p < {significance.LEVEL}. The bootstrap '
             f'measures the test set\'s sampling noise; compare the seed sd beside it: a Δ '
             f'within the seed spread is not a finding, whatever p says. valid loss: the '
-            f'trainer\'s teacher-forced validation loss at the last step (per token).\n')
-  return (f'\nmean ± sd over seeds. Δ: the row\'s mean minus the baseline\'s, with the 95% '
+            f'trainer\'s teacher-forced validation loss at the last step (per token). '
+            f'ms/step: the median training step (train.py\'s log; a figure of a quiet machine '
+            f'only where the sweep ran alone).\n')
+  return (f'\nmean ± sd over seeds. Δ: the row\'s mean minus the {reference}\'s, with the 95% '
           f'interval and p of Welch\'s t-test over seeds; "significant" at p < '
           f'{significance.LEVEL}.\n')
 

@@ -1,6 +1,7 @@
 """sweep.py: a sweep file's plan and its refusals, the runs end to end with the local executor
 (a kill and a resume, a run that fails), the table, and the SLURM job array (a fake sbatch)."""
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -80,6 +81,8 @@ def test_plan_rows_grid_and_seeds(tmp_path):
     ({'seeds': 0}, 'seeds=0 must be at least 1'),
     ({'seeds': [1, 1]}, 'lists a seed twice'),
     ({'baseline': 'c'}, "baseline='c' is not a row"),
+    ({'compare': 'next'}, "compare='next' is not one of ['baseline', 'previous']"),
+    ({'compare': 'previous', 'baseline': 'b'}, "its baseline is the first row ('a'), not 'b'"),
     ({'decode': {'beam_szie': 2}}, "decode has unknown setting(s) ['beam_szie']"),
     ({'decode': {'strategy': 'greedy', 'alpha': 0.6}}, "decode['alpha'] applies to beam"),
     ({'metric': 'ter'}, "metric='ter' is not one of"),
@@ -249,6 +252,19 @@ def test_table(swept):
   import statistics  # pylint: disable=import-outside-toplevel
   assert f'{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}' in pre
   assert plan.baseline == 'post'
+  ms = header.split(' | ').index('ms/step')
+  assert float(pre.split(' | ')[ms]) > 0  # the median step of train.py's log
+  # A ladder (compare='previous'): each row against the one before it, here pre then post.
+  from experiments import table  # pylint: disable=import-outside-toplevel
+  ladder = dataclasses.replace(plan.sweep, rows={'pre': plan.row_overrides['pre'],
+                                                 'post': plan.row_overrides['post']},
+                               compare='previous')
+  ladder = sweep_file.plan(ladder, str(root), plan.path)
+  header2, first, second = [line for line in table.markdown(ladder, table.collect(ladder))
+                            .splitlines() if line.startswith('| ') and '---' not in line]
+  assert 'Δ vs previous row' in header2 and first.startswith('| pre |') and '| baseline |' in first
+  delta = float(pre.split(' | ')[4].split()[0])
+  assert second.startswith('| post |') and float(second.split(' | ')[4].split()[0]) == -delta
 
 
 def test_dry_run_shows_states_and_measured_time(swept):

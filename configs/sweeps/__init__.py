@@ -39,9 +39,11 @@ class Sweep:
   """What a sweep file describes. `rows` (name -> overrides) and `grid` (field -> values, the
   product of the axes) may be given alone or together (each row crossed with each grid
   point); neither gives one row, 'base'. `baseline` names the row the table compares against
-  (default: the first). `decode` is the evaluation's decoding setting (the strategy table's
-  settings, plus `average_last`), default the config's decode section; choose it on the
-  validation split, never on test. `slurm`: SLURM_FIELDS (flags override them)."""
+  (default: the first); `compare='previous'` compares each row with the row before it instead
+  (a cumulative ladder, whose first row is its baseline). `decode` is the evaluation's
+  decoding setting (the strategy table's settings, plus `average_last`), default the config's
+  decode section; choose it on the validation split, never on test. `slurm`: SLURM_FIELDS
+  (flags override them)."""
 
   config: str = 'configs/default.py'
   overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -49,6 +51,7 @@ class Sweep:
   grid: Mapping[str, Sequence[Any]] = dataclasses.field(default_factory=dict)
   seeds: int | Sequence[int] = 1
   baseline: str | None = None
+  compare: str = 'baseline'  # or 'previous': each row against the one before it
   decode: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   metric: str = 'bleu'
   eval_sentences: int | None = None
