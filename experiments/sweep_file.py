@@ -37,6 +37,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEED_FIELD = 'train.seed'
 # How the table compares rows: with the baseline row, or each with the row before it (a ladder).
 COMPARE = ('baseline', 'previous')
+ORDERS = ('row', 'seed')  # the order runs start in: row by row, or seed by seed
 # A row's name is a directory name: no separators, nothing a shell or SLURM would mangle.
 _NAME = re.compile(r'^[A-Za-z0-9][A-Za-z0-9_.=+-]*$')
 
@@ -63,7 +64,7 @@ class Run:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-  """Every run of a sweep, in row order then seed order."""
+  """Every run of a sweep, in the order they start (`Sweep.order`: row by row, or seed by seed)."""
 
   sweep: Sweep
   path: str  # the sweep file
@@ -217,6 +218,8 @@ def plan(sweep: Sweep, root: str, path: str = '') -> Plan:
   baseline = sweep.baseline if sweep.baseline is not None else next(iter(rows))
   if baseline not in rows:
     raise SweepError(f'baseline={baseline!r} is not a row; rows: {list(rows)}')
+  if sweep.order not in ORDERS:
+    raise SweepError(f'order={sweep.order!r} is not one of {list(ORDERS)}')
   if sweep.compare not in COMPARE:
     raise SweepError(f'compare={sweep.compare!r} is not one of {list(COMPARE)}')
   if sweep.compare == 'previous' and baseline != next(iter(rows)):
@@ -238,6 +241,8 @@ def plan(sweep: Sweep, root: str, path: str = '') -> Plan:
                                                             SEED_FIELD: seed}.items()))
       runs.append(Run(name, seed, workdir, args, int(config.train.num_steps), translates))
   _check_metric(sweep, runs)
+  if sweep.order == 'seed':
+    runs.sort(key=lambda r: seeds.index(r.seed))  # stable: rows keep their order per seed
   return Plan(sweep, path, root, tuple(rows), rows, tuple(runs), baseline)
 
 

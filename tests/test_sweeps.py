@@ -66,6 +66,12 @@ def test_plan_rows_grid_and_seeds(tmp_path):
   only_grid = sweep_file.plan(Sweep(config=TINY, grid={'model.dropout_rate': [0.0, 0.3]}),
                               str(tmp_path))
   assert only_grid.rows == ('dropout_rate=0.0', 'dropout_rate=0.3')
+  by_seed = sweep_file.plan(dataclasses.replace(sweep, order='seed'), str(tmp_path))
+  assert [r.name for r in by_seed.runs[:5]] == [
+      'post+learning_rate=0.5/seed_3', 'post+learning_rate=1.0/seed_3',
+      'pre+learning_rate=0.5/seed_3', 'pre+learning_rate=1.0/seed_3',
+      'post+learning_rate=0.5/seed_7']
+  assert sorted(by_seed.runs, key=lambda r: r.name) == sorted(plan.runs, key=lambda r: r.name)
 
 
 @pytest.mark.parametrize('fields, message', [
@@ -81,6 +87,7 @@ def test_plan_rows_grid_and_seeds(tmp_path):
     ({'seeds': 0}, 'seeds=0 must be at least 1'),
     ({'seeds': [1, 1]}, 'lists a seed twice'),
     ({'baseline': 'c'}, "baseline='c' is not a row"),
+    ({'order': 'random'}, "order='random' is not one of ['row', 'seed']"),
     ({'compare': 'next'}, "compare='next' is not one of ['baseline', 'previous']"),
     ({'compare': 'previous', 'baseline': 'b'}, "its baseline is the first row ('a'), not 'b'"),
     ({'decode': {'beam_szie': 2}}, "decode has unknown setting(s) ['beam_szie']"),

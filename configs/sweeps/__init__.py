@@ -40,7 +40,10 @@ class Sweep:
   product of the axes) may be given alone or together (each row crossed with each grid
   point); neither gives one row, 'base'. `baseline` names the row the table compares against
   (default: the first); `compare='previous'` compares each row with the row before it instead
-  (a cumulative ladder, whose first row is its baseline). `decode` is the evaluation's
+  (a cumulative ladder, whose first row is its baseline). `order` is the order the runs start
+  in: 'row' (a row's seeds one after the other) or 'seed' (each seed of every row before the
+  next seed: a sweep cut short has every row, and a row's runs sit beside the others' on the
+  machine's clock). `decode` is the evaluation's
   decoding setting (the strategy table's settings, plus `average_last`), default the config's
   decode section; choose it on the validation split, never on test. `slurm`: SLURM_FIELDS
   (flags override them)."""
@@ -52,6 +55,7 @@ class Sweep:
   seeds: int | Sequence[int] = 1
   baseline: str | None = None
   compare: str = 'baseline'  # or 'previous': each row against the one before it
+  order: str = 'row'  # or 'seed': every row's first seed, then every row's second, ...
   decode: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   metric: str = 'bleu'
   eval_sentences: int | None = None
