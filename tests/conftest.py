@@ -120,7 +120,7 @@ LONG_FILES = ('test_import_hf.py', 'test_sweeps.py', 'test_export_hf.py', 'test_
               'test_model.py', 'test_decoding.py', 'test_train_distributed.py',
               'test_robustness.py', 'test_robustness_cli.py', 'test_train_cli.py',
               'test_decode_cli.py', 'test_guide_snippets.py', 'test_ablation_options.py',
-              'test_decode_modes.py', 'test_export_ct2.py', 'test_sharding.py',
+              'test_export_ct2.py', 'test_sharding.py',
               'test_beam_vs_ctranslate2.py', 'test_checkpoint.py', 'test_export_safety.py',
               'test_sharded_decoding.py', 'test_inference.py', 'test_decode_engines_bench.py',
               'test_train_loop.py', 'test_precision.py', 'test_program_cache.py',

@@ -1,36 +1,87 @@
-"""decode.py end to end on tiny trained checkpoints: translation, LM, bad input, 8 -> 1 devices."""
+"""decode.py end to end on the suite's tiny trained workdirs (`workdirs`, conftest.py): files
+with BLEU, attention plots and averaging; 8 -> 1 devices; a `scan_layers` model; a language
+model past its context; streaming stdin (each line answered before the next is written);
+n-best and jsonl; forced decoding of references; sampled translations; every row of the
+strategy table; and what it refuses (bad input, flags out of range or not applying), in one
+line, exit 2, the workdir untouched. The command lines that need no process of their own run in
+one interpreter (`mains`, module fixture `runs`)."""
 
 import gzip
+import json
 import os
+import pathlib
+import queue
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+from typing import NamedTuple
 
 import mains
 import pytest
 import test_train_synthetic as syn
 
+from autoregressive import strategies
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, 'data', 'multi30k')
+SENTENCES = ['A man rides a bike.', '', 'Two dogs play in the snow.', 'A woman is singing.']
 
 
-def _env(devices=None):
-  env = dict(os.environ)
-  env['PYTHONPATH'] = ROOT + os.pathsep + env.get('PYTHONPATH', '')
-  env['XLA_FLAGS'] = syn.xla_flags(devices)  # the suite's flags: the same compiles
+def _env():
+  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''))
+  env['XLA_FLAGS'] = syn.xla_flags()  # the suite's flags: the same compiles
   env.setdefault('JAX_PLATFORMS', 'cpu')
   return env
 
 
 # `workdirs` (the tiny trained runs: mt, lm, mt8, scan) is a session fixture of conftest.py.
 
+# decode.py with SIGINT as a terminal delivers it: a pytest-xdist worker ignores SIGINT, a child
+# inherits that, and Python then installs no KeyboardInterrupt handler.
+_INTERRUPTIBLE = ('import runpy, signal, sys; signal.signal(signal.SIGINT, '
+                  'signal.default_int_handler); sys.argv = sys.argv[1:]; '
+                  "runpy.run_path(sys.argv[0], run_name='__main__')")
 
-def _decode(*args, stdin=None, devices=None, cache=None):
-  cmd = [sys.executable, os.path.join(ROOT, 'decode.py'), *args]
-  if not any(a.startswith('--compilation_cache') for a in args):
-    cmd.append(f'--compilation_cache={cache or ""}')
-  return subprocess.run(cmd, cwd=ROOT, env=_env(devices), input=stdin, capture_output=True,
-                        timeout=600, check=False)
+
+def _start(*args, stdin=subprocess.PIPE, interruptible=False):
+  cmd = [sys.executable, *(('-c', _INTERRUPTIBLE) if interruptible else ()),
+         os.path.join(ROOT, 'decode.py'), *args]
+  return subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdin=stdin, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE)
+
+
+class _Conversation:
+  """decode.py on a pipe: `ask(line)` writes one line and returns the first output line,
+  before anything else is written (failing, not hanging, if none comes)."""
+
+  def __init__(self, *args, interruptible=False):
+    self.proc = _start(*args, interruptible=interruptible)
+    self.lines: queue.Queue = queue.Queue()
+    threading.Thread(target=self._read, daemon=True).start()
+
+  def _read(self):
+    for line in iter(self.proc.stdout.readline, b''):
+      self.lines.put(line.decode())
+    self.lines.put(None)
+
+  def ask(self, line: str) -> str:
+    self.proc.stdin.write(line.encode() + b'\n')
+    self.proc.stdin.flush()
+    try:
+      answer = self.lines.get(timeout=300)
+    except queue.Empty:
+      self.proc.kill()
+      raise AssertionError(f'no answer to {line!r} while the input stays open') from None
+    assert answer is not None, self.proc.stderr.read().decode()[-3000:]
+    return answer
+
+  def close(self) -> str:
+    self.proc.stdin.close()
+    assert self.proc.wait(timeout=300) == 0
+    assert self.lines.get(timeout=60) is None  # nothing more was written
+    return self.proc.stderr.read().decode()
 
 
 def _snapshot(directory):
@@ -52,10 +103,35 @@ def _test_lines(n):
   return src, ref
 
 
+def _mode_runs(workdirs, folder) -> dict:
+  """name -> decode.py's command line of the modes' runs that read files (n-best, scoring,
+  sampling, the table's rows) and of the refused flags."""
+  source, reference = folder / 'modes_src.txt', folder / 'modes_ref.txt'
+  source.write_text('\n'.join(SENTENCES) + '\n', encoding='utf-8')
+  score_source = folder / 'score_src.txt'
+  score_source.write_text('A man rides a bike.\n\nTwo dogs.\n', encoding='utf-8')
+  reference.write_text('Ein Mann fährt Rad.\nX\nZwei Hunde.\n', encoding='utf-8')
+  mt = f'--workdir={workdirs["mt"]}'
+  nbest = (mt, f'--input_file={source}', '--beam_size=3', '--nbest=3', '--alpha=0.6',
+           '--max_new_tokens=8', '--compilation_cache=')
+  score = (mt, f'--input_file={score_source}', f'--score_reference={reference}',
+           '--compilation_cache=')
+  sampled = (mt, '--strategy=sampling', '--nbest=2', '--max_new_tokens=6', '--temperature=0.9',
+             '--compilation_cache=', f'--input_file={source}')
+  runs = {'nbest_jsonl': [*nbest, '--output_format=jsonl'], 'nbest_text': [*nbest],
+          'score_text': [*score], 'score_jsonl': [*score, '--output_format=jsonl'],
+          'sampled_5': [*sampled, '--seed=5'], 'sampled_6': [*sampled, '--seed=6']}
+  # test_strategies' rows through decode.py: here, in this interpreter (one start-up less).
+  runs.update({('row', name): [mt, f'--input_file={score_source}', f'--strategy={name}',
+                               '--max_new_tokens=6', '--compilation_cache=']
+               for name in strategies.TABLE})
+  runs.update({('refused', *name): args for name, (args, _) in _refusal_cases(workdirs).items()})
+  return runs
+
+
 def _file_runs(workdirs, folder) -> dict:
-  """name -> decode.py's command line, for the runs of the tests below that need no process
-  of their own: all run in one interpreter (`mains`, module fixture `runs`; a process each
-  spent ~1.5-3 s on start-up and restored and compiled the same models again)."""
+  """name -> decode.py's command line of the runs that translate files (BLEU, plots,
+  averaging; 8 -> 1 devices; a scanned model) and of the language model's."""
   src, ref = _test_lines(4)
   long_line = ' '.join(['a very long sentence'] * 40)
   src = [src[0], '', src[1], long_line, src[2]]  # an empty and an over-long line
@@ -85,19 +161,34 @@ def _file_runs(workdirs, folder) -> dict:
   }
 
 
-@pytest.fixture(scope='module')
-def runs(workdirs, tmp_path_factory):
-  """(folder of the runs' files, name -> (exit status, stdout, stderr) of `_file_runs`' command
-  lines, run in one interpreter) and the mt workdir's snapshot from before they ran."""
-  folder = tmp_path_factory.mktemp('decode_cli')
-  command_lines = _file_runs(workdirs, folder)
-  before = _snapshot(workdirs['mt'])
-  results = mains.run_mains(list(command_lines.values()))
-  return folder, dict(zip(command_lines, results, strict=True)), before
+class Runs(NamedTuple):
+  folder: pathlib.Path  # the runs' files
+  results: dict  # name -> (exit status, stdout, stderr)
+  before: dict  # workdir -> its `_snapshot` from before the runs
+  bad_input: dict  # `_bad_input_cases`
 
+
+@pytest.fixture(scope='module')
+def runs(workdirs, tmp_path_factory) -> Runs:
+  """`_mode_runs`', the bad input's and `_file_runs`' command lines, run in one interpreter (a
+  process each spent ~1.5-3 s on start-up and restored and compiled the same models again),
+  but for the bad input's OWN_PROCESS cases, which its test starts."""
+  folder = tmp_path_factory.mktemp('decode_cli')
+  bad_input = _bad_input_cases(workdirs, folder)
+  command_lines = {
+      **_mode_runs(workdirs, folder),
+      **{('bad', name): ['--compilation_cache=', *args] for name, (args, _) in bad_input.items()
+         if name not in OWN_PROCESS},
+      **_file_runs(workdirs, folder)}  # last: the language model's runs set a cache
+  before = {d: _snapshot(d) for d in (workdirs['mt'], workdirs['lm'], folder / 'bad_input')}
+  results = mains.run_mains(list(command_lines.values()))
+  return Runs(folder, dict(zip(command_lines, results, strict=True)), before, bad_input)
+
+
+# ----------------------------------------------------------------------------- files and models
 
 def test_translate_file_with_bleu_plots_and_averaging(workdirs, runs):
-  tmp_path, results, before = runs
+  tmp_path, results, before = runs.folder, runs.results, runs.before[workdirs['mt']]
   code, _, err = results['translate']
   assert code == 0, err
   assert 'Traceback' not in err
@@ -132,10 +223,6 @@ def test_translate_file_with_bleu_plots_and_averaging(workdirs, runs):
   assert _snapshot(workdirs['mt']) == before  # nothing in the workdir was modified
 
 
-# stdin to stdout, greedy, at an earlier checkpoint (--step): test_decode_modes'
-# test_translation_stream_is_answered_line_by_line (a process of its own less).
-
-
 def test_checkpoint_from_8_devices_decodes_on_1(workdirs, runs):
   """A checkpoint written by an 8-device run restores on 1 device and translates. That
   decode.py on 8 devices gives 1 device's translations (its own process here before) is
@@ -143,7 +230,7 @@ def test_checkpoint_from_8_devices_decodes_on_1(workdirs, runs):
   (a checkpoint of an 8-device run decoded on 1 device and sharded over 8; without --mesh
   decode.py puts the parameters on one device, as on a 1-device host: workdir/restore.py)."""
   assert 'over 8 cpu device(s)' in workdirs['mt8_log'], workdirs['mt8_log'][-2000:]
-  code, out, err = runs[1]['mt8']
+  code, out, err = runs.results['mt8']
   assert code == 0, err
   assert len(out.splitlines()) == 2 and all(line.strip() for line in out.splitlines()), out
 
@@ -152,7 +239,7 @@ def test_scan_layers_model_trains_evaluates_and_decodes(workdirs, runs):
   """Decoding and attention plots run a `scan_layers` model unrolled (one KV cache and one
   set of sown weights per layer), in the trainer's BLEU evaluation and in decode.py."""
   assert 'BLEU ' in workdirs['scan_log'], workdirs['scan_log'][-2000:]
-  tmp_path, results, _ = runs
+  tmp_path, results = runs.folder, runs.results
   code, out, err = results['scan']
   assert code == 0, err
   assert out.count('\n') == 2
@@ -163,7 +250,7 @@ def test_scan_layers_model_trains_evaluates_and_decodes(workdirs, runs):
 
 def test_language_model_prompt_longer_than_context(runs):
   # The tiny LM sees 33 positions: 40 new characters need a second window.
-  tmp_path, results, _ = runs
+  tmp_path, results = runs.folder, runs.results
   code, text, err = results['lm']
   assert code == 0, err
   assert text.startswith('ROMEO:')
@@ -172,63 +259,299 @@ def test_language_model_prompt_longer_than_context(runs):
   assert results['lm_again'][:2] == (0, text)  # same seed, same text (its cache warm)
 
 
-def test_bad_input_one_clear_error_and_workdir_untouched(workdirs, tmp_path):
+# ----------------------------------------------------------------------------- streams
+
+def test_translation_stream_is_answered_line_by_line(workdirs):
+  """Also decode.py's stdin to stdout at an earlier checkpoint (`--step`), and a
+  max_new_tokens past the model's positions capped with one warning, not one per chunk of the
+  stream."""
+  talk = _Conversation(f'--workdir={workdirs["mt"]}', '--step=10', '--beam_size=1',
+                       '--max_new_tokens=1000', '--compilation_cache=')
+  first = talk.ask('A man rides a bike.')
+  assert first.endswith('\n') and first.strip()
+  assert talk.ask('') == '\n'  # an empty line gives an empty line
+  assert talk.ask('A man rides a bike.') == first
+  err = talk.close()
+  assert 'translated 2 sentence(s) (greedy)' in err and 'Traceback' not in err
+  assert 'step 10' in err
+  assert err.count("max_new_tokens 1000 is more than the model's max_len") == 1, err[-2000:]
+  import inference  # pylint: disable=import-outside-toplevel  # the same from Python
+  session = inference.load(workdirs['mt'], step=10, warn=lambda message: None)
+  assert session.translate(['A man rides a bike.'], beam_size=1, max_new_tokens=1000) == [
+      first[:-1]]
+
+
+def test_a_stream_stops_cleanly_on_a_bad_line_or_ctrl_c(workdirs):
+  """With the input still open: a non-UTF-8 line is one error line naming it, after the line
+  before it (read in the same chunk) was answered, exit 2; Ctrl-C while waiting for input is
+  one line, exit 130. Neither aborts on the reader thread (once: 'Fatal Python error:
+  _enter_buffered_busy', SIGABRT)."""
+  args = (f'--workdir={workdirs["mt"]}', '--beam_size=1', '--max_new_tokens=6',
+          '--compilation_cache=')
+  bad = _start(*args)
+  bad.stdin.write(b'A man rides a bike.\n\xff bad\n')
+  bad.stdin.flush()  # and left open
+  try:
+    code = bad.wait(timeout=300)
+  finally:
+    bad.kill()
+  out, err = bad.stdout.read().decode(), bad.stderr.read().decode()
+  assert code == 2 and len(out.splitlines()) == 1 and out.strip(), (code, out, err[-2000:])
+  assert err.strip().splitlines()[-1] == ('decode.py: error: input <stdin> line 2 is not '
+                                         'valid UTF-8 (byte 0xff at column 1)')
+  assert 'Fatal Python error' not in err and 'Traceback' not in err
+  talk = _Conversation(*args, interruptible=True)
+  assert talk.ask('A man rides a bike.').strip()
+  talk.proc.send_signal(signal.SIGINT)
+  assert talk.proc.wait(timeout=120) == 130
+  err = talk.proc.stderr.read().decode()
+  assert err.strip().splitlines()[-1] == 'decode.py: error: interrupted', err[-2000:]
+  assert 'Fatal Python error' not in err and 'Traceback' not in err
+
+
+def test_language_model_stream_is_answered_prompt_by_prompt(workdirs):
+  talk = _Conversation(f'--workdir={workdirs["lm"]}', '--input_file=-', '--num_tokens=5',
+                       '--temperature=0', '--output_format=jsonl', '--compilation_cache=')
+  first = json.loads(talk.ask('ROMEO:'))
+  assert first['prompt'] == 'ROMEO:' and len(first['tokens']) == 5
+  assert json.loads(talk.ask('JULIET:\\nO'))['prompt'] == 'JULIET:\nO'  # \n is a newline
+  assert json.loads(talk.ask('ROMEO:')) == first  # greedy: the same continuation
+  assert 'generated 15 tokens for 3 prompt(s)' in talk.close()
+
+
+# ----------------------------------------------------------------------------- modes
+
+def test_nbest_text_and_jsonl(runs):
+  (code, jsonl, err), (text_code, text, _) = runs.results['nbest_jsonl'], runs.results['nbest_text']
+  assert code == 0 and text_code == 0, err[-3000:]
+  objects = [json.loads(line) for line in jsonl.splitlines()]
+  assert [o['source'] for o in objects] == SENTENCES  # one object per input line, in order
+  assert [len(o['hypotheses']) for o in objects] == [3, 0, 3, 3]
+  summary = err.strip().splitlines()[-1]
+  cut = sum(len(o['hypotheses'][0]['tokens']) == 8 and o['hypotheses'][0]['tokens'][-1] != 1
+            for o in objects if o['hypotheses'])
+  assert summary.endswith(f'; 0 empty, {cut} cut at 8 tokens'), summary
+  rows = []
+  for index, o in enumerate(objects):
+    scores = [h['score'] for h in o['hypotheses']]
+    assert scores == sorted(scores, reverse=True)  # best first
+    for h in o['hypotheses']:
+      assert set(h) == {'text', 'score', 'log_prob', 'tokens'}
+      penalty = ((5 + len(h['tokens'])) / 6) ** 0.6
+      assert h['log_prob'] == pytest.approx(h['score'] * penalty, rel=1e-5)
+      rows.append(f'{index}\t{h["score"]:.4f}\t{h["text"]}')
+  assert text.splitlines() == rows  # index<TAB>score<TAB>text, N lines per input
+
+
+def test_score_reference_is_the_models_log_probability(workdirs, runs):
+  code, text, err = runs.results['score_text']
+  assert code == 0, err
+  assert 'scored 2 reference(s)' in err
+  lines = text.split('\n')
+  assert len(lines) == 4 and lines[1] == '' and lines[3] == ''  # empty source: empty line
+  import inference  # pylint: disable=import-outside-toplevel
+  expected = inference.load(workdirs['mt']).score(['A man rides a bike.', '', 'Two dogs.'],
+                                                   ['Ein Mann fährt Rad.', 'X', 'Zwei Hunde.'])
+  assert lines[0] == f'{expected[0]:.4f}\tEin Mann fährt Rad.'
+  assert lines[2] == f'{expected[2]:.4f}\tZwei Hunde.' and expected[1] is None
+  code, jsonl, err = runs.results['score_jsonl']
+  assert code == 0, err
+  first = json.loads(jsonl.splitlines()[0])
+  assert first['reference'] == 'Ein Mann fährt Rad.' and first['tokens'][-1] == 1  # EOS
+  assert first['log_prob'] == pytest.approx(expected[0], abs=1e-4)
+
+
+def test_sampled_translations_are_reproducible(workdirs, runs):
+  """The same seed gives the same samples: in one interpreter (`runs`) reading a file, and in a
+  process of its own reading a pipe line by line (other batches). (A second run with seed 5
+  in `runs` is gone: the piped run already repeats it.)"""
+  args = (f'--workdir={workdirs["mt"]}', '--strategy=sampling', '--nbest=2', '--max_new_tokens=6',
+          '--temperature=0.9', '--compilation_cache=', '--seed=5')
+  piped = _start(*args)
+  out, err = piped.communicate(('\n'.join(SENTENCES) + '\n').encode(), timeout=600)
+  assert piped.returncode == 0, err.decode()[-3000:]
+  outs = []
+  for name in ('sampled_5', 'sampled_6'):
+    code, text, run_err = runs.results[name]
+    assert code == 0, run_err[-3000:]
+    outs.append(text)
+  outs.append(out.decode())
+  assert 'translated 3 sentence(s) (sampling, 2 per sentence)' in err.decode()
+  assert 'translated 3 sentence(s) (sampling, 2 per sentence)' in runs.results['sampled_5'][2]
+  assert outs[0] == outs[2]  # same seed, same samples, however they are batched
+  assert outs[0] != outs[1]
+  assert [line.split('\t')[0] for line in outs[0].splitlines()] == ['0', '0', '2', '2', '3', '3']
+
+
+def test_every_row_is_reachable_from_decode_py(runs):
+  """Each row of the strategy table (tests/test_strategies.py) translates through decode.py."""
+  for name in strategies.TABLE:
+    code, out, err = runs.results[('row', name)]
+    assert code == 0, (name, err[-2000:])
+    assert len(out.splitlines()) == 3 and out.splitlines()[1] == '', (name, out)
+    described = {'beam': 'beam 2, alpha', 'greedy': 'greedy', 'sampling': 'sampling'}[name]
+    assert f'translated 2 sentence(s) ({described}' in err, (name, err)
+
+
+# ----------------------------------------------------------------------------- refusals
+
+MT_REFUSALS = {
+    '--beam_size=abc': 'flag --beam_size=abc: invalid literal',
+    '--beam_size=1.5': 'flag --beam_size=1.5',
+    '--beam_size=99999999999999999999': '--beam_size=99999999999999999999 must be an integer '
+                                        'in [1, 1024]',
+    '--batch_size=0': '--batch_size=0 must be an integer in [1, 65536]',
+    '--max_len=8': "Unknown command line flag 'max_len'. Did you mean: max_new_tokens",  # 0.2.0
+    '--max_new_tokens=99999999999999999999': '--max_new_tokens=99999999999999999999 must be an '
+                                             'integer',
+    '--nbest=99999999999999999999': '--nbest=99999999999999999999 must be an integer',
+    '--average_last=99999999999999999999': '--average_last=99999999999999999999 must be',
+    '--step=-1': '--step=-1 must be an integer in [0, ',
+    '--alpha=1e308': '--alpha=1e+308 must be a number in [0, 10] (a normal float32)',
+    '--top_p=1e308': '--top_p=1e+308 must be a number in (0, 1]',
+    '--top_p=1e-40': '--top_p=1e-40 must be a number in (0, 1] (a normal float32)',
+    '--strategy=diverse': 'flag --strategy=diverse: value should be one of <beam|greedy|sampling>',
+    '--input_file=/': '--input_file / is a directory',
+    '--temperature=0.7': '--temperature applies to sampling, not to beam (choose it with '
+                         '--strategy=sampling)',
+    '--beam_size=1 --seed=3': '--seed applies to sampling, not to greedy',
+    '--beam_size=1 --alpha=0.5': '--alpha applies to beam, not to greedy',
+    '--strategy=greedy --nbest=2': '--nbest=2 is more than greedy decoding finds (1)',
+    '--strategy=sampling --beam_size=3': '--beam_size applies to beam, not to sampling',
+    '--strategy=sampling --alpha=0.5': '--alpha applies to beam, not to sampling',
+    '--nbest=3': '--nbest=3 is more than the beam size 2',
+    '--num_tokens=5': '--num_tokens is for a language model',
+    '--lowercase_bleu': '--lowercase_bleu needs --reference',
+    '--attention_plot_heads=average': '--attention_plot_heads needs --attention_plot',
+    '--score_reference=README.md --beam_size=2': '--beam_size does not apply to '
+                                                 '--score_reference',
+    '--compilation_cache=WORKDIR/xla': '--compilation_cache WORKDIR/xla is inside --workdir',
+    # Outputs are checked before anything is restored (common.atomic_file's rules).
+    '--output_file=WORKDIR/config.json': '--output_file WORKDIR/config.json is',
+    '--attention_plot=WORKDIR/checkpoints/plots': '--attention_plot WORKDIR/checkpoints/plots is '
+                                                  '(or is inside) WORKDIR',
+    '--min_new_tokens=-1': '--min_new_tokens=-1 must be an integer in [0, ',
+    '--min_new_tokens=9 --max_new_tokens=8': '--min_new_tokens=9 is more than '
+                                             '--max_new_tokens=8',
+    '--score_reference=README.md --min_new_tokens=2': '--min_new_tokens does not apply to '
+                                                      '--score_reference',
+    '--score_reference=README.md --strategy=greedy': '--strategy does not apply to '
+                                                     '--score_reference',
+    # As for a language model (issue 58, cause 8): at temperature 0 sampling is greedy.
+    '--strategy=sampling --temperature=0 --top_k=5': '--top_k applies to sampling, but the '
+                                                     'temperature is 0',
+    '--strategy=sampling --temperature=0 --seed=3': '--seed applies to sampling, but the '
+                                                    'temperature is 0',
+}
+LM_REFUSALS = {
+    '--temperature=1e308': '--temperature=1e+308 must be 0 (greedy) or a number in [0.001, 1000]',
+    '--temperature=1e-9': '--temperature=1e-09 must be 0 (greedy) or a number in [0.001, 1000]',
+    '--seed=99999999999999999999': '--seed=99999999999999999999 must be an integer in [0, '
+                                   '4294967295]',
+    '--num_tokens=99999999999999999999': '--num_tokens=99999999999999999999 must be an integer',
+    '--score_reference=README.md': '--score_reference is for translation',
+    '--beam_size=2': '--beam_size is for translation',
+    '--max_new_tokens=5': '--max_new_tokens is for translation, but',
+    '--nbest=2': '--nbest is for translation',
+    '--strategy=sampling': '--strategy is for translation',
+    '--temperature=0 --top_k=3': '--top_k applies to sampling, but the temperature is 0',
+    '--prompt=a --input_file=README.md': '--prompt and --input_file both give prompts',
+}
+
+
+def _refusal_cases(workdirs):
+  """(kind, flags) -> (arguments, message); WORKDIR in a case is the kind's workdir."""
+  cases = {}
+  for kind, refusals in (('mt', MT_REFUSALS), ('lm', LM_REFUSALS)):
+    for flags_, message in refusals.items():
+      args = flags_.replace('WORKDIR', workdirs[kind]).split()
+      if not any(a.startswith('--compilation_cache') for a in args):
+        args.append('--compilation_cache=')
+      cases[kind, flags_] = ([f'--workdir={workdirs[kind]}', *args],
+                             message.replace('WORKDIR', workdirs[kind]))
+  return cases
+
+
+def _assert_refused(name, code, out, err, message):
+  assert code == 2 and out == '', (name, code, err[-2000:])
+  assert err.splitlines() == [err.splitlines()[0]] and 'Traceback' not in err, (name, err)
+  assert err.startswith(f'decode.py: error: {message}'), (name, err)
+
+
+def test_flags_out_of_range_or_not_applying_are_one_line(workdirs, runs):
+  cases = _refusal_cases(workdirs)
+  for name, (_, message) in cases.items():
+    _assert_refused(name, *runs.results[('refused', *name)], message)
+  # And as their own processes (exit status, nothing else on stderr): a bad literal (absl's
+  # parser), a number out of range, a flag that does not apply to the model kind.
+  procs = {name: _start(*cases[name][0], stdin=subprocess.DEVNULL)
+           for name in (('mt', '--beam_size=abc'), ('mt', '--batch_size=0'),
+                                 ('lm', '--strategy=sampling'))}
+  for name, proc in procs.items():
+    out, err = proc.communicate(timeout=600)
+    _assert_refused(name, proc.returncode, out.decode(), err.decode(), cases[name][1])
+
+
+def _bad_input_cases(workdirs, folder) -> dict:
+  """name -> (decode.py's arguments, the error's words) of bad workdirs and inputs."""
   mt, lm = workdirs['mt'], workdirs['lm']
-  no_ckpt = tmp_path / 'no_ckpt'
-  no_ckpt.mkdir()
+  folder = folder / 'bad_input'
+  no_ckpt = folder / 'no_ckpt'
+  no_ckpt.mkdir(parents=True)
   shutil.copy(os.path.join(mt, 'config.json'), no_ckpt / 'config.json')
   shutil.copytree(os.path.join(mt, 'tokenizer'), no_ckpt / 'tokenizer')
-  mixed = tmp_path / 'mixed'  # an LM's config.json (and tokenizer) next to a translation checkpoint
+  mixed = folder / 'mixed'  # an LM's config.json (and tokenizer) next to a translation checkpoint
   shutil.copytree(mt, mixed)
   shutil.copy(os.path.join(lm, 'config.json'), mixed / 'config.json')
   shutil.rmtree(mixed / 'tokenizer')
   shutil.copytree(os.path.join(lm, 'tokenizer'), mixed / 'tokenizer')
-  other_tokenizer = tmp_path / 'other_tokenizer'  # issue 45 item 7: the LM's characters
+  other_tokenizer = folder / 'other_tokenizer'  # the LM's characters
   shutil.copytree(mt, other_tokenizer, ignore=shutil.ignore_patterns('tokenizer'))
   shutil.copytree(os.path.join(lm, 'tokenizer'), other_tokenizer / 'tokenizer')
-  (tmp_path / 'bad.txt').write_bytes(b'A good line.\nA bad \xff line.\n')
-  (tmp_path / 'one.txt').write_text('One line.\n')
-  (tmp_path / 'two.txt').write_text('One.\nTwo.\n')
-  cases = {
-      'missing workdir': ([f'--workdir={tmp_path / "nope"}'], 'does not exist'),
+  (folder / 'bad.txt').write_bytes(b'A good line.\nA bad \xff line.\n')
+  (folder / 'one.txt').write_text('One line.\n')
+  (folder / 'two.txt').write_text('One.\nTwo.\n')
+  return {
+      'missing workdir': ([f'--workdir={folder / "nope"}'], 'does not exist'),
       'no checkpoint': ([f'--workdir={no_ckpt}'], 'no checkpoint in'),
       'prompt to a translation model': ([f'--workdir={mt}', '--prompt=Hi'], 'language model'),
-      'reference for an LM': ([f'--workdir={lm}', f'--input_file={tmp_path / "one.txt"}',
-                               f'--reference={tmp_path / "one.txt"}'], 'is for translation'),
-      'non-UTF-8 line': ([f'--workdir={mt}', f'--input_file={tmp_path / "bad.txt"}'],
+      'reference for an LM': ([f'--workdir={lm}', f'--input_file={folder / "one.txt"}',
+                               f'--reference={folder / "one.txt"}'], 'is for translation'),
+      'non-UTF-8 line': ([f'--workdir={mt}', f'--input_file={folder / "bad.txt"}'],
                          'line 2 is not valid UTF-8'),
-      'reference line count': ([f'--workdir={mt}', f'--input_file={tmp_path / "one.txt"}',
-                                f'--reference={tmp_path / "two.txt"}'], 'has 2 lines but'),
-      'unknown step': ([f'--workdir={mt}', '--step=999', f'--input_file={tmp_path / "one.txt"}'],
+      'reference line count': ([f'--workdir={mt}', f'--input_file={folder / "one.txt"}',
+                                f'--reference={folder / "two.txt"}'], 'has 2 lines but'),
+      'unknown step': ([f'--workdir={mt}', '--step=999', f'--input_file={folder / "one.txt"}'],
                        'no checkpoint for step 999'),
       'checkpoint of another model': ([f'--workdir={mixed}', '--prompt=Hi'], 'does not fit'),
       "another workdir's tokenizer": (
-          [f'--workdir={other_tokenizer}', f'--input_file={tmp_path / "one.txt"}'],
+          [f'--workdir={other_tokenizer}', f'--input_file={folder / "one.txt"}'],
           f'the tokenizer {other_tokenizer}/tokenizer/tokenizer.json is a char tokenizer of '),
   }
-  before = {d: _snapshot(d) for d in (mt, lm, str(no_ckpt))}
-  # Most in one interpreter (`mains`: a process each was mostly interpreter start-up);
-  # as processes of their own (all at once): a failed restore (Orbax may leave work behind,
-  # which the error's exit then skips) and one refused before anything is restored.
-  own = ('checkpoint of another model', 'non-UTF-8 line')
-  results = {}
+
+
+# As processes of their own (all at once): a failed restore (Orbax may leave work behind, which
+# the error's exit then skips) and one refused before anything is restored.
+OWN_PROCESS = ('checkpoint of another model', 'non-UTF-8 line')
+
+
+def test_bad_input_one_clear_error_and_workdir_untouched(workdirs, runs):
+  cases, results, before = runs.bad_input, runs.results, runs.before
   procs = {}
-  for name in own:
+  for name in OWN_PROCESS:
     cmd = [sys.executable, os.path.join(ROOT, 'decode.py'), '--compilation_cache=',
            *cases[name][0]]
     procs[name] = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdin=subprocess.DEVNULL,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-  batched = [name for name in cases if name not in own]
-  results.update(zip(batched, mains.run_mains(
-      [['--compilation_cache=', *cases[name][0]] for name in batched]), strict=True))
+  found = {name: results['bad', name] for name in cases if name not in OWN_PROCESS}
   for name, proc in procs.items():
     out, err = proc.communicate(timeout=600)
-    results[name] = (proc.returncode, out.decode(), err.decode())
-  assert sorted(results) == sorted(cases)
-  for name, (code, out, err) in results.items():
+    found[name] = (proc.returncode, out.decode(), err.decode())
+  assert sorted(found) == sorted(cases)
+  for name, (code, out, err) in found.items():
     assert code == 2, (name, code, err[-2000:])
     assert 'Traceback' not in err, (name, err)
     errors = [line for line in err.splitlines() if line.startswith('decode.py: error:')]
     assert len(errors) == 1 and cases[name][1] in errors[0], (name, err)
     assert out == ''
-  assert {d: _snapshot(d) for d in before} == before
+  assert {d: _snapshot(d) for d in before} == before  # the workdirs, and no_ckpt

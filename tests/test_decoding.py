@@ -1,4 +1,5 @@
-"""autoregressive.decoding: cached greedy/sampling/beam search against the full forward pass."""
+"""The searches (autoregressive/strategies/: greedy, sampling, beam and their shared loop) with
+a KV cache, against the full forward pass, exhaustive enumeration and the cache's operations."""
 
 import dataclasses
 import functools
@@ -310,7 +311,7 @@ def test_sampling_reproducible_and_top_k():
   a = np.asarray(sample(model, prompt, rng=jax.random.PRNGKey(0), **kw))
   c = np.asarray(sample(model, prompt, rng=jax.random.PRNGKey(1), **kw))
   # (The same key twice would run one program on the same inputs: the same seed's samples are
-  # compared across batches and processes in test_inference and test_decode_modes.)
+  # compared across batches and processes in test_inference and test_decode_cli.)
   assert (a != c).any()
   assert len({tuple(r) for r in a[:8]}) > 1  # it samples, not argmax
   for i in range(16):

@@ -309,7 +309,7 @@ def decode_runs(trained, tmp_path_factory) -> dict:
 
 
 def test_decode_rejects_non_finite_floats(decode_runs):
-  """One line naming the flag (its wording is decode.py's: tests/test_decode_modes.py)."""
+  """One line naming the flag (its wording is decode.py's: tests/test_decode_cli.py)."""
   for flag in NON_FINITE:
     code, _, err = decode_runs['non_finite', flag]
     assert code == 2 and len(err.strip().splitlines()) == 1, (flag, err)

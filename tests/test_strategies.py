@@ -103,5 +103,5 @@ def test_every_row_is_reachable_from_a_session_and_a_new_row_needs_only_itself(s
   assert 'times' in {args[0] for _, args in decode_cli.setting_flags()}
 
 
-# Every row reachable from decode.py: test_decode_modes' test_every_row_is_reachable_from_decode_py
+# Every row reachable from decode.py: test_decode_cli's test_every_row_is_reachable_from_decode_py
 # (its command lines run in that file's one interpreter of decode.py runs: a start-up less).
