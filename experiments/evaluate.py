@@ -4,14 +4,19 @@ A translation model decodes the whole validation and test splits of its config's
 the sweep's one decoding setting (through `inference.load`: decode.py's path), writes the
 outputs beside the references in `WORKDIR/sweep_eval/`, and is scored with cased sacreBLEU,
 the literature's lowercased tokenized BLEU (Multi30k papers' multi-bleu.perl) and chrF2, each
-with its signature. A language model is scored by its validation loss: the trainer's
-evaluation at the last step (every `train.num_eval_batches` batch of the split). Everything
-goes in `WORKDIR/sweep_eval/results.json`, written last: a run is evaluated when that file
-exists and names the same decoding setting.
+with its signature. A setting given as a list is a choice made on validation, per run: the
+validation split is decoded with every combination of the lists (`grid_points`), the best
+validation score of the sweep's metric chooses (ties: the first in the lists' order, so list
+the cheaper decode first), and the test split is decoded once, with the choice. A language
+model is scored by its validation loss: the trainer's evaluation at the last step (every
+`train.num_eval_batches` batch of the split). Everything goes in
+`WORKDIR/sweep_eval/results.json`, written last: a run is evaluated when that file exists and
+names the same decoding setting (or grid).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -27,20 +32,37 @@ AVERAGE_LAST = 'average_last'  # checkpoints averaged (decode.py's --average_las
 STRATEGY = 'strategy'  # a row of the strategy table (default: beam, greedy at beam size 1)
 
 
+def grid_points(decode: Mapping[str, Any]) -> list[dict[str, Any]]:
+  """The decoding settings `decode` gives: one, or one per combination of the values of its
+  settings given as lists (the first setting's values outermost), in the lists' order."""
+  values = [v if isinstance(v, (list, tuple)) else [v] for v in decode.values()]
+  return [dict(zip(decode, point, strict=True)) for point in itertools.product(*values)]
+
+
+def is_grid(decode: Mapping[str, Any]) -> bool:
+  return any(isinstance(v, (list, tuple)) for v in decode.values())
+
+
 def check_settings(decode: Mapping[str, Any]) -> None:
   """The sweep's decoding setting: settings of the strategy table, `strategy` and
-  `average_last`; raises ValueError (one line)."""
+  `average_last`, each a value or a list of values to choose from on validation; raises
+  ValueError (one line)."""
   from autoregressive import strategies  # pylint: disable=import-outside-toplevel
   known = {*strategies.fields(), STRATEGY, AVERAGE_LAST}
   unknown = sorted(set(decode) - known)
   if unknown:
     raise ValueError(f'decode has unknown setting(s) {unknown}; known: {sorted(known)}')
-  average = decode.get(AVERAGE_LAST, 1)
-  if not (isinstance(average, int) and not isinstance(average, bool) and average >= 1):
-    raise ValueError(f'decode[{AVERAGE_LAST!r}]={average!r} must be an integer >= 1')
-  settings = {k: v for k, v in decode.items() if k not in (AVERAGE_LAST, STRATEGY)}
-  strategies.from_config({}, settings, strategy=decode.get(STRATEGY),
-                         where=lambda name: f'decode[{name!r}]')
+  for name, value in decode.items():
+    if isinstance(value, (list, tuple)) and (not value or len(set(map(repr, value))) < len(value)):
+      raise ValueError(f'decode[{name!r}]={list(value)!r}: a choice lists distinct values, at '
+                       'least one')
+  for point in grid_points(decode):
+    average = point.get(AVERAGE_LAST, 1)
+    if not (isinstance(average, int) and not isinstance(average, bool) and average >= 1):
+      raise ValueError(f'decode[{AVERAGE_LAST!r}]={average!r} must be an integer >= 1')
+    settings = {k: v for k, v in point.items() if k not in (AVERAGE_LAST, STRATEGY)}
+    strategies.from_config({}, settings, strategy=point.get(STRATEGY),
+                           where=lambda name: f'decode[{name!r}]')
 
 
 def results_path(workdir: str) -> str:
@@ -84,15 +106,16 @@ def split_file(workdir: str, split: str, what: str) -> str:
 
 
 def evaluate(workdir: str, decode: Mapping[str, Any], *, translates: bool,
-             sentences: int | None = None) -> dict[str, Any]:
+             sentences: int | None = None, metric: str = 'bleu') -> dict[str, Any]:
   """Evaluates the trained run in `workdir` (holding its lock) -> the results, also written to
-  results.json. `sentences`: the first N of each split (None: all)."""
+  results.json. `sentences`: the first N of each split (None: all); `metric`: what chooses
+  among a grid of decoding settings, on validation."""
   from workdir import train_lock  # pylint: disable=import-outside-toplevel
   started = time.perf_counter()
   lock = train_lock.acquire(workdir)
   try:
     os.makedirs(os.path.join(workdir, EVAL_DIR), exist_ok=True)
-    found = (_translation(workdir, decode, sentences) if translates
+    found = (_translation(workdir, decode, sentences, metric) if translates
              else _language_model(workdir))
     found['eval_wall_s'] = round(time.perf_counter() - started, 1)
     from common.atomic_file import atomic_write  # pylint: disable=import-outside-toplevel
@@ -103,41 +126,73 @@ def evaluate(workdir: str, decode: Mapping[str, Any], *, translates: bool,
   return found
 
 
-def _translation(workdir: str, decode: Mapping[str, Any], sentences: int | None
+def _translation(workdir: str, decode: Mapping[str, Any], sentences: int | None, metric: str
                  ) -> dict[str, Any]:
-  import inference  # pylint: disable=import-outside-toplevel
-  from inference.decode_runs import stopped_at_limit  # pylint: disable=import-outside-toplevel
   from input_pipeline import sources  # pylint: disable=import-outside-toplevel
   from workdir import checkpoint  # pylint: disable=import-outside-toplevel
-  settings = {k: v for k, v in decode.items() if k != AVERAGE_LAST}
-  kept = len(checkpoint.list_steps(workdir))
-  average = min(int(decode.get(AVERAGE_LAST, 1)), max(kept, 1))
+  from workdir.config_io import load_config  # pylint: disable=import-outside-toplevel
+  kept = max(len(checkpoint.list_steps(workdir)), 1)
+  data = load_config(workdir).data
+  splits = {split: sources.split_texts(data, name)[:sentences]
+            for split, name in zip(SPLITS, (data.eval_split, data.test_split), strict=True)}
+  sessions: dict[int, Any] = {}  # average_last -> the restored model
   warnings: list[str] = []
-  session = inference.load(workdir, average_last=average, warn=warnings.append)
-  limits = session.settings(**settings)[1]
-  data = session.config.data
-  out: dict[str, Any] = {'step': session.step, 'parameters': _parameters(session.module),
-                         'decode': {**settings, AVERAGE_LAST: average},
-                         'search': session.settings(**settings)[0].describe(),
-                         'eval_sentences': sentences}
-  for split, name in zip(SPLITS, (data.eval_split, data.test_split), strict=True):
-    examples = sources.split_texts(data, name)[:sentences]
-    started = time.perf_counter()
-    found = session.hypotheses([e['source'] for e in examples], **settings)
-    hypotheses = [h[0].text if h else '' for h in found]
-    references = [e['target'] for e in examples]
-    _write(split_file(workdir, split, 'hyp'), hypotheses)
-    _write(split_file(workdir, split, 'ref'), references)
-    out[split] = {'split': name, 'sentences': len(examples),
-                  'empty': sum(not h.strip() for h in hypotheses),
-                  # stopped at max_new_tokens without EOS, as decode.py counts them
-                  'cut': sum(bool(h) and stopped_at_limit(h[0].tokens, limits.max_new_tokens,
-                                                          session.tokenizer.eos_id)
-                             for h in found),
-                  'decode_wall_s': round(time.perf_counter() - started, 1),
-                  **scores(hypotheses, references)}
+
+  def session(average: int):
+    if average not in sessions:
+      import inference  # pylint: disable=import-outside-toplevel
+      sessions.clear()  # one model in memory at a time
+      sessions[average] = inference.load(workdir, average_last=average, warn=warnings.append)
+    return sessions[average]
+
+  out: dict[str, Any] = {'eval_sentences': sentences}
+  points = grid_points(decode)
+  chosen, decoded = points[0], {}  # decoded: split -> `_decode_split` of the chosen setting
+  if len(points) > 1:  # each point on validation; the best one decodes test, once
+    grid, outputs = [], []
+    for point in points:
+      point = {**point, AVERAGE_LAST: min(int(point.get(AVERAGE_LAST, 1)), kept)}
+      outputs.append(_decode_split(session(point[AVERAGE_LAST]), point, splits['validation']))
+      grid.append({'decode': point, metric: outputs[-1][metric]})
+    best = max(range(len(grid)), key=lambda i: (grid[i][metric], -i))  # ties: the first
+    chosen, decoded['validation'] = grid[best]['decode'], outputs[best]
+    out['decode_grid'] = {'choices': _as_json(decode), 'metric': metric, 'points': grid}
+  average = min(int(chosen.get(AVERAGE_LAST, 1)), kept)
+  settings = {k: v for k, v in chosen.items() if k != AVERAGE_LAST}
+  restored = session(average)
+  out.update({'step': restored.step, 'parameters': _parameters(restored.module),
+              'decode': {**settings, AVERAGE_LAST: average},
+              'search': restored.settings(**settings)[0].describe()})
+  for split, examples in splits.items():
+    found = decoded.get(split) or _decode_split(restored, chosen, examples)
+    _write(split_file(workdir, split, 'hyp'), found.pop('hypotheses'))
+    _write(split_file(workdir, split, 'ref'), [e['target'] for e in examples])
+    out[split] = {'split': data.eval_split if split == 'validation' else data.test_split,
+                  **found}
   out['warnings'] = sorted(set(warnings))[:5]
   return out
+
+
+def _as_json(decode: Mapping[str, Any]) -> dict[str, Any]:
+  return json.loads(json.dumps(dict(decode)))  # tuples as lists, as results.json reads back
+
+
+def _decode_split(session, point: Mapping[str, Any], examples) -> dict[str, Any]:
+  """The split's hypotheses with the setting `point` (its average_last is the session's) and
+  their scores, empty and cut lines, and the decoding's wall time."""
+  from inference.decode_runs import stopped_at_limit  # pylint: disable=import-outside-toplevel
+  settings = {k: v for k, v in point.items() if k != AVERAGE_LAST}
+  limits = session.settings(**settings)[1]
+  started = time.perf_counter()
+  found = session.hypotheses([e['source'] for e in examples], **settings)
+  hypotheses = [h[0].text if h else '' for h in found]
+  return {'hypotheses': hypotheses, 'sentences': len(examples),
+          'empty': sum(not h.strip() for h in hypotheses),
+          # stopped at max_new_tokens without EOS, as decode.py counts them
+          'cut': sum(bool(h) and stopped_at_limit(h[0].tokens, limits.max_new_tokens,
+                                                  session.tokenizer.eos_id) for h in found),
+          'decode_wall_s': round(time.perf_counter() - started, 1),
+          **scores(hypotheses, [e['target'] for e in examples])}
 
 
 def _parameters(module) -> int:

@@ -114,7 +114,8 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
     enable_compilation_cache(cache)
   try:
     results = evaluate.evaluate(workdir, spec['decode'], translates=spec['translates'],
-                                sentences=spec.get('eval_sentences'))
+                                sentences=spec.get('eval_sentences'),
+                                metric=spec.get('metric', 'bleu'))
   except KeyboardInterrupt:
     return _end(status_file, INTERRUPTED, started, step=step, error='stopped while evaluating')
   except Exception as e:  # noqa: BLE001  (reported as the run's failure, the sweep goes on)

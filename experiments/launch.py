@@ -54,6 +54,7 @@ def job_spec(plan: Plan, run: Run) -> dict[str, Any]:
   return {'row': run.row, 'seed': run.seed, 'workdir': os.path.abspath(run.workdir),
           'args': list(run.args), 'num_steps': run.num_steps, 'translates': run.translates,
           'decode': eval_settings(plan), 'eval_sentences': plan.sweep.eval_sentences,
+          'metric': plan.sweep.metric,
           'status_file': os.path.abspath(status_file(plan, run)),
           'log_file': os.path.abspath(log_file(plan, run)), 'repo': REPO,
           # One persistent compilation cache for the sweep's runs: a row's other seeds, and the
@@ -70,15 +71,19 @@ def _evaluated(plan: Plan, run: Run) -> bool:
     return False
   if not run.translates:
     return True
-  return (results.get('decode') is not None and _same_decode(results['decode'], plan, run)
+  return (results.get('decode') is not None and _same_decode(results, plan, run)
           and results.get('eval_sentences') == plan.sweep.eval_sentences)
 
 
-def _same_decode(recorded: dict, plan: Plan, run: Run) -> bool:
+def _same_decode(results: dict, plan: Plan, run: Run) -> bool:
   """The evaluation used the sweep's decoding setting (its average capped by the checkpoints
   kept, as `evaluate` caps it)."""
   wanted = eval_settings(plan)
-  recorded = dict(recorded)
+  if evaluate.is_grid(wanted):  # chosen on validation: the grid must be this sweep's
+    grid = results.get('decode_grid') or {}
+    return (grid.get('choices') == json.loads(json.dumps(wanted))
+            and grid.get('metric') == plan.sweep.metric)
+  recorded = dict(results['decode'])
   average = recorded.pop(evaluate.AVERAGE_LAST, 1)
   wanted_average = wanted.pop(evaluate.AVERAGE_LAST)
   return recorded == wanted and average <= wanted_average

@@ -205,9 +205,20 @@ def _preamble(plan: Plan, rows: list[RowResults], translation: bool) -> list[str
     splits = f'the first {cap} sentences of' if cap else 'the whole'
     averaged = ('no checkpoint averaging' if average == 1 else
                 f'the last {average} checkpoints averaged')
-    out.append(f'- evaluation: {splits} validation and test splits, {search}, {averaged} (the '
-               f'sweep\'s decode={dict(sweep.decode)}, else the config\'s decode section); '
-               f'BLEU `{first.get("test", {}).get("bleu_signature")}`')
+    if evaluate.is_grid(sweep.decode):
+      out.append(f'- evaluation: {splits} validation and test splits; each run\'s decoding '
+                 f'chosen on its validation {NAMES[sweep.metric]} from the sweep\'s '
+                 f'decode={dict(sweep.decode)}, then test decoded once with it; BLEU '
+                 f'`{first.get("test", {}).get("bleu_signature")}`')
+      listed = [k for k, v in sweep.decode.items() if isinstance(v, (list, tuple))]
+      out.append('- chosen: ' + '; '.join(
+          f'{row.name} ' + ', '.join(
+              '/'.join(str(r['decode'].get(k)) for k in listed) for r in row.results)
+          for row in rows if row.results) + f' ({"/".join(listed)}, per seed)')
+    else:
+      out.append(f'- evaluation: {splits} validation and test splits, {search}, {averaged} '
+                 f'(the sweep\'s decode={dict(sweep.decode)}, else the config\'s decode '
+                 f'section); BLEU `{first.get("test", {}).get("bleu_signature")}`')
   return out
 
 

@@ -91,6 +91,8 @@ def test_plan_rows_grid_and_seeds(tmp_path):
     ({'compare': 'next'}, "compare='next' is not one of ['baseline', 'previous']"),
     ({'compare': 'previous', 'baseline': 'b'}, "its baseline is the first row ('a'), not 'b'"),
     ({'decode': {'beam_szie': 2}}, "decode has unknown setting(s) ['beam_szie']"),
+    ({'decode': {'alpha': [0.6, 0.6]}}, "decode['alpha']=[0.6, 0.6]: a choice lists distinct"),
+    ({'decode': {'alpha': [0.6, -1.0]}}, "decode['alpha']=-1.0"),
     ({'decode': {'strategy': 'greedy', 'alpha': 0.6}}, "decode['alpha'] applies to beam"),
     ({'metric': 'ter'}, "metric='ter' is not one of"),
     ({'config': 'configs/nope.py'}, "config 'configs/nope.py' not found"),
@@ -240,6 +242,57 @@ def test_each_run_is_an_evaluated_workdir(swept):
         assert evaluate.scores(hyps, refs)['chrf2'] == results[split]['chrf2']
         assert results[split]['bleu_signature'].startswith('nrefs:1|case:mixed')
         assert 'case:lc' in results[split]['bleu_lowercased_signature']
+
+
+def test_a_decoding_grid_is_chosen_on_validation_and_test_decoded_once(swept, tmp_path,
+                                                                      monkeypatch):
+  """`decode` with lists: every combination decodes the validation split, the best validation
+  BLEU (ties: the first listed) chooses, and test is decoded once, with the choice; the
+  sweep counts the run as evaluated for that grid only."""
+  import shutil  # pylint: disable=import-outside-toplevel
+
+  from experiments import evaluate  # pylint: disable=import-outside-toplevel
+  workdir = tmp_path / 'run'
+  shutil.copytree(swept['root'] / 'pre' / 'seed_0', workdir)
+  grid = {'average_last': [1, 2], 'beam_size': 2, 'max_new_tokens': 4, 'alpha': [0.0, 0.6]}
+  decoded = []  # the first source line of each decoding pass
+  plain = evaluate._decode_split  # pylint: disable=protected-access
+
+  def counted(session, point, examples):
+    decoded.append(examples[0]['source'])
+    return plain(session, point, examples)
+  monkeypatch.setattr(evaluate, '_decode_split', counted)
+  results = evaluate.evaluate(str(workdir), {'average_last': 1, **grid}, translates=True,
+                              sentences=3)
+  from input_pipeline import sources  # pylint: disable=import-outside-toplevel
+  from workdir.config_io import load_config  # pylint: disable=import-outside-toplevel
+  data = load_config(str(workdir)).data
+  valid, test = (sources.split_texts(data, name)[0]['source']
+                 for name in (data.eval_split, data.test_split))
+  assert decoded == [valid] * 4 + [test]  # test once, with the choice
+  points = results['decode_grid']['points']
+  assert [(p['decode']['average_last'], p['decode']['alpha']) for p in points] == [
+      (1, 0.0), (1, 0.6), (2, 0.0), (2, 0.6)]
+  best = max(p['bleu'] for p in points)
+  first_best = next(p for p in points if p['bleu'] == best)
+  assert results['decode'] == first_best['decode'] and results['validation']['bleu'] == best
+  hyps = (workdir / 'sweep_eval' / 'validation.hyp').read_text().split('\n')[:-1]
+  refs = (workdir / 'sweep_eval' / 'validation.ref').read_text().split('\n')[:-1]
+  assert evaluate.scores(hyps, refs)['bleu'] == best  # the chosen setting's own outputs
+  # sweep.py counts it evaluated for this grid (and metric), not for another.
+  for decode, done in ((grid, True), ({**grid, 'alpha': [0.0, 1.0]}, False)):
+    plan = sweep_file.plan(dataclasses.replace(swept['plan'].sweep, decode=decode,
+                                               eval_sentences=3), str(tmp_path / 'r'))
+    run = dataclasses.replace(plan.runs[0], workdir=str(workdir), num_steps=results['step'])
+    assert launch._evaluated(plan, run) is done  # pylint: disable=protected-access
+  # The table says what each run chose.
+  from experiments import table  # pylint: disable=import-outside-toplevel
+  plan = sweep_file.plan(dataclasses.replace(swept['plan'].sweep, decode=grid),
+                         str(tmp_path / 'r'))
+  shutil.copytree(workdir, tmp_path / 'r' / 'pre' / 'seed_0')
+  chosen = results['decode']
+  assert (f'- chosen: pre {chosen["average_last"]}/{chosen["alpha"]} (average_last/alpha, per '
+          'seed)') in table.markdown(plan, table.collect(plan))
 
 
 def test_table(swept):
