@@ -14,7 +14,6 @@ from training import config_check
 
 
 @pytest.mark.parametrize('section,values,message', [
-    ('model', {'d_ff': 0}, 'config.model.d_ff=0 must be a positive integer'),
     ('data', {'max_length': 1}, 'config.data.max_length=1 must be an integer >= 2'),
     ('data', {'tokenizer': 'bytes'},
      "config.data.tokenizer='bytes' is not one of ['sentencepiece', 'char', 'marian', "

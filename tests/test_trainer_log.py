@@ -140,8 +140,6 @@ def test_did_you_mean_ranks_by_the_last_component():
   assert 'scan_layers' not in message
   assert train._unknown_overrides(argv + ['--config.trian.num_steps=2']) == (
       'unknown config field --config.trian.num_steps; did you mean config.train.num_steps?')
-  assert train._unknown_overrides(argv + ['--config.model.num_headz=2']) == (
-      'unknown config field --config.model.num_headz; did you mean config.model.num_heads?')
 
 
 def test_best_figures_survive_a_resume(logged, tmp_path):
