@@ -20,8 +20,8 @@ spread; the table compares each rung with the one before it (`compare='previous'
 option still add on top of the others?
 """
 
+from configs.multi30k import PEAK
 from configs.sweeps import OPTIONS_ALONE, Sweep
-from configs.sweeps.screen_multi30k import PEAK
 
 WSD = {'optimizer.schedule': 'wsd', 'optimizer.learning_rate': PEAK,
        'optimizer.min_learning_rate_ratio': 0.0}

@@ -18,10 +18,8 @@ Muon (modded-nanogpt; Jordan et al. 2024), WSD (Hu et al. 2024; Hägele et al. 2
 against the preset's checkpoint averaging, which this sweep's decoding leaves out).
 """
 
+from configs.multi30k import PEAK  # the preset's rsqrt peak, which the WSD row holds
 from configs.sweeps import OPTIONS_ALONE, Sweep
-
-# The rsqrt schedule's peak in the preset: 1.25 * 128^-0.5 * 1000^-0.5.
-PEAK = 1.25 * 128 ** -0.5 * 1000 ** -0.5
 
 
 def get_sweep():
