@@ -1,4 +1,5 @@
-"""bench/gpu_targets.py's subprocess runner: what a stopped device call's log still holds."""
+"""bench/'s tools: gpu_targets.py's subprocess runner (what a stopped device call's log still
+holds) and sweep_step.py's rows (each row's config as train.py resolves it)."""
 
 import os
 import subprocess
@@ -42,3 +43,25 @@ def test_run_text_kills_the_command_at_its_timeout(capfd, tmp_path):
   with pytest.raises(ProcessLookupError):  # killed and reaped, not left running
     os.kill(int(pid_file.read_text()), 0)
   assert 'started' in capfd.readouterr().err  # what it printed before the limit is in the log
+
+
+def test_sweep_step_times_each_rows_own_config():
+  """bench/sweep_step.py builds each row's step from the config train.py would run (the
+  row's overrides on the sweep's config) and a batch of the pipeline's packed layout."""
+  from bench import sweep_step
+  from model.kinds import adapter_of
+  from training import config_check
+  configs, baseline = sweep_step.row_configs('configs/sweeps/ladder_multi30k.py')
+  assert baseline == 'baseline' and list(configs) == ['baseline', 'muon', 'muon+wsd']
+  plan = {row: (c.optimizer.name, c.optimizer.schedule, c.train.num_steps, c.model.d_model)
+          for row, c in configs.items()}
+  assert plan == {'baseline': ('adam', 'rsqrt', 1500, 128), 'muon': ('muon', 'rsqrt', 1500, 128),
+                  'muon+wsd': ('muon', 'wsd', 1500, 128)}
+  config = configs['baseline']
+  model_config = config_check.validate_config(config, num_devices=1)
+  batch = sweep_step.batch_of(config, model_config)
+  shapes = adapter_of(model_config).train_batch_shapes(config.train.batch_size,
+                                                        config.data.max_length, True)
+  assert {k: (v.shape, v.dtype) for k, v in batch.items()} == shapes
+  assert int(batch['targets'].min()) >= 3 and int(batch['targets'].max()) < config.model.vocab_size
+  assert list(batch['inputs_position'][0]) == list(range(batch['inputs'].shape[1]))
