@@ -133,8 +133,8 @@ def _translation(workdir: str, decode: Mapping[str, Any], sentences: int | None,
   from workdir.config_io import load_config  # pylint: disable=import-outside-toplevel
   kept = max(len(checkpoint.list_steps(workdir)), 1)
   data = load_config(workdir).data
-  splits = {split: sources.split_texts(data, name)[:sentences]
-            for split, name in zip(SPLITS, (data.eval_split, data.test_split), strict=True)}
+  names = dict(zip(SPLITS, (data.eval_split, data.test_split), strict=True))
+  splits = {split: sources.split_texts(data, name)[:sentences] for split, name in names.items()}
   sessions: dict[int, Any] = {}  # average_last -> the restored model
   warnings: list[str] = []
 
@@ -167,8 +167,7 @@ def _translation(workdir: str, decode: Mapping[str, Any], sentences: int | None,
     found = decoded.get(split) or _decode_split(restored, chosen, examples)
     _write(split_file(workdir, split, 'hyp'), found.pop('hypotheses'))
     _write(split_file(workdir, split, 'ref'), [e['target'] for e in examples])
-    out[split] = {'split': data.eval_split if split == 'validation' else data.test_split,
-                  **found}
+    out[split] = {'split': names[split], **found}
   out['warnings'] = sorted(set(warnings))[:5]
   return out
 
