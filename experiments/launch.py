@@ -107,23 +107,14 @@ def run_state(plan: Plan, run: Run) -> tuple[str, str]:
 
 # ------------------------------------------------------------------------------ time
 
-def median_step_ms(workdir: str) -> float | None:
-  """The run's median training step (ms, train.py's `train/step_ms`), None before any."""
-  from experiments import report  # pylint: disable=import-outside-toplevel
-  try:
-    ms = [p.value for p in report.load_run(workdir).scalars.get('train/step_ms', [])]
-  except (FileNotFoundError, OSError):
-    return None
-  return statistics.median(ms) if ms else None
-
-
 def estimates(plan: Plan) -> dict[str, float | None]:
   """Seconds left per run: its steps left x its row's measured median step time (any seed's
   events), plus its row's measured evaluation time; None when the row has no measurement."""
+  from experiments import report  # pylint: disable=import-outside-toplevel
   per_row: dict[str, tuple[float | None, float]] = {}
   for row in plan.rows:
     runs = [r for r in plan.runs if r.row == row]
-    ms = [m for m in (median_step_ms(r.workdir) for r in runs) if m is not None]
+    ms = [m for m in (report.median_step_ms(r.workdir) for r in runs) if m is not None]
     evals = [res['eval_wall_s'] for res in (evaluate.read_results(r.workdir) for r in runs)
              if res and 'eval_wall_s' in res]
     per_row[row] = (statistics.median(ms) if ms else None,

@@ -132,6 +132,15 @@ def load_run(workdir: str, name: str | None = None,
              {tag: [p[s] for s in sorted(p)] for tag, p in scalars.items() if p}, texts, offset)
 
 
+def median_step_ms(workdir: str) -> float | None:
+  """The run's median training step (ms, train.py's `train/step_ms`), None before any."""
+  try:
+    ms = [p.value for p in load_run(workdir).scalars.get('train/step_ms', [])]
+  except (FileNotFoundError, OSError):
+    return None
+  return statistics.median(ms) if ms else None
+
+
 def _fmt(value: float | None, digits: int = 4) -> str:
   return '-' if value is None else f'{value:.{digits}f}'
 

@@ -18,7 +18,7 @@ import statistics
 import time
 from typing import Any
 
-from experiments import evaluate, launch, significance
+from experiments import evaluate, significance
 from experiments.sweep_file import Plan, Run
 
 SUMMARY, CURVES = 'summary.md', 'curves.png'
@@ -120,6 +120,11 @@ def _events(run: Run):
     return None
 
 
+def _step_ms(run: Run) -> float | None:
+  from experiments import report  # pylint: disable=import-outside-toplevel
+  return report.median_step_ms(run.workdir)
+
+
 def _minutes(run: Run) -> float | None:
   events = _events(run)
   return None if events is None else events.minutes
@@ -167,8 +172,7 @@ def markdown(plan: Plan, rows: list[RowResults]) -> str:
     params = {r.get('parameters') for r in row.results} - {None}
     minutes = [m for m in (_minutes(r) for r in row.planned) if m is not None]
     evals = [r['eval_wall_s'] / 60 for r in row.results if 'eval_wall_s' in r]
-    step_ms = [m for m in (launch.median_step_ms(r.workdir) for r in row.planned)
-               if m is not None]
+    step_ms = [m for m in (_step_ms(r) for r in row.planned) if m is not None]
     cells += [f'{params.pop():,}' if len(params) == 1 else '-',
               f'{statistics.mean(step_ms):.0f}' if step_ms else '-',
               f'{statistics.mean(minutes):.1f}' if minutes else '-',
