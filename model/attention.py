@@ -183,16 +183,31 @@ def cudnn_dot_product_attention(query: Array, key: Array, value: Array, *,
                      f'got {q_len} and {kv_len}')
   q_lengths, q_prefix = _valid_lengths(mask.query_valid, batch, q_len)
   kv_lengths, kv_prefix = _valid_lengths(mask.key_valid, batch, kv_len)
-  padded = mask.query_valid is not None or mask.key_valid is not None
+  # cuDNN's backward pass needs even lengths (JAX checks it for any call it differentiates):
+  # an odd length gets one more position, outside the valid lengths, cut off afterwards.
+  odd = q_len % 2 or kv_len % 2
+  padded = odd or mask.query_valid is not None or mask.key_valid is not None
   out = jax.nn.dot_product_attention(
-      query, key, value, scale=scale, is_causal=mask.causal, implementation='cudnn',
-      query_seq_lengths=q_lengths if padded else None,
-      key_value_seq_lengths=kv_lengths if padded else None)
+      _to_even(query), _to_even(key), _to_even(value), scale=scale, is_causal=mask.causal,
+      implementation='cudnn', query_seq_lengths=_at_least_one(q_lengths) if padded else None,
+      key_value_seq_lengths=_at_least_one(kv_lengths) if padded else None)[:, :q_len]
   if not padded:
     return out
   row_valid = (jnp.arange(q_len)[None, :] < q_lengths[:, None]) & (kv_lengths[:, None] > 0)
   out = jnp.where(row_valid[:, :, None, None], out, jnp.zeros((), out.dtype))
   return jnp.where((q_prefix & kv_prefix)[:, None, None, None], out, jnp.nan).astype(query.dtype)
+
+
+def _at_least_one(lengths: Array) -> Array:
+  """A length of 0 as 1, its outputs zeroed afterwards: cuDNN left the key gradients of a
+  sequence with no valid key unwritten (garbage on an H200), where a zero cotangent through a
+  length of 1 gives exact zeros."""
+  return jnp.maximum(lengths, 1)
+
+
+def _to_even(x: Array) -> Array:
+  """`[batch, len, heads, dim]` with one zero position appended when `len` is odd."""
+  return jnp.pad(x, ((0, 0), (0, x.shape[1] % 2), (0, 0), (0, 0)))
 
 
 def _valid_lengths(valid: Array | None, batch: int, length: int) -> tuple[Array, Array]:

@@ -68,6 +68,15 @@ def assert_close(a, b, tol):
                                atol=tol, rtol=tol)
 
 
+def assert_no_less_exact(a, b, exact):
+  """Each leaf of `a` as close to `exact` (the float32 computation) as `b` (another bfloat16
+  path) is, within 2x and 1% of the leaf's scale: an elementwise bound missed on an H200 (4
+  gradient entries of 4,096 apart by 0.67 where the leaf reached 11), not which was nearer."""
+  for x, y, z in zip(*(jax.tree.leaves(t) for t in (a, b, exact)), strict=True):
+    x, y, z = (np.asarray(t, np.float32) for t in (x, y, z))
+    assert np.abs(x - z).max() <= 2 * np.abs(y - z).max() + 1e-2 * np.abs(z).max()
+
+
 @pytest.mark.parametrize('kind,use_bias', [(kind, False) for kind in MASK_KINDS] +
                          [('none', True), ('combined', True), ('dense', True)])
 def test_chunked_equals_reference_values_and_gradients(kind, use_bias):
@@ -244,10 +253,11 @@ def test_cudnn_model_equals_reference():
   tgt = jnp.asarray(rng.randint(3, 40, (2, 8)), jnp.int32).at[1, 5:].set(0)
   params = params_of(build_model(config))
   for deterministic in (True, False):
+    exact = model_outputs({**config, 'dtype': 'float32'}, src, tgt, params, deterministic)
     ref = model_outputs(config, src, tgt, params, deterministic)
     out = model_outputs({**config, 'attention_impl': 'cudnn'}, src, tgt, params,
                         deterministic)
-    assert_close(out, ref, 5e-2)
+    assert_no_less_exact(out, ref, exact)
 
 
 @needs_gpu

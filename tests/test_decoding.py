@@ -23,12 +23,13 @@ from model.stacks import stack_layer_params
 EOS = 1
 
 
-def _model(kind='encoder_decoder', vocab=20, max_len=24, seed=0, eos_boost=1.0, **kw):
+def _model(kind='encoder_decoder', vocab=20, max_len=24, seed=0, eos_boost=1.0, scale=2.0,
+           **kw):
   cfg = ModelConfig(kind=kind, vocab_size=vocab, num_encoder_layers=2, num_decoder_layers=2,
                     d_model=32, num_heads=4, d_ff=64, dropout_rate=0.0, max_len=max_len, **kw)
   params = params_of(build_model(cfg, rngs=nnx.Rngs(seed)))
   # Larger weights give peakier, more varied distributions than the near-uniform init.
-  params = jax.tree.map(lambda x: x * 2.0, params)
+  params = jax.tree.map(lambda x: x * scale, params)
   if eos_boost != 1.0:  # make EOS likely enough that some (not all) sequences end early
     emb = params['embed']['embedding']
     params['embed']['embedding'] = emb.at[EOS].multiply(eos_boost)
@@ -131,8 +132,10 @@ def test_float32_residual_in_bfloat16_caches_like_the_full_forward(kind, scan):
   projections) and the float32 stream give the full forward pass's logits, to bf16 rounding."""
   extra = {} if kind == 'encoder_decoder' else {'positional_encoding': 'learned',
                                                 'norm_position': 'pre'}
-  model = _model(kind, dtype='bfloat16', residual_dtype='float32', scan_layers=scan,
-                          **extra)
+  # The init's scale (not the peakier x2): with x2, one bfloat16 rounding of 360 logits
+  # flipped a near-tie of attention on GPU and moved a whole row by up to 5.
+  model = _model(kind, dtype='bfloat16', residual_dtype='float32', scan_layers=scan, scale=1.0,
+                 **extra)
   tgt = np.random.RandomState(3).randint(2, 20, size=(3, 6)).astype(np.int32)
   src = _sources() if kind == 'encoder_decoder' else None
   full, cached, encoded = _full_and_cached_steps(model, src, tgt)
@@ -389,7 +392,9 @@ def test_best_extensions_are_the_best_over_the_whole_vocabulary_ties_included(be
   lp = lp.at[..., 0].set(-jnp.inf).reshape(batch, -1)
   n = min(2 * k, lp.shape[1])
   values, pos = jax.lax.top_k(lp, n)
-  np.testing.assert_array_equal(got[0][:, :n], values)
+  # The same arithmetic, but the backend may sum the exponentials in another order (on GPU
+  # one value of 24 differed by 1 ulp); the order and the ties are exact.
+  np.testing.assert_allclose(got[0][:, :n], values, rtol=1e-6, atol=0)
   finite = np.isfinite(np.asarray(values))
   np.testing.assert_array_equal(np.asarray(got[1][:, :n])[finite], (pos // vocab)[finite])
   np.testing.assert_array_equal(np.asarray(got[2][:, :n])[finite], (pos % vocab)[finite])

@@ -69,7 +69,7 @@ def test_peak_table_and_mfu():
     device_kind = 'NVIDIA H100 80GB HBM3'
   assert telemetry.mfu(989.4e12 * 0.5, 1.0, 'bfloat16', [H100()]) == pytest.approx(0.5)
   assert telemetry.mfu(989.4e12, 1.0, 'bfloat16', [H100(), H100()]) == pytest.approx(0.5)
-  assert telemetry.mfu(1e12, 1.0, 'float32') is None  # CPU: no peak, no MFU
+  assert telemetry.mfu(1e12, 1.0, 'float32', jax.devices('cpu')) is None  # no peak, no MFU
 
 
 def test_profile_steps_parsing():

@@ -358,9 +358,9 @@ def _select(logits, rng, temperature, top_p, eos_banned, *, greedy: bool, top_k:
 
 def first_argmax(x, exclude: int | None = None, block: int = 32, *, eos_banned=None,
                  eos_id: int | None = None):
-  """`jnp.argmax(x, axis=-1)` `[rows]` int32 of `x` `[rows, n]` (the first maximum; the first
-  NaN if any), column `exclude` (e.g. pad) left out, and column `eos_id` in the rows where
-  `eos_banned` `[rows]`, reading `x` once.
+  """NumPy's `argmax(x, axis=-1)` `[rows]` int32 of `x` `[rows, n]` (the first maximum; the
+  first NaN if any, where `jnp.argmax` on GPU may take a later one), column `exclude` (e.g.
+  pad) left out, and column `eos_id` in the rows where `eos_banned` `[rows]`, reading `x` once.
 
   A max over blocks of about `block` columns (`block_size`) picks the first block
   holding the maximum, then the maximum's first column in that block (the greedy step's
