@@ -410,8 +410,8 @@ def test_cache_operations_touch_only_their_caches():
   model = _model()
   src = _sources()
   adapter = adapter_of(model)
-  cache = adapter.init_cache(model, model.encode(src), src, 3, 4)
-  _, cache = adapter.decoder_step(model, cache, src, np.zeros((3, 1), np.int32))
+  cache = adapter.init_cache(model, jax.jit(lambda m, s: m.encode(s))(model, src), src, 3, 4)
+  _, cache = jax.jit(adapter.decoder_step)(model, cache, src, np.zeros((3, 1), np.int32))
   jax.tree.map(np.testing.assert_array_equal, cache.pin(), cache)
   jaxpr = jax.make_jaxpr(lambda c: c.pin())(cache)
   barriers = [e for e in jaxpr.eqns if e.primitive.name == 'optimization_barrier']

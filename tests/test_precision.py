@@ -70,8 +70,9 @@ def test_bfloat16_compute_error_scales_with_bfloat16_roundoff():
   src = jnp.asarray(rng.randint(3, 64, (4, 12)), jnp.int32)
   tgt = jnp.asarray(rng.randint(3, 64, (4, 10)), jnp.int32)
   reference = build_model(config)
-  exact = np.asarray(reference(src, tgt), np.float64)
-  low = np.asarray(with_options(reference, dtype='bfloat16')(src, tgt), np.float64)
+  forward = jax.jit(lambda module, s, t: module(s, t))  # one program, not op by op
+  exact = np.asarray(forward(reference, src, tgt), np.float64)
+  low = np.asarray(forward(with_options(reference, dtype='bfloat16'), src, tgt), np.float64)
   relative = np.linalg.norm(low - exact) / np.linalg.norm(exact)
   sublayers = 2 * 2 + 2 * 3  # encoder: attention + FFN; decoder: + cross-attention
   assert relative <= 2 * U_BF16 * sublayers
@@ -124,7 +125,9 @@ def _run_recording(model, src, tgt, monkeypatch):
   for name, cls in (('dense', layers.Dense), ('embed', layers.Embed),
                     ('encoder', transformer.Encoder)):
     monkeypatch.setattr(cls, '__call__', record(name, cls.__call__))
-  logits = model(src, tgt, deterministic=False, dropout_rng=jax.random.key(1))
+  # Traced, not run: the dtypes are the program's (op by op, each model took 5-16 s).
+  logits = jax.eval_shape(lambda: model(src, tgt, deterministic=False,
+                                        dropout_rng=jax.random.key(1)))
   return logits, seen
 
 
@@ -149,8 +152,9 @@ def test_float32_residual_is_the_plain_path_in_float32():
   config = _stream_config(dtype='float32', residual_dtype='compute', norm_position='pre')
   src, tgt = _pair(3)
   model = build_model(config)
-  plain = model(src, tgt)
-  kept = with_options(model, residual_dtype='float32')(src, tgt)
+  forward = jax.jit(lambda module, s, t: module(s, t))
+  plain = forward(model, src, tgt)
+  kept = forward(with_options(model, residual_dtype='float32'), src, tgt)
   np.testing.assert_array_equal(np.asarray(plain), np.asarray(kept))
 
 
@@ -164,11 +168,12 @@ def test_float32_residual_keeps_small_updates_that_a_bfloat16_stream_rounds_away
                 logits_via_embedding=False)
   tokens = jnp.asarray(np.random.RandomState(4).randint(3, 64, (4, 16)), jnp.int32)
   reference = build_model(config)
-  exact = np.asarray(reference(tokens), np.float64)
+  forward = jax.jit(lambda module, t: module(t))
+  exact = np.asarray(forward(reference, tokens), np.float64)
 
   def error(residual_dtype):
     model = with_options(reference, dtype='bfloat16', residual_dtype=residual_dtype)
-    low = np.asarray(model(tokens), np.float64)
+    low = np.asarray(forward(model, tokens), np.float64)
     return np.linalg.norm(low - exact) / np.linalg.norm(exact)
 
   assert error('float32') < error('compute') / 2
