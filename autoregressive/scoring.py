@@ -125,15 +125,22 @@ def sequence_log_probs(module, inputs=None, *, prompt=None, tokens) -> Array:
     b = r // n
     full[r, :lengths[b]] = prompt[b, :lengths[b]]
     full[r, lengths[b]:lengths[b] + length] = flat[r]
-  source = jnp.repeat(jnp.asarray(inputs, jnp.int32), n, axis=0) if adapter.has_source else None
-  logits = adapter.teacher_forced(bind(config, params), source, jnp.asarray(full))
+  source = np.repeat(np.asarray(inputs, np.int32), n, axis=0) if adapter.has_source else None
+  cols = np.repeat(lengths, n)[:, None] + np.arange(length)[None, :]
+  is_eos = flat == EOS_ID
+  counted = np.cumsum(is_eos, axis=1) - is_eos == 0  # up to and including the first EOS
+  return _continuation_log_probs(config, params, source, full, cols, counted).reshape(batch, n)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _continuation_log_probs(config, params, source, full, cols, counted):
+  """`sequence_log_probs`' one program: the log P of `full`'s tokens at columns `cols`
+  `[rows, len]` where `counted`, summed -> `[rows]` (op by op, each new shape compiled ~100
+  small programs)."""
+  logits = adapter_of(config).teacher_forced(bind(config, params), source, full)
   logits = logits.astype(jnp.float32)
   peak = jnp.max(logits, axis=-1, keepdims=True)
-  log_probs = logits - peak - log_normalizer(logits, peak)  # over the tokens an output can hold
-  lp = jnp.take_along_axis(log_probs, full[..., None], -1)[..., 0]
-  cols = np.repeat(lengths, n)[:, None] + np.arange(length)[None, :]
-  lp = jnp.take_along_axis(lp, jnp.asarray(cols), axis=1)
-  is_eos = flat == EOS_ID
-  after_eos = np.cumsum(is_eos, axis=1) - is_eos > 0
-  lp = jnp.where(after_eos, 0.0, lp)
-  return lp.sum(axis=1).reshape(batch, n)
+  log_sum = log_normalizer(logits, peak)  # over the tokens an output can hold
+  x = jnp.take_along_axis(logits, full[..., None], axis=-1)
+  lp = jnp.take_along_axis(((x - peak) - log_sum)[..., 0], cols, axis=1)
+  return jnp.where(counted, lp, 0.0).sum(axis=1)
