@@ -38,6 +38,9 @@ def _define_flags() -> None:
                     'exists, else local subprocesses (submitit\'s choice).')
   flags.DEFINE_integer('parallel', 1, 'Runs at once (local), or the SLURM array\'s bound.')
   flags.DEFINE_bool('retry_failed', False, 'Rerun the runs whose last attempt failed.')
+  flags.DEFINE_list('only', [], 'Run only these runs: ROW/seed_S or ROW names, fnmatch '
+                    'patterns allowed (e.g. modern/seed_2, "*/seed_0"); the table still '
+                    'shows every run done.')
   flags.DEFINE_string('slurm_partition', None, 'SLURM partition (default: the sweep file\'s).')
   flags.DEFINE_integer('slurm_time_min', None, 'SLURM time limit per run, in minutes.')
   flags.DEFINE_integer('slurm_gpus_per_node', None, 'GPUs per SLURM job.')
@@ -87,7 +90,8 @@ def main(argv: list[str]) -> None:
     resume = ' '.join(shlex.quote(a) for a in ['python', *sys.argv])
     code = launch.run(plan, executor=FLAGS.executor, parallel=FLAGS.parallel,
                       retry_failed=FLAGS.retry_failed, slurm=slurm,
-                      out=lambda line: print(line, flush=True), resume_command=resume)
+                      out=lambda line: print(line, flush=True), resume_command=resume,
+                      only=FLAGS.only)
   except sweep_file.SweepError as e:
     _fail(e)
   sys.stdout.flush()

@@ -18,11 +18,11 @@ import signal
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from experiments import evaluate, job as job_lib
-from experiments.sweep_file import Plan, Run, SweepError
+from experiments.sweep_file import Plan, Run, SweepError, selected
 
 STATE_DIR = '.sweep'
 NEW, PARTIAL, TRAINED = 'new', 'partial', 'trained'  # besides job_lib's DONE and FAILED
@@ -296,20 +296,25 @@ def headline(results: dict[str, Any] | None, translates: bool) -> str:
 
 def run(plan: Plan, *, executor: str = 'auto', parallel: int = 1, retry_failed: bool = False,
         slurm: dict[str, Any] | None = None, out: Callable[[str], None] = print,
-        resume_command: str = '') -> int:
-  """Runs every run of `plan` not yet done -> the exit status: 0 when every run is done, 1
-  when one failed, 130 when interrupted."""
+        resume_command: str = '', only: Sequence[str] = ()) -> int:
+  """Runs every run of `plan` not yet done (of those `only` selects: `sweep_file.selected`)
+  -> the exit status: 0 when every run is done, 1 when one failed, 130 when interrupted. The
+  table is written from every run done so far."""
   kind = executor_kind(executor)
+  chosen = {r.name for r in selected(plan, only)}
   with root_lock(plan.root):
     check_manifest(plan, write=True)
     states = {run.name: run_state(plan, run) for run in plan.runs}
-    todo = [r for r in plan.runs if states[r.name][0] != job_lib.DONE
+    todo = [r for r in plan.runs if states[r.name][0] != job_lib.DONE and r.name in chosen
             and (states[r.name][0] != job_lib.FAILED or retry_failed)]
-    skipped = [r for r in plan.runs if states[r.name][0] == job_lib.FAILED and not retry_failed]
-    done = len(plan.runs) - len(todo) - len(skipped)
+    skipped = [r for r in plan.runs if states[r.name][0] == job_lib.FAILED and not retry_failed
+               and r.name in chosen]
+    done = sum(states[r.name][0] == job_lib.DONE for r in plan.runs)
+    left = sum(states[r.name][0] != job_lib.DONE and r.name not in chosen for r in plan.runs)
     out(f'sweep {plan.root}: {len(plan.runs)} runs ({len(plan.rows)} row(s) x '
         f'{len(plan.runs) // max(len(plan.rows), 1)} seed(s)); {done} done, {len(todo)} to run'
-        f'{f", {len(skipped)} failed before (--retry_failed reruns them)" if skipped else ""}; '
+        f'{f", {len(skipped)} failed before (--retry_failed reruns them)" if skipped else ""}'
+        f'{f", {left} not selected (--only)" if left else ""}; '
         f'{kind}, at most {parallel} at a time')
     for r in skipped:
       out(f'  failed before: {r.name}: {states[r.name][1]}')

@@ -22,6 +22,7 @@ schema, so a typo in the last row is refused, in one line, before the first row 
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import importlib.util
 import itertools
 import os
@@ -244,6 +245,21 @@ def plan(sweep: Sweep, root: str, path: str = '') -> Plan:
   if sweep.order == 'seed':
     runs.sort(key=lambda r: seeds.index(r.seed))  # stable: rows keep their order per seed
   return Plan(sweep, path, root, tuple(rows), rows, tuple(runs), baseline)
+
+
+def selected(plan: Plan, only: Sequence[str]) -> list[Run]:
+  """The runs of `plan` that `only` names (none: all): a pattern (`fnmatch`: `*`, `?`, `[..]`)
+  matches a run's name (`ROW/seed_S`) or its row. A pattern that matches no run is refused
+  (SweepError), as a typo would otherwise run nothing."""
+  if not only:
+    return list(plan.runs)
+  for pattern in only:
+    if not any(fnmatch.fnmatchcase(name, pattern) for r in plan.runs for name in (r.name, r.row)):
+      raise SweepError(f'--only={pattern} matches no run of this sweep (runs are ROW/seed_S: '
+                       f'{", ".join(r.name for r in plan.runs[:4])}'
+                       f'{", ..." if len(plan.runs) > 4 else ""})')
+  return [r for r in plan.runs
+          if any(fnmatch.fnmatchcase(name, p) for p in only for name in (r.name, r.row))]
 
 
 def _check_metric(sweep: Sweep, runs: list[Run]) -> None:

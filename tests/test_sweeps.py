@@ -105,19 +105,35 @@ def test_bad_sweep_refused_before_anything_runs(tmp_path, fields, message):
   assert not (tmp_path / 'root').exists()
 
 
+def test_only_selects_runs_by_name_or_row_and_refuses_a_pattern_that_matches_none(tmp_path):
+  sweep = Sweep(config=TINY, rows={'post': {'model.norm_position': 'post'},
+                                   'pre': {'model.norm_position': 'pre'}}, seeds=3)
+  plan = sweep_file.plan(sweep, str(tmp_path))
+  names = lambda only: [r.name for r in sweep_file.selected(plan, only)]  # noqa: E731
+  assert names([]) == [r.name for r in plan.runs]
+  assert names(['pre']) == ['pre/seed_0', 'pre/seed_1', 'pre/seed_2']
+  assert names(['post/seed_2', '*/seed_0']) == ['post/seed_0', 'post/seed_2', 'pre/seed_0']
+  with pytest.raises(SweepError, match=r'--only=pre/seed_7 matches no run') as e:
+    sweep_file.selected(plan, ['pre', 'pre/seed_7'])
+  assert 'post/seed_0' in str(e.value) and '\n' not in str(e.value)
+
+
 def test_cli_refusals_are_one_line_and_write_nothing(tmp_path):
   bad_row_7 = {f'r{i}': {'model.dropout_rate': 0.1} for i in range(6)}
   bad_row_7['r6'] = {'model.dropout_rat': 0.1}
   runs = [[f'--sweep={_sweep_file(tmp_path, bad_row_7)}', f'--root={tmp_path / "a"}'],
           [f'--sweep={tmp_path / "missing.py"}', f'--root={tmp_path / "b"}'],
           [f'--sweep={_sweep_file(tmp_path, {"x": {}}, name="ok")}', f'--root={tmp_path / "c"}',
-           '--parallel=0']]
+           '--parallel=0'],
+          [f'--sweep={_sweep_file(tmp_path, {"x": {}}, name="ok2")}', f'--root={tmp_path / "e"}',
+           '--only=y']]
   (tmp_path / 'not_a_sweep.py').write_text('def get_sweep():\n  return {}\n')
   runs.append([f'--sweep={tmp_path / "not_a_sweep.py"}', f'--root={tmp_path / "d"}'])
   results = run_mains(runs, script='sweep.py')
   expected = ["row 'r6': unknown config field 'model.dropout_rat'", 'not found',
-              '--parallel=0 must be at least 1', 'returned dict, not a Sweep']
-  for (code, _out, err), want, name in zip(results, expected, 'abcd', strict=True):
+              '--parallel=0 must be at least 1', '--only=y matches no run',
+              'returned dict, not a Sweep']
+  for (code, _out, err), want, name in zip(results, expected, 'abced', strict=True):
     assert code == 2, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith('sweep.py: error: ') and want in lines[0], err
