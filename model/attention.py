@@ -199,9 +199,9 @@ def cudnn_dot_product_attention(query: Array, key: Array, value: Array, *,
 
 
 def _at_least_one(lengths: Array) -> Array:
-  """A length of 0 as 1, its outputs zeroed afterwards: cuDNN left the key gradients of a
-  sequence with no valid key unwritten (garbage on an H200), where a zero cotangent through a
-  length of 1 gives exact zeros."""
+  """A length of 0 as 1, its outputs zeroed afterwards: for a sequence with no valid key cuDNN
+  gave nonzero key and value gradients on an H200, where a zero cotangent through a length of
+  1 gives exact zeros."""
   return jnp.maximum(lengths, 1)
 
 
