@@ -241,5 +241,10 @@ def _data_errors() -> tuple[type[BaseException], ...]:
 
 
 if __name__ == '__main__':
+  from common import interrupts
+  # A Ctrl-C (or SIGTERM) during the start-up raised KeyboardInterrupt where Python drops it
+  # (JAX's gc callback): the run then trained to the end. Remembered, it stops the run before
+  # its first step (the trainer checks).
+  interrupts.stop_on_signals()
   _remaining = parse_flags(sys.argv)
   app.run(main, argv=_remaining, flags_parser=lambda argv: argv)

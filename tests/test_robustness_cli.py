@@ -228,6 +228,38 @@ def test_a_second_ctrl_c_stops_at_once_in_one_line(text_files, tmp_path):
   assert checkpoint.restore_params(workdir)[1] == steps[-1]
 
 
+_DROPPED_CTRL_C = '''
+import gc, os, runpy, signal, sys
+
+def ctrl_c_in_a_gc_callback(phase, info):  # once train.py has imported its trainer
+  if phase == 'start' and not sent and 'training.trainer' in sys.modules:
+    sent.append(1)
+    os.kill(os.getpid(), signal.SIGINT)  # its KeyboardInterrupt is raised here and dropped
+
+sent = []
+gc.callbacks.append(ctrl_c_in_a_gc_callback)
+sys.argv[0] = 'train.py'
+runpy.run_path('train.py', run_name='__main__')
+'''
+
+
+def test_a_ctrl_c_that_python_drops_during_the_set_up_still_stops_the_run(text_files, tmp_path):
+  """A Ctrl-C during the start-up that lands in a garbage-collection callback (JAX registers
+  one) raises a KeyboardInterrupt that Python prints as ignored and drops: the run trained to
+  its end and exited 0 (a sweep's stop was lost so). It is remembered and stops the run before
+  its first step: one line, exit 130."""
+  workdir = str(tmp_path / 'w')
+  proc = subprocess.run([sys.executable, '-c', _DROPPED_CTRL_C,
+                         *_text_args(text_files, workdir, '--config.train.num_steps=20')],
+                        cwd=syn.REPO, env=syn.subprocess_env(1), capture_output=True, text=True,
+                        timeout=600, check=False)
+  lines = proc.stderr.strip().splitlines()
+  assert proc.returncode == 130 and lines[-1] == (
+      f'train.py: error: interrupted: stopped at once; {workdir} has no checkpoint yet'), lines
+  assert 'Traceback' not in proc.stderr and 'step ' not in proc.stdout, proc.stdout
+  assert not checkpoint.list_steps(workdir)
+
+
 def test_a_damaged_tokenizer_stops_train_py_in_one_line(text_files, tmp_path):
   """Issue 27 item 3: a flipped bit in tokenizer/spm.model would change how every sentence is
   tokenised; the run stops in one line naming the file (exit 1) and leaves the workdir as it

@@ -22,7 +22,7 @@ import numpy as np
 
 from autoregressive import strategies
 from autoregressive.session import Session
-from common import accelerator, scores
+from common import accelerator, interrupts, scores
 from model import bind
 from model.build import count_params
 from model.kinds import adapter_of
@@ -59,6 +59,7 @@ class _StopSignal:
     self._on_second = on_second
 
   def __enter__(self):
+    interrupts.check()  # a stop requested during the set-up, and dropped there, stops here
     if threading.current_thread() is threading.main_thread():
       for signum in (signal.SIGTERM, signal.SIGINT):
         self._previous[signum] = signal.signal(signum, self._handle)
