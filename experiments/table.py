@@ -32,6 +32,7 @@ class RowResults:
 
   name: str
   planned: list[Run]
+  finished: list[Run]  # those of `results`, in the same order
   results: list[dict[str, Any]]
   test_outputs: list[list[str]]
   references: list[str] | None
@@ -56,7 +57,7 @@ def collect(plan: Plan) -> list[RowResults]:
   rows = []
   for name in plan.rows:
     planned = [r for r in plan.runs if r.row == name]
-    results, outputs, references = [], [], None
+    finished, results, outputs, references = [], [], [], None
     for run in planned:
       found = evaluate.read_results(run.workdir)
       if not found or found.get('step') != run.num_steps:
@@ -68,8 +69,9 @@ def collect(plan: Plan) -> list[RowResults]:
           continue
         references = references or refs
         outputs.append(hyps)
+      finished.append(run)
       results.append(found)
-    rows.append(RowResults(name, planned, results, outputs, references))
+    rows.append(RowResults(name, planned, finished, results, outputs, references))
   return rows
 
 
@@ -170,7 +172,8 @@ def markdown(plan: Plan, rows: list[RowResults]) -> str:
       losses = [x for x in (_final_loss(r) for r in row.planned) if x is not None]
       cells += [_mean_sd(row.values('bleu', 'validation'), 2), _mean_sd(losses, 3)]
     params = {r.get('parameters') for r in row.results} - {None}
-    minutes = [m for m in (_minutes(r) for r in row.planned) if m is not None]
+    # Training minutes of the finished runs only (a run stopped early would pull the mean down).
+    minutes = [m for m in (_minutes(r) for r in row.finished) if m is not None]
     evals = [r['eval_wall_s'] / 60 for r in row.results if 'eval_wall_s' in r]
     step_ms = [m for m in (_step_ms(r) for r in row.planned) if m is not None]
     cells += [f'{params.pop():,}' if len(params) == 1 else '-',
