@@ -330,8 +330,17 @@ def test_table(swept):
   assert plan.baseline == 'post'
   ms = header.split(' | ').index('ms/step')
   assert float(pre.split(' | ')[ms]) > 0  # the median step of train.py's log
-  # A ladder (compare='previous'): each row against the one before it, here pre then post.
+  # Training minutes average the finished runs only: a row whose runs all have events but
+  # none finished shows none (a stopped run's few minutes pulled a row's mean down).
   from experiments import table  # pylint: disable=import-outside-toplevel
+  minutes = header.split(' | ').index('train min/run')
+  assert float(pre.split(' | ')[minutes]) > 0
+  rows = [dataclasses.replace(r, finished=[], results=[], test_outputs=[]) if r.name == 'pre'
+          else r for r in table.collect(plan)]
+  unfinished = next(line for line in table.markdown(plan, rows).splitlines()
+                    if line.startswith('| pre |'))
+  assert unfinished.split(' | ')[minutes] == '-', unfinished
+  # A ladder (compare='previous'): each row against the one before it, here pre then post.
   ladder = dataclasses.replace(plan.sweep, rows={'pre': plan.row_overrides['pre'],
                                                  'post': plan.row_overrides['post']},
                                compare='previous')
