@@ -115,5 +115,9 @@ def main(argv) -> None:
 
 
 if __name__ == '__main__':
+  from common import interrupts
+  # A Ctrl-C during the start-up raised KeyboardInterrupt inside JAX's gc callback, where
+  # Python drops it, and the whole file was decoded: remembered, it stops at the next chunk.
+  interrupts.stop_on_signals()
   _define_flags()
   app.run(main, flags_parser=cli.absl_flags_parser(PROG))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 import time
 
+from common import interrupts
 from inference import streaming
 from workdir import cli
 
@@ -44,6 +45,7 @@ def translate(F, session, plan, lines, references) -> None:
   with tqdm(total=total, file=sys.stderr, unit='sent', desc='decoding', dynamic_ncols=True,
             disable=lines is None or total <= batch_size) as bar:
     for first, chunk in _chunks(lines, batch_size):
+      interrupts.check()  # a Ctrl-C that Python dropped (in a gc callback) stops here
       started = time.perf_counter()
       found = session.hypotheses(chunk, first_line=first + 1, progress=bar.update,
                                  scores=scores, fixed_rows=lines is not None, **settings)
