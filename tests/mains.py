@@ -56,3 +56,27 @@ def run_mains(runs: list, script: str = 'decode.py', cwd: str = syn.REPO,
                         capture_output=True, text=True, timeout=600, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
   return [tuple(result) for result in json.loads(proc.stdout)]
+
+
+def dropped_ctrl_c(script: str, when: str) -> str:
+  """`python -c` source running `script`'s __main__ (sys.argv[1:]) after a gc callback that,
+  the first time the Python expression `when` holds (names: sys, frames: the callback's
+  callers), sends SIGINT to the process: its KeyboardInterrupt is raised inside the callback,
+  where Python drops it, as when a Ctrl-C lands in JAX's gc callback."""
+  return f'''
+import gc, os, runpy, signal, sys
+
+def ctrl_c_in_a_gc_callback(phase, info):
+  frames, frame = [], sys._getframe()
+  while frame:
+    frames.append(frame)
+    frame = frame.f_back
+  if phase == 'start' and not sent and ({when}):
+    sent.append(1)
+    os.kill(os.getpid(), signal.SIGINT)
+
+sent = []
+gc.callbacks.append(ctrl_c_in_a_gc_callback)
+sys.argv = [{script!r}, *sys.argv[1:]]
+runpy.run_path({script!r}, run_name='__main__')
+'''

@@ -309,22 +309,11 @@ def test_a_stream_stops_cleanly_on_a_bad_line_or_ctrl_c(workdirs):
   assert 'Fatal Python error' not in err and 'Traceback' not in err
 
 
-_DROPPED_CTRL_C = '''
-import gc, os, runpy, signal, sys
 
-def ctrl_c_in_a_gc_callback(phase, info):  # once decode_cli.run has begun (its set-up)
-  frame = sys._getframe()
-  while frame and not sent:
-    if frame.f_code.co_name == 'run' and frame.f_code.co_filename.endswith('decode_cli.py'):
-      sent.append(1)
-      os.kill(os.getpid(), signal.SIGINT)  # its KeyboardInterrupt is raised here and dropped
-    frame = frame.f_back
 
-sent = []
-gc.callbacks.append(ctrl_c_in_a_gc_callback)
-sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name='__main__')
-'''
+# decode_cli.run has begun (its set-up): the gc callback's condition.
+_IN_DECODE_RUN = ("any(f.f_code.co_name == 'run' and "
+                  "f.f_code.co_filename.endswith('decode_cli.py') for f in frames)")
 
 
 def test_a_ctrl_c_that_python_drops_during_the_set_up_stops_before_writing(workdirs, tmp_path):
@@ -333,7 +322,8 @@ def test_a_ctrl_c_that_python_drops_during_the_set_up_stops_before_writing(workd
   decode.py before its first chunk: one line, exit 130, no output file."""
   source, out = tmp_path / 'in.en', tmp_path / 'out.de'
   source.write_text('A man rides a bike.\nTwo dogs play.\n')
-  proc = subprocess.run([sys.executable, '-c', _DROPPED_CTRL_C, os.path.join(ROOT, 'decode.py'),
+  script = mains.dropped_ctrl_c(os.path.join(ROOT, 'decode.py'), _IN_DECODE_RUN)
+  proc = subprocess.run([sys.executable, '-c', script,
                          f'--workdir={workdirs["mt"]}', f'--input_file={source}',
                          f'--output_file={out}', '--beam_size=1', '--max_new_tokens=6'],
                         cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600,

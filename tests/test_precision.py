@@ -57,6 +57,10 @@ def test_float32_matmul_error_within_input_rounding(precision):
   assert np.all(np.abs(out - exact) <= bound)
 
 
+# A model's forward pass as one program (op by op, each op compiled: 5-16 s a model).
+_forward = jax.jit(lambda module, *tokens: module(*tokens))
+
+
 def test_bfloat16_compute_error_scales_with_bfloat16_roundoff():
   """bf16 activations and matmul inputs (float32 params, softmax and LayerNorm statistics):
   the logits' relative error is within bf16's roundoff per sublayer (measured 0.79% against a
@@ -70,9 +74,8 @@ def test_bfloat16_compute_error_scales_with_bfloat16_roundoff():
   src = jnp.asarray(rng.randint(3, 64, (4, 12)), jnp.int32)
   tgt = jnp.asarray(rng.randint(3, 64, (4, 10)), jnp.int32)
   reference = build_model(config)
-  forward = jax.jit(lambda module, s, t: module(s, t))  # one program, not op by op
-  exact = np.asarray(forward(reference, src, tgt), np.float64)
-  low = np.asarray(forward(with_options(reference, dtype='bfloat16'), src, tgt), np.float64)
+  exact = np.asarray(_forward(reference, src, tgt), np.float64)
+  low = np.asarray(_forward(with_options(reference, dtype='bfloat16'), src, tgt), np.float64)
   relative = np.linalg.norm(low - exact) / np.linalg.norm(exact)
   sublayers = 2 * 2 + 2 * 3  # encoder: attention + FFN; decoder: + cross-attention
   assert relative <= 2 * U_BF16 * sublayers
@@ -152,9 +155,8 @@ def test_float32_residual_is_the_plain_path_in_float32():
   config = _stream_config(dtype='float32', residual_dtype='compute', norm_position='pre')
   src, tgt = _pair(3)
   model = build_model(config)
-  forward = jax.jit(lambda module, s, t: module(s, t))
-  plain = forward(model, src, tgt)
-  kept = forward(with_options(model, residual_dtype='float32'), src, tgt)
+  plain = _forward(model, src, tgt)
+  kept = _forward(with_options(model, residual_dtype='float32'), src, tgt)
   np.testing.assert_array_equal(np.asarray(plain), np.asarray(kept))
 
 
@@ -168,12 +170,11 @@ def test_float32_residual_keeps_small_updates_that_a_bfloat16_stream_rounds_away
                 logits_via_embedding=False)
   tokens = jnp.asarray(np.random.RandomState(4).randint(3, 64, (4, 16)), jnp.int32)
   reference = build_model(config)
-  forward = jax.jit(lambda module, t: module(t))
-  exact = np.asarray(forward(reference, tokens), np.float64)
+  exact = np.asarray(_forward(reference, tokens), np.float64)
 
   def error(residual_dtype):
     model = with_options(reference, dtype='bfloat16', residual_dtype=residual_dtype)
-    low = np.asarray(forward(model, tokens), np.float64)
+    low = np.asarray(_forward(model, tokens), np.float64)
     return np.linalg.norm(low - exact) / np.linalg.norm(exact)
 
   assert error('float32') < error('compute') / 2

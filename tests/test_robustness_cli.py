@@ -10,6 +10,7 @@ import time
 
 import pytest
 import test_train_synthetic as syn
+from mains import dropped_ctrl_c
 from test_robustness import _one_error_line, _run_cli
 
 from workdir import checkpoint, checkpoint_files
@@ -228,19 +229,6 @@ def test_a_second_ctrl_c_stops_at_once_in_one_line(text_files, tmp_path):
   assert checkpoint.restore_params(workdir)[1] == steps[-1]
 
 
-_DROPPED_CTRL_C = '''
-import gc, os, runpy, signal, sys
-
-def ctrl_c_in_a_gc_callback(phase, info):  # once train.py has imported its trainer
-  if phase == 'start' and not sent and 'training.trainer' in sys.modules:
-    sent.append(1)
-    os.kill(os.getpid(), signal.SIGINT)  # its KeyboardInterrupt is raised here and dropped
-
-sent = []
-gc.callbacks.append(ctrl_c_in_a_gc_callback)
-sys.argv[0] = 'train.py'
-runpy.run_path('train.py', run_name='__main__')
-'''
 
 
 def test_a_ctrl_c_that_python_drops_during_the_set_up_still_stops_the_run(text_files, tmp_path):
@@ -249,7 +237,8 @@ def test_a_ctrl_c_that_python_drops_during_the_set_up_still_stops_the_run(text_f
   its end and exited 0 (a sweep's stop was lost so). It is remembered and stops the run before
   its first step: one line, exit 130."""
   workdir = str(tmp_path / 'w')
-  proc = subprocess.run([sys.executable, '-c', _DROPPED_CTRL_C,
+  proc = subprocess.run([sys.executable, '-c', dropped_ctrl_c(
+                             'train.py', "'training.trainer' in sys.modules"),
                          *_text_args(text_files, workdir, '--config.train.num_steps=20')],
                         cwd=syn.REPO, env=syn.subprocess_env(1), capture_output=True, text=True,
                         timeout=600, check=False)
