@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from autoregressive.batches import default_workers, in_order, padded_length
+from autoregressive.strategies.base import default_workers, in_order, padded_length
 from autoregressive.strategies.loop import decoding_model, log_normalizer, prompt_lengths
 from common.tokens import EOS_ID, PAD_ID
 from model.build import bind
@@ -71,7 +71,7 @@ def score_references(module, sources: Sequence[Sequence[int] | None],
   refuses). Batches of `batch_size` pairs sorted by length (longest first), padded to one
   row count; the targets of the batches whose sources have one padded length share one
   padded length too (fewer programs to compile, for little work: one forward pass). `workers`
-  batches run at once (None: `batches.default_workers()`).
+  batches run at once (None: `base.default_workers()`).
   """
   model = decoding_model(module)  # split once for every batch
   limit = model.config.max_len
@@ -144,3 +144,23 @@ def _continuation_log_probs(config, params, source, full, cols, counted):
   x = jnp.take_along_axis(logits, full[..., None], axis=-1)
   lp = jnp.take_along_axis(((x - peak) - log_sum)[..., 0], cols, axis=1)
   return jnp.where(counted, lp, 0.0).sum(axis=1)
+
+
+def forced_scores(module, inputs, prompt, tokens, *, scores: bool) -> tuple[np.ndarray, np.ndarray]:
+  """Outputs `tokens` `[batch, n, len]` of a search that draws one token at a time, with their
+  log P under the model (forced decoding; NaN without `scores`), best first when scored."""
+  tokens = np.asarray(tokens)
+  batch, n, _ = tokens.shape
+  if not scores:
+    return tokens, np.full((batch, n), np.nan, np.float32)
+  if not adapter_of(module).has_source and prompt is None:
+    inputs, prompt = None, inputs  # a language model takes a positional array as its prompt
+  if prompt is None and inputs is not None:  # one jitted pass over the flattened rows
+    flat = forced_log_probs(module, np.repeat(np.asarray(inputs), n, axis=0),
+                                    tokens.reshape(batch * n, -1))
+    log_p = flat.reshape(batch, n)
+  else:
+    log_p = np.asarray(sequence_log_probs(module, inputs, prompt=prompt, tokens=tokens))
+  order = np.argsort(-log_p, axis=1, kind='stable')
+  return (np.take_along_axis(tokens, order[..., None], axis=1),
+          np.take_along_axis(log_p, order, axis=1))

@@ -30,10 +30,9 @@ import jax
 import numpy as np
 
 from autoregressive import strategies
-from autoregressive.batches import search_in_batches
 from autoregressive.scoring import score_references
 from autoregressive.strategies import Hypothesis
-from autoregressive.strategies.base import until_eos
+from autoregressive.strategies.base import search_in_batches, until_eos
 from autoregressive.strategies.loop import Decodable, decoding_model
 from autoregressive.strategies.sampling import sample
 from common.tokens import DEFAULT_MIN_NEW_TOKENS, truncate
@@ -89,7 +88,7 @@ class Session:
              fixed_rows: bool = True, **settings) -> list[list[Hypothesis] | None]:
     """The ids under `hypotheses`: `nbest` `Hypothesis` per source (token ids, EOS-terminated;
     None -> None), best first, without text. `settings` as `settings`; the others as
-    `batches.search_in_batches` (a progress callback, the lines that seed the samples, no
+    `base.search_in_batches` (a progress callback, the lines that seed the samples, no
     forced-scoring pass, a stream's few rows)."""
     self._require(True, 'translation')
     chosen, limits = self.settings(**settings)

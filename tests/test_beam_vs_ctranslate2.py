@@ -140,8 +140,8 @@ def test_no_empty_output_for_a_non_empty_source():
   `min_new_tokens` tokens before EOS (default 1: no empty output), on a model whose most
   likely output is the empty one for many sources (and for greedy decoding too: seed 2 after
   60 steps); with `min_new_tokens=0` those come back."""
-  from autoregressive.batches import search_in_batches  # pylint: disable=import-outside-toplevel
   from autoregressive.strategies import BeamSearch, Greedy, Limits, Sampling  # pylint: disable=import-outside-toplevel
+  from autoregressive.strategies.base import search_in_batches  # pylint: disable=import-outside-toplevel
   model = _trained(2, steps=60)
   sources = [src for src, _ in _pairs(np.random.default_rng(102), 24)]
   searches = {'greedy': (Greedy(), 1), 'beam': (BeamSearch(beam_size=4, alpha=0.0), 4),

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from autoregressive.batches import in_order, search_in_batches
 from autoregressive.strategies import BeamSearch, Limits, beam
+from autoregressive.strategies.base import in_order, search_in_batches
 from autoregressive.strategies.beam import beam_search_decode
 from autoregressive.strategies.greedy import greedy_decode
 from autoregressive.strategies.loop import compact_sizes, draw_tokens, first_argmax, prepare

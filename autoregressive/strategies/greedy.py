@@ -8,8 +8,9 @@ import dataclasses
 import jax
 import numpy as np
 
-from autoregressive import program_cache
-from autoregressive.strategies.base import Limits, Strategy, forced_scores
+# scoring as a module, not its names: scoring imports this package back (base, loop)
+from autoregressive import program_cache, scoring
+from autoregressive.strategies.base import Limits, Strategy
 from autoregressive.strategies.loop import (
   checked_min_new_tokens,
   compact_sizes,
@@ -38,7 +39,7 @@ class Greedy(Strategy):
     tokens = greedy_decode(module, inputs, prompt=prompt, max_new_tokens=limits.max_new_tokens,
                            min_new_tokens=limits.min_new_tokens, eos_id=eos_id,
                            drop_finished=drop_finished)
-    return forced_scores(module, inputs, prompt, np.asarray(tokens)[:, None], scores=scores)
+    return scoring.forced_scores(module, inputs, prompt, np.asarray(tokens)[:, None], scores=scores)
 
 
 def greedy_decode(module, inputs=None, *, prompt=None, max_new_tokens: int,

@@ -12,8 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from autoregressive import program_cache
-from autoregressive.strategies.base import Limits, Strategy, forced_scores, setting
+# scoring as a module, not its names: scoring imports this package back (base, loop)
+from autoregressive import program_cache, scoring
+from autoregressive.strategies.base import Limits, Strategy, setting
 from autoregressive.strategies.loop import (
   checked_min_new_tokens,
   compact_sizes,
@@ -66,7 +67,7 @@ class Sampling(Strategy):
         rng=sample_keys(self.seed, line_ids, k, batch),
         temperature=self.temperature, top_k=self.top_k or None,
         top_p=self.top_p if self.top_p < 1.0 else None, drop_finished=drop_finished)
-    return forced_scores(module, inputs, prompt, np.asarray(tokens).reshape(batch, k, -1),
+    return scoring.forced_scores(module, inputs, prompt, np.asarray(tokens).reshape(batch, k, -1),
                          scores=scores)
 
 
