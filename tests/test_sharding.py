@@ -22,7 +22,7 @@ MESHES = [(2, 2, 2), (1, 2, 4)]
 KINDS = ('encoder_decoder', 'decoder_only')
 TINY = {'vocab_size': 128, 'd_model': 128, 'num_heads': 4, 'd_ff': 256, 'max_len': 16,
         'num_encoder_layers': 1, 'num_decoder_layers': 1, 'positional_encoding': 'learned'}
-# The language model stacks its 2 layers with nn.scan: the 'layers' axis is covered too.
+# The language model stacks its 2 layers (jax.lax.scan): the 'layers' axis is covered too.
 LM = {'num_decoder_layers': 2, 'scan_layers': True}
 compilation_cache = pytest.fixture(scope='module', autouse=True)(syn.compilation_cache_fixture)
 
