@@ -157,7 +157,7 @@ def forced_scores(module, inputs, prompt, tokens, *, scores: bool) -> tuple[np.n
     inputs, prompt = None, inputs  # a language model takes a positional array as its prompt
   if prompt is None and inputs is not None:  # one jitted pass over the flattened rows
     flat = forced_log_probs(module, np.repeat(np.asarray(inputs), n, axis=0),
-                                    tokens.reshape(batch * n, -1))
+                            tokens.reshape(batch * n, -1))
     log_p = flat.reshape(batch, n)
   else:
     log_p = np.asarray(sequence_log_probs(module, inputs, prompt=prompt, tokens=tokens))
