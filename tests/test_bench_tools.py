@@ -52,11 +52,17 @@ def test_sweep_step_times_each_rows_own_config():
   from model.kinds import adapter_of
   from training import config_check
   configs, baseline = sweep_step.row_configs('configs/sweeps/ladder_multi30k.py')
-  assert baseline == 'baseline' and list(configs) == ['baseline', 'muon', 'muon+wsd']
-  plan = {row: (c.optimizer.name, c.optimizer.schedule, c.train.num_steps, c.model.d_model)
+  assert baseline == 'baseline'
+  plan = {row: (c.optimizer.name, c.optimizer.schedule, c.model.zero_init_out,
+                c.model.activation, c.model.d_ff, c.model.norm_position, c.train.num_steps)
           for row, c in configs.items()}
-  assert plan == {'baseline': ('adam', 'rsqrt', 1500, 128), 'muon': ('muon', 'rsqrt', 1500, 128),
-                  'muon+wsd': ('muon', 'wsd', 1500, 128)}
+  assert plan == {  # each rung keeps the ones before it
+      'baseline': ('adam', 'rsqrt', False, 'relu', 256, 'post', 1500),
+      'muon': ('muon', 'rsqrt', False, 'relu', 256, 'post', 1500),
+      'muon+wsd': ('muon', 'wsd', False, 'relu', 256, 'post', 1500),
+      'muon+wsd+zero_init_out': ('muon', 'wsd', True, 'relu', 256, 'post', 1500),
+      'muon+wsd+zero_init_out+swiglu': ('muon', 'wsd', True, 'swiglu', 170, 'post', 1500),
+      'muon+wsd+zero_init_out+swiglu+pre_ln': ('muon', 'wsd', True, 'swiglu', 170, 'pre', 1500)}
   config = configs['baseline']
   model_config = config_check.validate_config(config, num_devices=1)
   batch = sweep_step.batch_of(config, model_config)
