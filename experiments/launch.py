@@ -142,12 +142,12 @@ def fmt_minutes(seconds: float | None) -> str:
 def describe(plan: Plan, parallel: int = 1) -> list[str]:
   """The plan as lines: every run, its state and estimated time, then the total."""
   times = estimates(plan)
-  lines = []
+  lines, width = [], max((len(run.name) for run in plan.runs), default=0)
   for run in plan.runs:
     state, detail = run_state(plan, run)
     extra = f' ({detail})' if detail else ''
     cost = '' if state == job_lib.DONE else f', ~{fmt_minutes(times[run.name])}'
-    lines.append(f'  {run.name:<40} {state}{extra}{cost}')
+    lines.append(f'  {run.name:<{width}} {state}{extra}{cost}')
   left = [t for name, t in times.items() if t]
   unknown = sum(t is None for t in times.values())
   total = sum(left) / max(parallel, 1)
