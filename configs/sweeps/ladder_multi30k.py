@@ -1,7 +1,8 @@
 """The cumulative ladder (issue 56): the options that beat the baseline in the screen
 (`configs/sweeps/screen_multi30k.py`), added one by one to the `multi30k` preset, at the
-screen's budget (1,500 of 4,500 steps), 2 seeds, decoded as the screen decodes (beam 6,
-alpha 1.4, no checkpoint averaging), so that each rung reads against the one before it:
+screen's budget (1,500 of 4,500 steps), 2 seeds, decoded as the screen decodes (beam 6, no
+checkpoint averaging, the length penalty chosen per run on validation), so that each rung
+reads against the one before it:
 
     python sweep.py --sweep=configs/sweeps/ladder_multi30k.py --root=runs/ladder_multi30k
 
@@ -44,5 +45,5 @@ def get_sweep():
       rows=rows,
       seeds=2,
       compare='previous',
-      decode={'beam_size': 6, 'alpha': 1.4},
+      decode=screen().decode,
       description='The ladder: the screen\'s winners added one by one, 1,500 steps.')
