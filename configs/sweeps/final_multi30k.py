@@ -1,6 +1,7 @@
 """The finalists (issue 56): the `multi30k` preset (the paper's Transformer, 4+4 layers, 128
-wide) against its `modern` preset (`configs/multi30k.py`'s MODERN), each at the full CPU-hour
-budget (4,500 steps), 3 seeds:
+wide) against its `modern` preset (`configs/multi30k.py`'s MODERN: Muon, WSD, zero-initialised
+output projections) and against the first finalist, Muon and WSD alone (`MUON_WSD`), each at
+the full CPU-hour budget (4,500 steps), 3 seeds:
 
     python sweep.py --sweep=configs/sweeps/final_multi30k.py --root=runs/final_multi30k
 
@@ -11,17 +12,17 @@ so their minutes per run compare; the target is the modern preset's mean lowerca
 tokenized BLEU >= 41.0 within 60 minutes of training on 2 CPU cores.
 """
 
-from configs.multi30k import MODERN
+from configs.multi30k import MODERN, MUON_WSD
 from configs.sweeps import Sweep
 
 
 def get_sweep():
   return Sweep(
       config='configs/multi30k.py',
-      rows={'modern': MODERN, 'paper': {}},
+      rows={'modern': MODERN, 'muon_wsd': MUON_WSD, 'paper': {}},
       baseline='paper',
       seeds=3,
       order='seed',
       decode={'average_last': [1, 3, 5], 'beam_size': 6, 'alpha': [1.0, 1.4]},
-      description='The finalists: the paper\'s preset and the modern one, 4,500 steps, '
-                  'decoding chosen on validation per run.')
+      description='The finalists: the paper\'s preset, Muon + WSD and the modern preset, '
+                  '4,500 steps, decoding chosen on validation per run.')
