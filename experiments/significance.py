@@ -22,7 +22,7 @@ import numpy as np
 
 SEED = 12345  # sacreBLEU's default SACREBLEU_SEED: the same resamples as its own test
 SAMPLES = 1000  # sacreBLEU's default for the bootstrap
-LEVEL = 0.05  # significant when p < LEVEL (95% intervals)
+LEVEL = 0.05  # significant when p < LEVEL and the 95% interval excludes 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +38,15 @@ class Comparison:
 
   @property
   def significant(self) -> bool:
-    return self.p_value < LEVEL
+    """p < LEVEL and the 95% interval excludes 0. The bootstrap's p (the centred |difference|)
+    and its percentile interval are two constructions, which can disagree near the edge."""
+    return self.p_value < LEVEL and (self.low > 0 or self.high < 0)
+
+  @property
+  def verdict(self) -> str:
+    if self.significant:
+      return 'significant'
+    return 'borderline' if self.p_value < LEVEL else 'not significant'  # p and interval differ
 
 
 def _metric(name: str):

@@ -162,7 +162,7 @@ def markdown(plan: Plan, rows: list[RowResults]) -> str:
       delta, p, verdict = '-', '-', 'too few runs' if row.results else '-'
     else:
       delta = f'{c.delta:+.{digits}f} [{c.low:+.{digits}f}, {c.high:+.{digits}f}]'
-      p, verdict = f'{c.p_value:.3f}', 'significant' if c.significant else 'not significant'
+      p, verdict = f'{c.p_value:.3f}', c.verdict
     seeds = f'{row.seeds}/{len(row.planned)}' + ('' if row.seeds == len(row.planned)
                                                  else ' (unfinished)')
     cells = [row.name, seeds, _mean_sd(values, digits), _range(values, digits), delta, p,
@@ -229,7 +229,9 @@ def _notes(plan: Plan, translation: bool) -> str:
     return (f'\nmean ± sd over seeds. Δ: the row\'s seed-averaged test score minus the '
             f'{reference}\'s; interval and p from a paired bootstrap over test sentences '
             f'({significance.SAMPLES} resamples, sacreBLEU\'s method and seed) of the '
-            f'seed-averaged outputs; "significant" at p < {significance.LEVEL}. The bootstrap '
+            f'seed-averaged outputs; "significant" at p < {significance.LEVEL} with an interval '
+            f'that excludes 0 ("borderline": p < {significance.LEVEL}, the interval spans 0; '
+            f'the two are sacreBLEU\'s p and its percentile interval). The bootstrap '
             f'measures the test set\'s sampling noise; compare the seed sd beside it: a Δ '
             f'within the seed spread is not a finding, whatever p says. valid loss: the '
             f'trainer\'s teacher-forced validation loss at the last step (per token). '

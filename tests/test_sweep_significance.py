@@ -67,6 +67,12 @@ def test_verdicts(files):
   # Two draws of the same degradation: their difference is noise.
   noise = significance.paired_bootstrap([files['weak']], [files['weak_again']], files['refs'])
   assert not noise.significant and noise.low < 0 < noise.high
+  assert (same.verdict, better.verdict, noise.verdict) == (
+      'not significant', 'significant', 'not significant')
+  # sacreBLEU's p and its percentile interval may disagree near the edge (a screen's z-loss
+  # row: p 0.034, [-1.34, +0.20]): p alone is not a finding.
+  edge = significance.Comparison(-0.65, -1.34, 0.20, 0.034, 'paired bootstrap')
+  assert not edge.significant and edge.verdict == 'borderline'
 
 
 def test_seeds_are_averaged(files):
