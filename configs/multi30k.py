@@ -39,8 +39,9 @@ PEAK = 1.25 * 128 ** -0.5 * 1000 ** -0.5
 # bench/results/ablations.md). The optimizer's part: Muon for the layers' matrices (Adam for
 # the rest), and the warmup-stable-decay schedule at the rsqrt schedule's peak, decaying to 0
 # over the last fifth of the steps (the ladder's first two rungs, +3.3 BLEU at 1,500 steps).
-MUON_WSD = {'optimizer.name': 'muon', 'optimizer.schedule': 'wsd',
-            'optimizer.learning_rate': PEAK, 'optimizer.min_learning_rate_ratio': 0.0}
+WSD = {'optimizer.schedule': 'wsd', 'optimizer.learning_rate': PEAK,
+       'optimizer.min_learning_rate_ratio': 0.0}
+MUON_WSD = {'optimizer.name': 'muon', **WSD}
 # The `modern` preset: that, with each block's output projections zero-initialised (the
 # ladder's third rung, +1.2 BLEU and -0.12 validation loss on top at 1,500 steps). SwiGLU and
 # pre-LN helped alone in the screen but not on top of these (the ladder's next rungs: +0.1 and

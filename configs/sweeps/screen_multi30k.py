@@ -21,7 +21,7 @@ Muon (modded-nanogpt; Jordan et al. 2024), WSD (Hu et al. 2024; Hägele et al. 2
 against the preset's checkpoint averaging, which this sweep's decoding leaves out).
 """
 
-from configs.multi30k import PEAK  # the preset's rsqrt peak, which the WSD row holds
+from configs.multi30k import WSD  # the schedule at the preset's rsqrt peak, as `modern`'s
 from configs.sweeps import OPTIONS_ALONE, Sweep
 
 
@@ -34,8 +34,7 @@ def get_sweep():
       rows={
           'baseline': {},
           'muon': OPTIONS_ALONE['muon'],
-          'wsd': {'optimizer.schedule': 'wsd', 'optimizer.learning_rate': PEAK,
-                  'optimizer.min_learning_rate_ratio': 0.0},
+          'wsd': WSD,
           'relu2': OPTIONS_ALONE['relu2'],
           'swiglu': {'model.activation': 'swiglu', 'model.d_ff': 170},
           'pre_ln': {'model.norm_position': 'pre'},
