@@ -35,15 +35,15 @@ RUNGS = ('muon', 'wsd', 'zero_init_out', 'swiglu', 'pre_ln')  # the screen's row
 
 
 def get_sweep():
-  options = screen()  # each rung adds the screen's row, so both measure one setting
+  screened = screen()  # each rung adds the screen's row, so both measure one setting
   rows, added = {'baseline': {}}, {}
   for n, option in enumerate(RUNGS, 1):  # rows 'muon', 'muon+wsd', 'muon+wsd+zero_init_out', ...
-    added = rows['+'.join(RUNGS[:n])] = {**added, **options.rows[option]}
+    added = rows['+'.join(RUNGS[:n])] = {**added, **screened.rows[option]}
   return Sweep(
       config='configs/multi30k.py',
       overrides={'train.num_steps': 1500, 'train.eval_every_steps': 500},
       rows=rows,
       seeds=2,
       compare='previous',
-      decode=options.decode,
+      decode=screened.decode,
       description='The ladder: the screen\'s winners added one by one, 1,500 steps.')
