@@ -105,6 +105,20 @@ def test_bad_sweep_refused_before_anything_runs(tmp_path, fields, message):
   assert not (tmp_path / 'root').exists()
 
 
+def test_every_shipped_sweep_file_plans(tmp_path):
+  """configs/sweeps/*.py: each file's rows parse to valid configs (a typo in a row is refused
+  here, not hours into a sweep), and planning writes nothing."""
+  import glob  # pylint: disable=import-outside-toplevel
+  paths = sorted(p for p in glob.glob(os.path.join(syn.REPO, 'configs', 'sweeps', '*.py'))
+                 if not p.endswith('__init__.py'))
+  assert len(paths) >= 4
+  for path in paths:
+    root = tmp_path / os.path.basename(path)
+    plan = sweep_file.plan(sweep_file.load(path), str(root), path)
+    assert plan.runs and plan.baseline in plan.rows, path
+    assert not root.exists()
+
+
 def test_only_selects_runs_by_name_or_row_and_refuses_a_pattern_that_matches_none(tmp_path):
   sweep = Sweep(config=TINY, rows={'post': {'model.norm_position': 'post'},
                                    'pre': {'model.norm_position': 'pre'}}, seeds=3)
