@@ -17,9 +17,10 @@ Presets:
   modern    the same hour with what nine years of practice add here, as the ladder measured
             it (`MODERN`; issue 56, bench/results/ablations.md): Muon, a warmup-stable-decay
             schedule and zero-initialised output projections: 36.13 BLEU at a third of the
-            steps against the preset's 31.65 (the ladder's seed 0); at 4,500 steps (seed 0)
-            39.41 (39.73 lowercased), where Muon and WSD alone reached 39.46: the early gain of
-            the zero-initialisation is gone by the end of the hour
+            steps against the preset's 31.65 (the ladder's seed 0); at 4,500 steps (seeds 0
+            and 1) 39.41 and 39.14 (39.73 and 39.56 lowercased), where Muon and WSD alone
+            reached 39.18 +- 0.24 (3 seeds): the early gain of the zero-initialisation is gone
+            by the end of the hour
   modern_b64 the modern preset with the gpu preset's 64 rows a step and dropout 0.3, 3,500
             steps (`MODERN_B64`; 54 min of training on the 2-core Intel VM): seed 0 reached
             test2016 39.73 (40.13 lowercased), validation loss 1.613
