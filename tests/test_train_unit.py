@@ -104,7 +104,7 @@ def test_validate_config_names_the_field(field, value, match):
 def test_validate_config_accepts_presets():
   from configs import default, lm_1b, multi30k, shakespeare_char, wmt14_base, wmt14_big
   for module, presets in [(default, [None, 'tiny']),
-                          (multi30k, [None, 'gpu', 'modern', 'modern_b64', 'muon_wsd']),
+                          (multi30k, [None, 'gpu', *multi30k.OVERRIDES]),
                           (shakespeare_char, [None, 'tiny', 'large']), (wmt14_base, [None]),
                           (wmt14_big, [None]), (lm_1b, [None])]:
     for preset in presets:
