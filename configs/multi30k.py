@@ -47,9 +47,9 @@ WSD = {'optimizer.schedule': 'wsd', 'optimizer.learning_rate': PEAK,
        'optimizer.min_learning_rate_ratio': 0.0}
 MUON_WSD = {'optimizer.name': 'muon', **WSD}
 # The `modern` preset: that, with each block's output projections zero-initialised (the
-# ladder's third rung, +1.2 BLEU and -0.12 validation loss on top at 1,500 steps). SwiGLU and
-# pre-LN helped alone in the screen but not on top of these (the ladder's next rungs: +0.1 and
-# -1.1 BLEU).
+# ladder's third rung, +1.0 BLEU and -0.10 validation loss on top at 1,500 steps, 2 seeds).
+# SwiGLU and pre-LN helped alone in the screen but not on top of these (the ladder's next
+# rungs, 2 seeds: +0.2, not significant, and -1.2 BLEU).
 MODERN = {**MUON_WSD, 'model.zero_init_out': True}
 # The `modern_b64` preset: that in the `gpu` preset's regime (the one that reached 41 on test2016,
 # in 2.5 h), twice the rows a step and dropout 0.3, for as many steps as fit the hour.
