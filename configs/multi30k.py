@@ -22,10 +22,10 @@ Presets:
             reached 39.18 +- 0.24 (3 seeds): the early gain of the zero-initialisation is gone
             by the end of the hour
   modern_b64 the modern preset with the gpu preset's 64 rows a step and dropout 0.3, 3,500
-            steps (`MODERN_B64`; 53-54 min of training on the 2-core Intel VM): seeds 0 and 1
-            reached test2016 39.73 and 39.52 (40.13 and 39.89 lowercased; 40.01 +- 0.17),
-            +0.65 over the preset's mean, beyond the seeds' spread: the best CPU-hour recipe
-            measured, 1.0 short of 41
+            steps (`MODERN_B64`; 42-54 min of training on the 2-core Intel VM): test2016
+            39.72 +- 0.20 over 3 seeds (40.09 +- 0.18 lowercased), +0.75 over the preset's
+            mean, beyond the seeds' spread: the best CPU-hour recipe measured, 0.91 short of
+            41
   muon_wsd  Muon and WSD alone (`MUON_WSD`, the first finalist): at 4,500 steps a lower
             validation loss (1.643 vs 1.768) but test2016 BLEU within the seeds' spread of the
             preset's (39.18 vs 38.97, 3 seeds)
