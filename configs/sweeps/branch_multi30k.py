@@ -1,0 +1,40 @@
+"""The ladder's branch (issue 56): an option that the screen found helpful after the ladder was
+laid, added to the modern preset's rungs (Muon, WSD, zero-initialised output projections: the
+ladder's third rung) and compared with them, at the ladder's budget (1,500 steps), 2 seeds,
+decoded as the screen and the ladder decode:
+
+    python sweep.py --sweep=configs/sweeps/branch_multi30k.py --root=runs/branch_multi30k
+
+Its baseline row is the ladder's `muon+wsd+zero_init_out` (the same overrides, seeds and
+decoding): a machine that ran the ladder restores its runs instead of training them again
+(`python -m experiments.archive restore --from=bench/results/sweep_runs/ladder_multi30k_intel
+--root=runs/branch_multi30k`; the ladder's other rows stay out of this sweep's table).
+
+Branches (their screen gains alone, 2 seeds, the Intel VM: bench/results/ablations.md):
+  qk_norm   RMSNorm of each head's queries and keys (+1.21 BLEU [+0.52, +1.90]); SwiGLU,
+            +1.29 alone, added nothing on top of zero-init (the ladder's fourth rung): does
+            QK-norm?
+"""
+
+from configs.sweeps import Sweep
+from configs.sweeps.ladder_multi30k import get_sweep as ladder
+from configs.sweeps.screen_multi30k import get_sweep as screen
+
+TRUNK = 'muon+wsd+zero_init_out'  # the ladder's row the branches grow from
+BRANCHES = ('qk_norm',)  # the screen's rows
+
+
+def get_sweep():
+  laid, screened = ladder(), screen()
+  rows = {TRUNK: laid.rows[TRUNK]}
+  for option in BRANCHES:
+    rows[f'{TRUNK}+{option}'] = {**laid.rows[TRUNK], **screened.rows[option]}
+  return Sweep(
+      config=laid.config,
+      overrides=laid.overrides,
+      rows=rows,
+      baseline=TRUNK,
+      seeds=laid.seeds,
+      decode=laid.decode,
+      description='The ladder\'s branches: the screen\'s later winners on top of the modern '
+                  'preset\'s rungs, 1,500 steps.')
