@@ -17,10 +17,11 @@ Branches (their screen gains alone, 2 seeds, the Intel VM: bench/results/ablatio
 """
 
 from configs.sweeps import Sweep
-from configs.sweeps.ladder_multi30k import get_sweep as ladder
+from configs.sweeps.ladder_multi30k import RUNGS, get_sweep as ladder
 from configs.sweeps.screen_multi30k import get_sweep as screen
 
-TRUNK = 'muon+wsd+zero_init_out'  # the ladder's row the branches grow from
+# The ladder's row the branches grow from: its rungs up to zero-init ('muon+wsd+zero_init_out').
+TRUNK = '+'.join(RUNGS[:RUNGS.index('zero_init_out') + 1])
 BRANCHES = ('qk_norm',)  # the screen's rows
 
 
