@@ -1,5 +1,5 @@
-"""The ladder's branch (issue 56): an option that the screen found helpful after the ladder was
-laid, added to the modern preset's rungs (Muon, WSD, zero-initialised output projections: the
+"""The ladder's branches (issue 56): the options that the screen found helpful after the ladder was
+laid, each added to the modern preset's rungs (Muon, WSD, zero-initialised output projections: the
 ladder's third rung) and compared with them, at the ladder's budget (1,500 steps), 2 seeds,
 decoded as the screen and the ladder decode:
 
@@ -14,6 +14,8 @@ Branches (their screen gains alone, 2 seeds, the Intel VM: bench/results/ablatio
   qk_norm   RMSNorm of each head's queries and keys (+1.21 BLEU [+0.52, +1.90]); SwiGLU,
             +1.29 alone, added nothing on top of zero-init (the ladder's fourth rung): does
             QK-norm?
+  ema       an exponential moving average of the parameters (decay 0.999), evaluated and
+            decoded (+1.10 [+0.36, +1.71]); WSD's decay to 0 averages too: does it add?
 """
 
 from configs.sweeps import Sweep
@@ -22,7 +24,7 @@ from configs.sweeps.screen_multi30k import get_sweep as screen
 
 # The ladder's row the branches grow from: its rungs up to zero-init ('muon+wsd+zero_init_out').
 TRUNK = '+'.join(RUNGS[:RUNGS.index('zero_init_out') + 1])
-BRANCHES = ('qk_norm',)  # the screen's rows
+BRANCHES = ('qk_norm', 'ema')  # the screen's rows
 
 
 def get_sweep():
