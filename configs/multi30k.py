@@ -16,11 +16,11 @@ Presets:
   (none)    the 2-core CPU hour above
   modern    the same hour with what nine years of practice add here, as the ladder measured
             it (`MODERN`; issue 56, bench/results/ablations.md): Muon, a warmup-stable-decay
-            schedule and zero-initialised output projections: 36.13 BLEU at a third of the
-            steps against the preset's 31.65 (the ladder's seed 0); at 4,500 steps (seeds 0
-            and 1) 39.41 and 39.14 (39.73 and 39.56 lowercased), where Muon and WSD alone
-            reached 39.18 +- 0.24 (3 seeds): the early gain of the zero-initialisation is gone
-            by the end of the hour
+            schedule and zero-initialised output projections: 35.95 +- 0.26 BLEU at a third
+            of the steps against the preset's 31.65 +- 0.71 (the ladder, 2 seeds); at 4,500
+            steps 39.29 +- 0.14 (39.67 +- 0.10 lowercased, 3 seeds), where Muon and WSD alone
+            reached 39.18 +- 0.24 and the preset 38.97 +- 0.30: the early gain of the
+            zero-initialisation is gone by the end of the hour
   modern_b64 the modern preset with the gpu preset's 64 rows a step and dropout 0.3, 3,500
             steps (`MODERN_B64`; 42-54 min of training on the 2-core Intel VM): test2016
             39.72 +- 0.20 over 3 seeds (40.09 +- 0.18 lowercased), +0.75 over the preset's
