@@ -148,9 +148,21 @@ def test_wsd_schedule():
       return 2.0 * (step + 1) / 10
     if step < 80:
       return 2.0
-    return 2.0 + (0.2 - 2.0) * min(step - 80, 20) / 20
-  for step in (0, 4, 9, 10, 50, 79, 80, 85, 99, 100, 150):
+    return 2.0 + (0.2 - 2.0) * min(step - 79, 20) / 20  # the decay's k-th update: k/20 of it
+  for step in (0, 4, 9, 10, 50, 79, 80, 85, 98, 99, 100, 150):
     assert float(schedule(step)) == pytest.approx(reference(step), rel=1e-6), step
+
+
+@pytest.mark.parametrize('num_steps, decay_fraction', [(100, 0.2), (10, 0.1), (7, 0.01), (1, 1.0)])
+def test_wsd_schedule_last_update_is_the_floor(num_steps, decay_fraction):
+  """The run's last update (count num_steps - 1) takes min_ratio x the peak, and a decay of
+  one update decays (it was one update short: the floor came at count num_steps, never run)."""
+  schedule = optim.wsd_schedule(2.0, warmup_steps=0, num_steps=num_steps,
+                                decay_fraction=decay_fraction, min_ratio=0.1)
+  assert float(schedule(num_steps - 1)) == pytest.approx(0.2, rel=1e-6)
+  if num_steps > 1:  # the update before the decay is at the peak
+    decay_steps = max(1, round(decay_fraction * num_steps))
+    assert float(schedule(num_steps - 1 - decay_steps)) == pytest.approx(2.0, rel=1e-6)
 
 
 def _state_and_batch(config, tx, seed=0):

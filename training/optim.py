@@ -52,17 +52,22 @@ def constant_schedule(learning_rate: float, warmup_steps: int) -> optax.Schedule
 def wsd_schedule(learning_rate: float, warmup_steps: int, num_steps: int, decay_fraction: float,
                  min_ratio: float) -> optax.Schedule:
   """Warmup-stable-decay (Hu et al. 2024, MiniCPM; Hägele et al. 2024): linear warmup to
-  `learning_rate` (reached at update `warmup_steps`), constant, then a linear decay over the
-  last `decay_fraction` of `num_steps` to `min_ratio * learning_rate` (constant after).
-  Three schedules joined with `optax.join_schedules` (each sees the steps since its start)."""
+  `learning_rate` (reached at update `warmup_steps`, counting from 1), constant, then a linear
+  decay over the last `decay_steps = max(1, round(decay_fraction * num_steps))` updates whose
+  last one (update `num_steps`, the run's last) takes `min_ratio * learning_rate` (constant
+  after). Like the warmup, the decay counts its updates from 1: its k-th update takes
+  `peak + (floor - peak) * k / decay_steps`, so a one-update decay runs at the floor."""
   decay_steps = max(1, round(decay_fraction * num_steps))
   stable_end = max(warmup_steps, num_steps - decay_steps)
   floor = learning_rate * min_ratio
-  return optax.join_schedules(
-      [constant_schedule(learning_rate, warmup_steps),
-       optax.constant_schedule(learning_rate),
-       optax.linear_schedule(learning_rate, floor, decay_steps)],
-      boundaries=[warmup_steps, stable_end])
+  warmup = constant_schedule(learning_rate, warmup_steps)
+
+  def schedule(step):
+    s = jnp.asarray(step, jnp.float32)
+    done = jnp.clip(s - stable_end + 1.0, 0.0, decay_steps) / decay_steps  # decay updates / all
+    decayed = learning_rate + (floor - learning_rate) * done
+    return jnp.where(s < warmup_steps, warmup(s), decayed)
+  return schedule
 
 
 def make_schedule(config) -> optax.Schedule:
