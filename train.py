@@ -5,6 +5,7 @@
   python train.py --config=configs/shakespeare_char.py --workdir=/tmp/lm \\
       --config.train.num_steps=500 --config.model.dtype=bfloat16        # overrides
 
+Every --config.SECTION.FIELD, with its value, origin and doc: `python train.py --show_config`.
 Starting again on the same DIR resumes from its newest checkpoint. Multi-host: pass
 `--jax_distributed` (with `--coordinator_address`, `--num_processes`, `--process_id`, or the
 environment variables / cluster auto-detection that `jax.distributed.initialize` reads).
@@ -26,6 +27,13 @@ FLAGS = flags.FLAGS
 
 
 def _define_flags() -> None:
+  # absl.app.run defines --help, --helpfull (...) before its own parsing; train.py parses
+  # first (one-line errors), so it defines them itself (idempotent; again where a test's
+  # harness removed the flags a previous parse defined).
+  app.define_help_flags()
+  for flag in (app.HelpFlag(), app.HelpshortFlag(), app.HelpfullFlag(), app.HelpXMLFlag()):
+    if flag.name not in FLAGS:
+      flags.DEFINE_flag(flag)
   flags.DEFINE_string('workdir', None, 'Directory for config.json, checkpoints, TensorBoard '
                       'events and the tokenizer; training resumes from it.')
   flags.DEFINE_bool('jax_distributed', False, 'Call jax.distributed.initialize() (multi-host).')
@@ -103,6 +111,7 @@ def _unknown_overrides(argv: list[str]) -> str | None:
 
 def parse_flags(argv: list[str]) -> list[str]:
   """absl flag parsing with one-line errors (no traceback) for bad --config/--config.* flags."""
+  from workdir import cli  # pylint: disable=import-outside-toplevel
   _define_flags()
   config_file = argv_config(argv).partition(':')[0]
   if not os.path.isfile(config_file):
@@ -110,7 +119,8 @@ def parse_flags(argv: list[str]) -> list[str]:
   try:
     config_flags.DEFINE_config_file('config', DEFAULT_CONFIG, 'Config file[:preset].',
                                     lock_config=True)
-    remaining = FLAGS(argv)
+    with cli.help_exits_zero(argv):
+      remaining = FLAGS(argv)
     FLAGS.config.to_dict()  # loads the file and applies the overrides
   except flags.Error as e:
     _fail(_config_error_message(e, argv))
@@ -120,7 +130,6 @@ def parse_flags(argv: list[str]) -> list[str]:
     _fail('--config did not give a config')
   if not (FLAGS.workdir or FLAGS.show_config or FLAGS.config.train.get('dry_run', False)):
     _fail('--workdir is required')
-  from workdir import cli  # pylint: disable=import-outside-toplevel
   try:  # int flags that become C ints in jax.distributed (the config's: config_io's checks)
     cli.check_int('num_processes', FLAGS.num_processes, lo=1)
     most = (FLAGS.num_processes or cli.INT32_MAX) - 1

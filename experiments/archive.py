@@ -117,15 +117,18 @@ def restore(archive: str, root: str) -> list[str]:
 
 
 def main(argv=None) -> int:
-  ap = argparse.ArgumentParser(prog='python -m experiments.archive', description=__doc__.split(
-      '\n\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = argparse.ArgumentParser(prog='python -m experiments.archive', description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
   sub = ap.add_subparsers(dest='command', required=True)
   s = sub.add_parser('save', help="a root's evaluated runs into an archive")
-  s.add_argument('--root', required=True)
-  s.add_argument('--to', required=True)
+  s.add_argument('--root', required=True, help="the sweep's root (sweep.py's --root)")
+  s.add_argument('--to', required=True, help='the archive: a directory, made if needed')
   r = sub.add_parser('restore', help="an archive's runs into a root")
-  r.add_argument('--from', dest='archive', required=True)
-  r.add_argument('--root', required=True)
+  r.add_argument('--from', dest='archive', required=True, help='the archive (save\'s --to)')
+  r.add_argument('--root', required=True, help='the sweep root to restore the runs into')
+  if '--helpfull' in (sys.argv[1:] if argv is None else argv):  # as the absl commands have
+    print('\n\n'.join(p.format_help() for p in (ap, s, r)), end='')
+    return 0
   args = ap.parse_args(argv)
   source = args.root if args.command == 'save' else args.archive
   if not os.path.isdir(source):

@@ -224,3 +224,33 @@ def test_a_fine_tune_resumes_without_its_init_from_directory(runs):
   assert code == 0, err
   assert 'resumed from the checkpoint at step 2' in out + err
   assert 'done: step 4/4' in out + err
+
+
+# Each command line, a flag of its own that its --help lists, and the first words of its doc.
+COMMANDS = [(['train.py'], '--workdir', 'Train, evaluate and checkpoint a Transformer'),
+            (['decode.py'], '--beam_size', 'Translate, generate or score'),
+            (['sweep.py'], '--retry_failed', None), (['export.py'], '--output_dir', None),
+            (['import.py'], '--from', None), (['-m', 'experiments.report'], '--output_dir', None),
+            (['-m', 'experiments.archive'], '--root', 'python -m experiments.archive save')]
+
+
+def test_every_command_prints_its_flags_on_help():
+  """Issue 81, cause 2: `train.py --help` was `Unknown command line flag 'help'` (absl defines
+  its help flags in app.run, after train.py's own parsing); every command prints its doc and
+  flags on --help and --helpfull, and exits 0 (absl's help exited 1: a failure here)."""
+  runs = [(args, flag, doc, helps) for args, flag, doc in COMMANDS
+          for helps in (['--help'], ['--helpfull'])
+          if helps == ['--help'] or args[0] in ('train.py', '-m')]
+  procs = [subprocess.Popen([sys.executable, *args, *helps], env=syn.subprocess_env(1),
+                            cwd=syn.REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, text=True)
+           for args, _, _, helps in runs]
+  for proc, (args, flag, doc, helps) in zip(procs, runs, strict=True):
+    out, err = proc.communicate(timeout=300)
+    what = f'{" ".join(args + helps)}: {err}'
+    assert proc.returncode == 0 and not err, what
+    assert flag in out, what
+    if doc is not None:
+      assert doc in out, what
+    if helps == ['--helpfull'] and args[0] == 'train.py':  # and the libraries' flags
+      assert '--jax_platforms' in out or 'absl.logging' in out, out

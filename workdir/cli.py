@@ -9,6 +9,7 @@ float flag a float32 scalar on the device, so `1e308` (finite in Python, inf in 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -45,10 +46,38 @@ def parse_absl_flags(prog: str, argv: Sequence[str]) -> list[str]:
   an unknown flag or a missing value, instead of absl's `FATAL Flags parsing error` and exit 1.
   Use as `app.run(main, flags_parser=lambda argv: parse_absl_flags('decode.py', argv))`."""
   try:
-    return flags.FLAGS(list(argv))
+    with help_exits_zero(argv):
+      return flags.FLAGS(list(argv))
   except flags.Error as e:
     fail(prog, e)
   return []  # not reached
+
+
+# absl's help flags (`app.define_help_flags`): each prints and exits 1 (absl's convention).
+HELP_FLAGS = ('help', 'helpshort', 'helpfull', 'helpxml', '?')
+
+
+@contextlib.contextmanager
+def help_exits_zero(argv: Sequence[str]):
+  """Around absl's flag parsing: `--help` (`--helpshort`, `--helpfull`, `--helpxml`, `-?`),
+  which prints the usage and exits 1 in absl, exits 0 as any command's help does (1 is a
+  failure under a valid command line here)."""
+  try:
+    yield
+  except SystemExit as e:
+    if e.code == 1 and _asks_for_help(argv):
+      sys.stdout.flush()
+      raise SystemExit(0) from None
+    raise
+
+
+def _asks_for_help(argv: Sequence[str]) -> bool:
+  for arg in list(argv)[1:]:
+    if arg == '--':
+      break
+    if arg.startswith('-') and arg.lstrip('-').split('=', 1)[0] in HELP_FLAGS:
+      return True
+  return False
 
 
 def absl_flags_parser(prog: str) -> Callable[[Sequence[str]], list[str]]:
