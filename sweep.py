@@ -54,6 +54,7 @@ def _fail(message, code: int = 2) -> None:
 
 
 def main(argv: list[str]) -> None:
+  from common.errors import exit_code  # pylint: disable=import-outside-toplevel
   from experiments import launch, sweep_file  # pylint: disable=import-outside-toplevel
   # Ctrl-C stops the sweep (and its runs, each saving a checkpoint) even when a shell started
   # it in the background, where SIGINT arrives ignored.
@@ -67,7 +68,8 @@ def main(argv: list[str]) -> None:
   if FLAGS.dry_run and FLAGS.report:
     _fail('--dry_run and --report: choose one')
   name = os.path.splitext(os.path.basename(FLAGS.sweep))[0]
-  root = FLAGS.root or os.path.join('runs', name)
+  # Resolved once, here: train.py runs in the repository, the jobs and the table wherever.
+  root = os.path.abspath(FLAGS.root or os.path.join('runs', name))
   slurm = {'partition': FLAGS.slurm_partition, 'time_min': FLAGS.slurm_time_min,
            'gpus_per_node': FLAGS.slurm_gpus_per_node, 'cpus_per_task': FLAGS.slurm_cpus_per_task,
            'mem_gb': FLAGS.slurm_mem_gb}
@@ -75,8 +77,11 @@ def main(argv: list[str]) -> None:
     plan = sweep_file.plan(sweep_file.load(FLAGS.sweep), root, FLAGS.sweep)
     if os.path.exists(root) and not os.path.isdir(root):
       raise sweep_file.SweepError(f'--root={root} is not a directory')
-    if FLAGS.dry_run:
+    if FLAGS.dry_run or FLAGS.report:  # the same refusals as a run's: another sweep's root
       launch.check_manifest(plan, write=False)
+      for line in launch.ignored(plan):
+        print(f'{PROG}: warning: {line}', file=sys.stderr, flush=True)
+    if FLAGS.dry_run:
       print(f'sweep {FLAGS.sweep} -> {root}: {len(plan.runs)} runs', flush=True)
       print('\n'.join(launch.describe(plan, FLAGS.parallel)), flush=True)
       return
@@ -93,7 +98,10 @@ def main(argv: list[str]) -> None:
                       out=lambda line: print(line, flush=True), resume_command=resume,
                       only=FLAGS.only)
   except sweep_file.SweepError as e:
-    _fail(e)
+    _fail(e, code=exit_code(e))
+  except OSError as e:  # a full disk under a file no message names yet: one line, exit 1
+    where = f' ({e.filename})' if e.filename else ''
+    _fail(f'{e.strerror or e}{where}', code=exit_code(e))
   sys.stdout.flush()
   sys.exit(code)
 

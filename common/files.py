@@ -9,6 +9,7 @@ mount does not hide that an output or a cache would land in a workdir."""
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
@@ -21,21 +22,48 @@ _KINDS = ((stat.S_ISFIFO, 'a FIFO'), (stat.S_ISSOCK, 'a socket'), (stat.S_ISCHR,
           (stat.S_ISBLK, 'a device'), (stat.S_ISDIR, 'a directory'))
 
 
-def open_regular(path: str):
-  """`path` opened for reading in binary (symlinks followed) if it is a regular file; raises
-  `NotARegularFileError` (an OSError naming the path and what it is) for anything else,
-  `FileNotFoundError` etc. as `open` would. Never waits on a FIFO."""
-  fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+def open_regular(path: str, *, follow: bool = True):
+  """`path` opened for reading in binary (symlinks followed, unless `follow=False`: then a
+  symlink is refused too) if it is a regular file; raises `NotARegularFileError` (an OSError
+  naming the path and what it is) for anything else, `FileNotFoundError` etc. as `open`
+  would. Never waits on a FIFO."""
+  return _open(path, os.O_RDONLY, follow, 'rb')
+
+
+def open_append(path: str):
+  """`path` opened to append in binary, created if missing (0666 minus the umask), if it is a
+  regular file: never through a symlink, never a FIFO or device (`NotARegularFileError`). For a
+  log that grows while it is read (a sweep run's): the other writers go through `atomic_file`."""
+  return _open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, False, 'ab')
+
+
+def _open(path: str, flags: int, follow: bool, mode: str):
+  flags |= os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
   try:
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-      what = next((name for test, name in _KINDS if test(mode)), 'not a regular file')
-      raise NotARegularFileError(f'{path} is {what}, not a regular file')
+    fd = os.open(path, flags, 0o666)
+  except OSError as e:
+    if follow or e.errno not in (errno.ELOOP, errno.ENXIO) or not os.path.lexists(path):
+      raise
+    what = _kind(os.lstat(path).st_mode)  # O_NOFOLLOW's ELOOP; a FIFO without a reader's ENXIO
+    raise NotARegularFileError(f'{path} is {what}, not a regular file') from None
+  try:
+    kind = _kind(os.fstat(fd).st_mode)
+    if kind is not None:
+      raise NotARegularFileError(f'{path} is {kind}, not a regular file')
     os.set_blocking(fd, True)
-    return os.fdopen(fd, 'rb')
+    return os.fdopen(fd, mode)
   except BaseException:
     os.close(fd)
     raise
+
+
+def _kind(mode: int) -> str | None:
+  """What a file that is not a regular file is, in words (None for a regular file)."""
+  if stat.S_ISREG(mode):
+    return None
+  if stat.S_ISLNK(mode):
+    return 'a symbolic link'
+  return next((name for test, name in _KINDS if test(mode)), 'not a regular file')
 
 
 def read_regular(path: str) -> bytes:

@@ -10,6 +10,12 @@ A run's archive is `DIR/ROW/seed_S/`: config.json, its TensorBoard events (the c
 sweep, are kept once (`DIR/sweep_eval/SPLIT.ref.gz`; a run whose references differ keeps its
 own). Saving skips runs already archived with the same results.json; restoring never overwrites
 a run the root already has (trained or not).
+
+An archive may come from someone else: restoring reads regular files inside it only (a symlink,
+a FIFO or a device is refused, never followed or waited on), each at most MAX_BYTES once
+expanded (a truncated or bomb `.gz` is refused), and a results.json the sweep could not read;
+each refused run is one line, the others are restored, and a run is renamed into place only
+when whole (a failure leaves nothing of it behind).
 """
 
 from __future__ import annotations
@@ -19,11 +25,20 @@ import glob
 import gzip
 import os
 import shutil
+import stat
 import sys
+import zlib
 
 from experiments import evaluate
 
 REFS = 'sweep_eval'  # the references, once per archive
+MAX_BYTES = 1 << 30  # what one restored file may hold (a run's are a few MB at most)
+_CHUNK = 1 << 20
+
+
+class ArchiveError(ValueError):
+  """An archive's run that is refused (a link, a special file, a damaged or oversized file):
+  one line naming the file; nothing of that run is restored."""
 
 
 def _runs(root: str) -> list[str]:
@@ -88,32 +103,109 @@ def save(root: str, to: str) -> list[str]:
   return written
 
 
-def restore(archive: str, root: str) -> list[str]:
-  """Puts every archived run that `root` does not have into it -> the runs restored."""
+def _check_dirs(archive: str, run: str) -> None:
+  """The run's folders in the archive are folders, not links out of it."""
+  path = archive
+  for part in [*run.split(os.sep), evaluate.EVAL_DIR]:
+    path = os.path.join(path, part)
+    mode = os.lstat(path).st_mode
+    if not stat.S_ISDIR(mode):
+      raise ArchiveError(f'{path} is {"a symbolic link" if stat.S_ISLNK(mode) else "not a folder"}'
+                         ': an archive holds folders and regular files only')
+
+
+def _source(path: str):
+  """`path` opened for reading if it is a regular file of the archive (never through a link,
+  never a FIFO), else ArchiveError."""
+  from common.files import open_regular  # pylint: disable=import-outside-toplevel
+  try:
+    return open_regular(path, follow=False)
+  except FileNotFoundError:
+    raise ArchiveError(f'{path} is missing from the archive') from None
+  except OSError as e:
+    if isinstance(e, IsADirectoryError) or 'not a regular file' in str(e):
+      raise ArchiveError(f'{e}: an archive holds regular files only') from None
+    raise
+
+
+def _copy(src: str, dst: str, *, gunzip: bool = False) -> None:
+  """The archive's file `src` (gunzipped) written to `dst`, at most MAX_BYTES; ArchiveError
+  for a file refused, OSError naming `dst` when writing fails (a full disk)."""
+  with _source(src) as raw:
+    reader = gzip.GzipFile(fileobj=raw, mode='rb') if gunzip else raw
+    try:
+      out = open(dst, 'xb')  # pylint: disable=consider-using-with  (a fresh folder of ours)
+    except OSError as e:
+      raise OSError(e.errno, e.strerror, dst) from None
+    with out:
+      written = 0
+      while True:
+        try:
+          chunk = reader.read(_CHUNK)
+        except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+          raise ArchiveError(f'{src} is truncated or not gzip ({type(e).__name__}: '
+                             f'{" ".join(str(e).split())})') from None
+        if not chunk:
+          break
+        written += len(chunk)
+        if written > MAX_BYTES:
+          raise ArchiveError(f'{src} holds more than {MAX_BYTES:,} bytes'
+                             f'{" once expanded" if gunzip else ""}: refused')
+        try:
+          out.write(chunk)
+        except OSError as e:
+          raise OSError(e.errno, e.strerror, dst) from None
+
+
+def restore(archive: str, root: str, refused: list[str] | None = None) -> list[str]:
+  """Puts every archived run that `root` does not have into it -> the runs restored. A run
+  the archive cannot give safely (`ArchiveError`) raises, or, with `refused` (a list), is
+  added to it as one line and skipped. OSError (a full disk) names the file written."""
   restored = []
   for run in _runs(archive):
     src, final = os.path.join(archive, run), os.path.join(root, run)
-    if os.path.exists(final):
+    if os.path.lexists(final):
       continue
     # Written under a hidden name, renamed into place when whole: a failed restore leaves no run.
     dst = os.path.join(os.path.dirname(final), f'.{os.path.basename(final)}.restoring')
     shutil.rmtree(dst, ignore_errors=True)
-    os.makedirs(os.path.join(dst, evaluate.EVAL_DIR))
-    for name in os.listdir(src):
-      if os.path.isfile(os.path.join(src, name)):
-        shutil.copyfile(os.path.join(src, name), os.path.join(dst, name))
-    for split in evaluate.SPLITS:
-      hyp = os.path.join(src, evaluate.EVAL_DIR, f'{split}.hyp.gz')
-      if os.path.exists(hyp):
-        _gunzip(hyp, evaluate.split_file(dst, split, 'hyp'))
-        own = os.path.join(src, evaluate.EVAL_DIR, f'{split}.ref.gz')
-        ref = own if os.path.exists(own) else os.path.join(archive, REFS, f'{split}.ref.gz')
-        _gunzip(ref, evaluate.split_file(dst, split, 'ref'))
-    shutil.copyfile(os.path.join(src, evaluate.EVAL_DIR, evaluate.RESULTS_FILE),
-                    evaluate.results_path(dst))
-    os.rename(dst, final)
+    try:
+      _restore_run(archive, run, src, dst)
+      os.rename(dst, final)
+    except ArchiveError as e:
+      shutil.rmtree(dst, ignore_errors=True)
+      if refused is None:
+        raise
+      refused.append(f'{run}: {e}')
+      continue
+    except BaseException:
+      shutil.rmtree(dst, ignore_errors=True)
+      raise
     restored.append(run)
   return restored
+
+
+def _restore_run(archive: str, run: str, src: str, dst: str) -> None:
+  _check_dirs(archive, run)
+  results = os.path.join(src, evaluate.EVAL_DIR, evaluate.RESULTS_FILE)
+  problem = evaluate.results_problem(results)
+  if problem:
+    raise ArchiveError(f'{results}: {problem}')
+  try:
+    os.makedirs(os.path.join(dst, evaluate.EVAL_DIR))
+  except OSError as e:
+    raise OSError(e.errno, e.strerror, dst) from None
+  for name in sorted(os.listdir(src)):
+    if not stat.S_ISDIR(os.lstat(os.path.join(src, name)).st_mode):
+      _copy(os.path.join(src, name), os.path.join(dst, name))  # refuses all but regular files
+  for split in evaluate.SPLITS:
+    hyp = os.path.join(src, evaluate.EVAL_DIR, f'{split}.hyp.gz')
+    if os.path.lexists(hyp):
+      _copy(hyp, evaluate.split_file(dst, split, 'hyp'), gunzip=True)
+      own = os.path.join(src, evaluate.EVAL_DIR, f'{split}.ref.gz')
+      ref = own if os.path.lexists(own) else os.path.join(archive, REFS, f'{split}.ref.gz')
+      _copy(ref, evaluate.split_file(dst, split, 'ref'), gunzip=True)
+  _copy(results, evaluate.results_path(dst))
 
 
 def main(argv=None) -> int:
@@ -134,17 +226,21 @@ def main(argv=None) -> int:
   if not os.path.isdir(source):
     print(f'{ap.prog}: error: {source} is not a directory', file=sys.stderr)
     return 2
+  refused: list[str] = []
   try:
     if args.command == 'save':
       done, what = save(args.root, args.to), f'archived {{}} run(s) into {args.to}'
     else:
-      done, what = restore(args.archive, args.root), f'restored {{}} run(s) into {args.root}'
+      done, what = (restore(args.archive, args.root, refused),
+                    f'restored {{}} run(s) into {args.root}')
   except OSError as e:  # a full disk, a read-only destination: what was finished is kept
     where = f' ({e.filename})' if e.filename else ''
     print(f'{ap.prog}: error: {e.strerror or e}{where}', file=sys.stderr)
     return 1
   print(what.format(len(done)) + (f': {", ".join(done)}' if done else ''))
-  return 0
+  for line in refused:
+    print(f'{ap.prog}: error: {" ".join(line.split())}', file=sys.stderr)
+  return 2 if refused else 0
 
 
 if __name__ == '__main__':

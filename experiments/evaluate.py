@@ -81,8 +81,82 @@ def read_json_object(path: str) -> dict[str, Any] | None:
 
 
 def read_results(workdir: str) -> dict[str, Any] | None:
-  """results.json of an evaluated run, or None (not evaluated, or unreadable)."""
-  return read_json_object(results_path(workdir))
+  """results.json of an evaluated run, or None (not evaluated, unreadable, or damaged:
+  `check_results`)."""
+  found = read_json_object(results_path(workdir))
+  return found if found is not None and check_results(found) is None else None
+
+
+def _number(value: Any) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _count(value: Any) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def check_results(found: Any) -> str | None:
+  """What is wrong with a results.json's content for the sweep's states and table (a value of
+  another type than `evaluate` writes), in words; None when nothing is."""
+  if not isinstance(found, dict):
+    return f'not a JSON object but {type(found).__name__}'
+  checks = (('step', _count, 'an integer >= 0'),
+            ('parameters', _count, 'an integer >= 0'),
+            ('eval_wall_s', _number, 'a number'),
+            ('eval_sentences', lambda v: v is None or _count(v), 'an integer or null'),
+            ('decode', lambda v: isinstance(v, dict), 'an object'),
+            ('decode_grid', lambda v: isinstance(v, dict), 'an object'),
+            ('search', lambda v: isinstance(v, str), 'a string'),
+            ('warnings', lambda v: isinstance(v, list), 'a list'))
+  for key, valid, words in checks:
+    if (key in found or key == 'step') and not valid(found.get(key)):
+      return f'{key!r} is {found.get(key)!r}, not {words}'
+  for split in SPLITS:
+    section = found.get(split, {})
+    if not isinstance(section, dict):
+      return f'{split!r} is {section!r}, not an object'
+    for key, value in section.items():
+      text = key == 'split' or key.endswith('_signature')
+      if not (isinstance(value, str) if text else _number(value)):
+        return f'{split}.{key} is {value!r}, not {"a string" if text else "a number"}'
+  return None
+
+
+def results_problem(path: str) -> str | None:
+  """Why the results.json at `path` is not read (a FIFO, not JSON, `check_results`), or None."""
+  from common.files import read_regular  # pylint: disable=import-outside-toplevel
+  try:
+    found = json.loads(read_regular(path))
+  except FileNotFoundError:
+    return None
+  except (OSError, ValueError) as e:
+    return ' '.join(str(e).split())
+  return check_results(found)
+
+
+def read_lines(path: str) -> list[str] | None:
+  """The lines of an output or reference file (a regular file only), or None."""
+  from common.files import read_regular  # pylint: disable=import-outside-toplevel
+  try:
+    return read_regular(path).decode('utf-8').split('\n')[:-1]
+  except (OSError, ValueError):
+    return None
+
+
+def outputs_problem(workdir: str, results: Mapping[str, Any]) -> str | None:
+  """What is wrong with a translation run's outputs beside its results.json (a file missing,
+  unreadable, or with another number of lines than the split's sentences), or None."""
+  for split in SPLITS:
+    sentences = (results.get(split) or {}).get('sentences')
+    for what in ('hyp', 'ref'):
+      path = split_file(workdir, split, what)
+      lines = read_lines(path)
+      if lines is None:
+        return f'{os.path.basename(path)} is missing or unreadable'
+      if sentences is not None and len(lines) != sentences:
+        return (f'{os.path.basename(path)} has {len(lines)} lines, results.json says '
+                f'{sentences:g}')
+  return None
 
 
 def scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any]:

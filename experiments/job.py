@@ -11,6 +11,7 @@ go in a status file that `sweep.py` reads; train.py's output in a log beside it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -32,15 +33,61 @@ def write_status(path: str, **status) -> None:
 
 
 def read_status(path: str) -> dict[str, Any]:
-  return evaluate.read_json_object(path) or {}
+  """A job's status file, or {} when it is missing or damaged (`check_status`)."""
+  found = evaluate.read_json_object(path) or {}
+  return {} if check_status(found) else found
+
+
+_STATUS_FIELDS = {'state': str, 'phase': str, 'error': str, 'job_pid': int, 'train_pid': int,
+                  'step': int, 'exit_code': int, 'started': (int, float), 'time': (int, float),
+                  'wall_s': (int, float), 'results': dict}
+
+
+def check_status(found: Any) -> str | None:
+  """What is wrong with a status file's content (a value of another type than `write_status`
+  writes, an unknown state, a pid <= 0), in words; None when nothing is."""
+  if not isinstance(found, dict):
+    return f'not a JSON object but {type(found).__name__}'
+  for key, kind in _STATUS_FIELDS.items():
+    value = found.get(key)
+    if key in found and (not isinstance(value, kind) or isinstance(value, bool)):
+      return f'{key!r} is {value!r}, not {getattr(kind, "__name__", "a number")}'
+  if found.get('state', DONE) not in (DONE, FAILED, INTERRUPTED, RUNNING):
+    return f'state {found["state"]!r} is not one of {[DONE, FAILED, INTERRUPTED, RUNNING]}'
+  if any(found.get(key, 1) <= 0 for key in ('job_pid', 'train_pid')):
+    return 'a pid <= 0'
+  if 'results' in found and evaluate.check_results(found['results']):
+    return f'its results: {evaluate.check_results(found["results"])}'
+  return None
+
+
+def status_problem(path: str) -> str | None:
+  """Why the status file at `path` is not read (a FIFO, not JSON, `check_status`), or None."""
+  from common.files import read_regular  # pylint: disable=import-outside-toplevel
+  try:
+    found = json.loads(read_regular(path))
+  except FileNotFoundError:
+    return None
+  except (OSError, ValueError) as e:
+    return ' '.join(str(e).split())
+  return check_status(found)
+
+
+def open_log(path: str):
+  """The run's log, opened to append (binary), created if missing; never through a symlink
+  and never a FIFO or device (`common.files.open_append`): `OSError` naming it."""
+  from common.files import open_append  # pylint: disable=import-outside-toplevel
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  return open_append(path)
 
 
 def last_error(log_path: str) -> str:
   """The line that says why a run failed: train.py's `error:` line, else a Python exception's
   last line, else the last line of the log."""
+  from common.files import open_regular  # pylint: disable=import-outside-toplevel
   try:
-    with open(log_path, 'rb') as f:
-      f.seek(max(0, os.path.getsize(log_path) - 65536))
+    with open_regular(log_path, follow=False) as f:
+      f.seek(max(0, os.fstat(f.fileno()).st_size - 65536))
       lines = [line.strip() for line in f.read().decode('utf-8', 'replace').splitlines()]
   except OSError:
     return f'(no log at {log_path})'
@@ -87,7 +134,11 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
     signal.signal(signum, forward)
   started = time.time()
   os.makedirs(os.path.dirname(log_file), exist_ok=True)
-  with open(log_file, 'ab') as log:
+  try:  # never through a planted symlink, never blocking on a FIFO
+    log = open_log(log_file)
+  except OSError as e:
+    return _end(status_file, FAILED, started, error=f'cannot write its log: {e}')
+  with log:
     log.write(f'\n=== {time.strftime("%Y-%m-%d %H:%M:%S")} train.py {" ".join(spec["args"])}\n'
               .encode())
     log.flush()
@@ -119,8 +170,8 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
   except KeyboardInterrupt:
     return _end(status_file, INTERRUPTED, started, step=step, error='stopped while evaluating')
   except Exception as e:  # noqa: BLE001  (reported as the run's failure, the sweep goes on)
-    with open(log_file, 'a', encoding='utf-8') as log:
-      log.write(f'evaluation failed: {type(e).__name__}: {e}\n')
+    with contextlib.suppress(OSError), open_log(log_file) as log:
+      log.write(f'evaluation failed: {type(e).__name__}: {e}\n'.encode())
     return _end(status_file, FAILED, started, step=step,
                 error=f'evaluation: {type(e).__name__}: {" ".join(str(e).split())[:300]}')
   return _end(status_file, DONE, started, step=step, results=results)

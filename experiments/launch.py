@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import json
 import os
@@ -21,8 +22,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from common.errors import EXIT_FAILED, carried
 from experiments import evaluate, job as job_lib
-from experiments.sweep_file import Plan, Run, SweepError, selected
+from experiments.sweep_file import Plan, Run, SweepError, config_differences, run_config, selected
 
 STATE_DIR = '.sweep'
 NEW, PARTIAL, TRAINED = 'new', 'partial', 'trained'  # besides job_lib's DONE and FAILED
@@ -51,8 +53,11 @@ def eval_settings(plan: Plan) -> dict[str, Any]:
 def job_spec(plan: Plan, run: Run) -> dict[str, Any]:
   """What `job.run_job` needs: plain data, so that it pickles for any executor."""
   from experiments.sweep_file import REPO  # pylint: disable=import-outside-toplevel
-  return {'row': run.row, 'seed': run.seed, 'workdir': os.path.abspath(run.workdir),
-          'args': list(run.args), 'num_steps': run.num_steps, 'translates': run.translates,
+  workdir = os.path.abspath(run.workdir)
+  # train.py runs in the repository: a relative --workdir would be another directory there.
+  args = [f'--workdir={workdir}' if a.startswith('--workdir=') else a for a in run.args]
+  return {'row': run.row, 'seed': run.seed, 'workdir': workdir,
+          'args': args, 'num_steps': run.num_steps, 'translates': run.translates,
           'decode': eval_settings(plan), 'eval_sentences': plan.sweep.eval_sentences,
           'metric': plan.sweep.metric,
           'status_file': os.path.abspath(status_file(plan, run)),
@@ -66,13 +71,23 @@ def job_spec(plan: Plan, run: Run) -> dict[str, Any]:
 # ------------------------------------------------------------------------------ states
 
 def _evaluated(plan: Plan, run: Run) -> bool:
+  return evaluated(plan, run) is not None
+
+
+def evaluated(plan: Plan, run: Run) -> dict[str, Any] | None:
+  """The results of `run` if it is done: its results.json valid (`evaluate.check_results`),
+  of its last step, evaluated with this sweep's setting, its outputs whole
+  (`evaluate.outputs_problem`); else None. What the plan counts done is what the table shows."""
   results = evaluate.read_results(run.workdir)
   if results is None or results.get('step') != run.num_steps:
-    return False
+    return None
   if not run.translates:
-    return True
-  return (results.get('decode') is not None and _same_decode(results, plan, run)
-          and results.get('eval_sentences') == plan.sweep.eval_sentences)
+    return results
+  if (results.get('decode') is None or not _same_decode(results, plan, run)
+      or results.get('eval_sentences') != plan.sweep.eval_sentences
+      or evaluate.outputs_problem(run.workdir, results) is not None):
+    return None
+  return results
 
 
 def _same_decode(results: dict, plan: Plan, run: Run) -> bool:
@@ -99,7 +114,9 @@ def run_state(plan: Plan, run: Run) -> tuple[str, str]:
   if status.get('state') == job_lib.FAILED:
     return job_lib.FAILED, status.get('error', '')
   if step >= run.num_steps:
-    return TRAINED, 'trained, to evaluate'
+    results = evaluate.read_results(run.workdir)
+    damaged = results and run.translates and evaluate.outputs_problem(run.workdir, results)
+    return TRAINED, f'to evaluate again: {damaged}' if damaged else 'trained, to evaluate'
   if step > 0:
     return PARTIAL, f'resumes at step {step}'
   return NEW, ''
@@ -168,17 +185,21 @@ def _manifest(plan: Plan) -> dict[str, Any]:
 
 
 def check_manifest(plan: Plan, write: bool) -> None:
-  """The sweep under `root` was planned with the same config and rows (rows may be added);
-  `write` records the union."""
+  """The sweep under `root` was planned with the same config and rows (rows may be added), and
+  every run there trained with its row's resolved config (`check_runs`); `write` records the
+  union. Refused: `SweepError`, one line, nothing changed."""
+  from common.files import read_regular  # pylint: disable=import-outside-toplevel
   path = state_dir(plan.root, 'sweep.json')
   mine = json.loads(json.dumps(_manifest(plan), default=str))
-  try:
-    with open(path, encoding='utf-8') as f:
-      old = json.load(f)
+  try:  # a regular file only: a FIFO planted there would block forever
+    old = json.loads(read_regular(path))
   except FileNotFoundError:
     old = None
   except (OSError, ValueError) as e:
     raise SweepError(f'{path} is not readable ({e}); is {plan.root} a sweep root?') from None
+  if old is not None and not (isinstance(old, dict) and isinstance(old.get('rows', {}), dict)):
+    raise SweepError(f'{path} is not a sweep\'s record (a JSON object with its rows); is '
+                     f'{plan.root} a sweep root?')
   if old is not None:
     for key in ('config', 'overrides'):
       if old.get(key) != mine[key]:
@@ -189,18 +210,74 @@ def check_manifest(plan: Plan, write: bool) -> None:
         raise SweepError(f'row {row!r} in {plan.root} was run with {old["rows"][row]}, not '
                          f'{overrides}: rename the row or use another --root')
     mine['rows'] = {**old.get('rows', {}), **mine['rows']}
+  check_runs(plan)
   if write:
-    from common.atomic_file import atomic_write  # pylint: disable=import-outside-toplevel
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    atomic_write(path, (json.dumps(mine, indent=2) + '\n').encode())
+    write_file(path, (json.dumps(mine, indent=2) + '\n').encode())
+
+
+def check_runs(plan: Plan) -> None:
+  """Every run of `plan` that has started (its config.json) trained with its row's resolved
+  config, field by field (`sweep_file.config_differences`): a run restored from another
+  sweep's archive, or trained before its config file changed, is never counted as the row's.
+  `SweepError` (one line) names the first that did not and its fields."""
+  from workdir import config_io  # pylint: disable=import-outside-toplevel
+  for run in plan.runs:
+    path = config_io.config_path(run.workdir)
+    if not os.path.lexists(path):
+      continue
+    try:
+      saved = config_io.to_dict(config_io.load_config(run.workdir))
+    except ValueError as e:  # ConfigError: unreadable, not a config, a FIFO
+      raise SweepError(f'{run.name}: {e} (nothing was changed)') from None
+    overridden = [*plan.sweep.overrides, *plan.row_overrides[run.row]]
+    differences = config_differences(run_config(plan, run), saved, overridden)
+    if differences:
+      more = f' and {len(differences) - 3} more' if len(differences) > 3 else ''
+      raise SweepError(f'{run.workdir} was not trained with row {run.row!r}\'s config: '
+                       f'{"; ".join(differences[:3])}{more} (another sweep\'s run, or its '
+                       'config file changed since): move it away or use another --root; '
+                       'its table would mix configs (nothing was changed)')
+
+
+def ignored(plan: Plan) -> list[str]:
+  """One line for each file of the root that the sweep ignores as damaged (its type, its
+  content): a results.json (the run is not counted) or a status file (read as none)."""
+  out = []
+  for run in plan.runs:
+    for path, problem in ((evaluate.results_path(run.workdir), evaluate.results_problem),
+                          (status_file(plan, run), job_lib.status_problem)):
+      why = problem(path) if os.path.lexists(path) else None
+      if why:
+        out.append(f'ignored {path}: {why}')
+  return out
+
+
+def write_file(path: str, data: bytes) -> None:
+  """The sweep's own file `path` written whole (`atomic_write`), its directory made; a failure
+  (a full disk) is one `SweepError` line naming the file, with exit status 1."""
+  from common.atomic_file import atomic_write  # pylint: disable=import-outside-toplevel
+  try:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    atomic_write(path, data)
+  except OSError as e:
+    reason = 'no space left on device' if e.errno == errno.ENOSPC else e.strerror or str(e)
+    error = carried(SweepError(f'cannot write {path}: {reason}'), e)
+    error.exit_code = EXIT_FAILED
+    raise error from None
 
 
 @contextlib.contextmanager
 def root_lock(root: str):
   """One sweep.py per root at a time."""
-  from common.lock_file import open_lock_file  # pylint: disable=import-outside-toplevel
-  os.makedirs(state_dir(root), exist_ok=True)
-  fd, _ = open_lock_file(state_dir(root, 'lock'))
+  from common.lock_file import UnsafeLockFileError, open_lock_file  # pylint: disable=import-outside-toplevel
+  path = state_dir(root, 'lock')
+  try:
+    os.makedirs(state_dir(root), exist_ok=True)
+    fd, _ = open_lock_file(path)
+  except UnsafeLockFileError as e:  # a symlink or a FIFO there
+    raise SweepError(str(e)) from None
+  except OSError as e:  # a directory there, a full disk
+    raise carried(SweepError(f'cannot lock {root} with {path}: {e.strerror or e}'), e) from None
   try:
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -316,6 +393,8 @@ def run(plan: Plan, *, executor: str = 'auto', parallel: int = 1, retry_failed: 
         f'{f", {len(skipped)} failed before (--retry_failed reruns them)" if skipped else ""}'
         f'{f", {left} not selected (--only)" if left else ""}; '
         f'{kind}, at most {parallel} at a time')
+    for line in ignored(plan):
+      out(f'  {line}')
     for r in skipped:
       out(f'  failed before: {r.name}: {states[r.name][1]}')
     failed = len(skipped)

@@ -25,6 +25,7 @@ import dataclasses
 import fnmatch
 import importlib.util
 import itertools
+import json
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -39,8 +40,14 @@ SEED_FIELD = 'train.seed'
 # How the table compares rows: with the baseline row, or each with the row before it (a ladder).
 COMPARE = ('baseline', 'previous')
 ORDERS = ('row', 'seed')  # the order runs start in: row by row, or seed by seed
-# A row's name is a directory name: no separators, nothing a shell or SLURM would mangle.
-_NAME = re.compile(r'^[A-Za-z0-9][A-Za-z0-9_.=+-]*$')
+# A row's name is a directory name: no separators, nothing a shell or SLURM would mangle; short
+# enough for its files (`.sweep/status/ROW.seed_S.json`) to stay under a file name's 255 bytes.
+_NAME = re.compile(r'[A-Za-z0-9][A-Za-z0-9_.=+-]*')
+MAX_NAME = 160
+# A plan larger than these is a mistake (seeds=10**9, a grid of a million points), refused by
+# its size before it is built: planning checks each row (~10 ms), and a table of thousands of
+# rows is no comparison.
+MAX_RUNS, MAX_ROWS = 10_000, 1_000
 
 
 class SweepError(ConfigError):
@@ -74,6 +81,9 @@ class Plan:
   row_overrides: Mapping[str, Mapping[str, Any]]
   runs: tuple[Run, ...]
   baseline: str
+  # Row -> its resolved config (JSON values, `train.seed` the first seed's): what each run of
+  # the row must have trained with (`run_config`); the table counts no other run.
+  configs: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
 
   def reference(self, row: str) -> str | None:
     """The row that `row` is compared with in the table (None: the baseline itself)."""
@@ -92,6 +102,9 @@ def load(path: str) -> Sweep:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     sweep = module.get_sweep()
+  except SystemExit as e:  # sys.exit() in the file: no plan, and no silent exit 0
+    raise SweepError(f'{path}: the sweep file called sys.exit({e.code!r}) (a sweep file '
+                     'defines get_sweep() -> Sweep)') from None
   except AttributeError as e:
     raise SweepError(f'{path}: {e} (a sweep file defines get_sweep() -> Sweep)') from None
   except Exception as e:  # noqa: BLE001  (the file is code: any error is its error)
@@ -106,6 +119,9 @@ def seeds_of(sweep: Sweep) -> list[int]:
   if isinstance(seeds, int) and not isinstance(seeds, bool):
     if seeds < 1:
       raise SweepError(f'seeds={seeds} must be at least 1 (a count) or a list of seeds')
+    if seeds > MAX_RUNS:
+      raise SweepError(f'seeds={seeds} would plan {seeds:,} runs a row: a sweep has at most '
+                       f'{MAX_RUNS:,} runs')
     return list(range(seeds))
   if (isinstance(seeds, (str, bytes)) or not isinstance(seeds, Sequence) or not seeds
       or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)):
@@ -127,6 +143,11 @@ def expand_rows(sweep: Sweep) -> dict[str, dict[str, Any]]:
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
       raise SweepError(f'grid[{field!r}]={values!r} must be a non-empty list of values')
   named = dict(sweep.rows) or {'base': {}}
+  for name in named:
+    if not isinstance(name, str):
+      raise SweepError(f'row name {name!r} is {type(name).__name__}, not a string: a row\'s '
+                       'name is a directory name')
+  check_size(sweep)
   points = [dict(zip(sweep.grid, values, strict=True))
             for values in itertools.product(*sweep.grid.values())]
   rows = {}
@@ -142,10 +163,28 @@ def expand_rows(sweep: Sweep) -> dict[str, dict[str, Any]]:
         raise SweepError(f'row {name!r} and the grid both set {clash}')
       rows[full] = {**overrides, **point}
   for name in rows:
-    if not _NAME.match(name) or name in ('.', '..'):
+    if not _NAME.fullmatch(name) or name in ('.', '..'):
       raise SweepError(f'row name {name!r} is not a directory name (letters, digits and '
                        '_.=+- only): name the rows, or use simpler grid values')
+    if len(name) > MAX_NAME:
+      raise SweepError(f'row name {name[:40]!r}... has {len(name)} characters, more than '
+                       f'{MAX_NAME} (its files\' names would be too long): a shorter name')
   return rows
+
+
+def check_size(sweep: Sweep) -> None:
+  """Refuses a plan of more than MAX_ROWS rows or MAX_RUNS runs, by its size alone (nothing
+  built: seeds=10**9 or a grid of 10**6 points would exhaust memory or plan for hours)."""
+  seeds = sweep.seeds
+  count = seeds if isinstance(seeds, int) else len(seeds) if isinstance(seeds, Sequence) else 1
+  rows = max(len(sweep.rows), 1)
+  for values in sweep.grid.values():
+    rows *= len(values)
+  runs = rows * max(int(count), 1)
+  if rows > MAX_ROWS or runs > MAX_RUNS:
+    raise SweepError(f'the sweep plans {rows:,} row(s) x {max(int(count), 1):,} seed(s) = '
+                     f'{runs:,} runs: at most {MAX_ROWS:,} rows and {MAX_RUNS:,} runs (a '
+                     'smaller grid, fewer seeds)')
 
 
 def flag_value(value: Any) -> str:
@@ -179,6 +218,22 @@ def parse_config(config: str, args: Sequence[str]):
   return values.config, config_flags.get_override_values(values['config'])
 
 
+def _error_text(error: BaseException) -> str:
+  """config_flags' error in one line: a config file's own error (which config_flags wraps in
+  its traceback) by its last line."""
+  raw = str(error)
+  if 'Traceback (most recent call last)' in raw:
+    found = re.findall(r'^(\w+(?:Error|Exception)): (.*)$', raw, flags=re.M)
+    if found:
+      raw = found[-1][1]
+  return ' '.join(raw.split())
+
+
+def _same(a: Any, b: Any) -> bool:
+  """Equal values, a NaN equal to a NaN (the schema then says what is wrong with it)."""
+  return a == b or (isinstance(a, float) and isinstance(b, float) and a != a and b != b)
+
+
 def _resolve(config_file: str, overrides: Mapping[str, Any], where: str):
   """The resolved config of one run, checked against the schema (as --show_config checks)."""
   from configs import schema  # pylint: disable=import-outside-toplevel
@@ -186,10 +241,9 @@ def _resolve(config_file: str, overrides: Mapping[str, Any], where: str):
   try:
     config, parsed = parse_config(config_file, args)
   except Exception as e:  # noqa: BLE001  (absl/config_flags raise many types)
-    text = ' '.join(str(e).split())
-    raise SweepError(f'{where}: {text}') from None
+    raise SweepError(f'{where}: {_error_text(e)}') from None
   for field, value in overrides.items():
-    if parsed.get(field) != value:
+    if not _same(parsed.get(field), value):
       raise SweepError(f'{where}: config.{field}={value!r} does not survive train.py\'s '
                        f'command line (it reads {flag_value(value)!r} as {parsed.get(field)!r})')
   try:
@@ -214,7 +268,7 @@ def plan(sweep: Sweep, root: str, path: str = '') -> Plan:
   try:
     base, _ = parse_config(config_arg, [])
   except Exception as e:  # noqa: BLE001
-    raise SweepError(f'config {sweep.config!r}: {" ".join(str(e).split())}') from None
+    raise SweepError(f'config {sweep.config!r}: {_error_text(e)}') from None
   _check_fields(base, sweep.overrides, 'the sweep\'s overrides')
   baseline = sweep.baseline if sweep.baseline is not None else next(iter(rows))
   if baseline not in rows:
@@ -226,7 +280,7 @@ def plan(sweep: Sweep, root: str, path: str = '') -> Plan:
   if sweep.compare == 'previous' and baseline != next(iter(rows)):
     raise SweepError(f"compare='previous' compares each row with the one before it: its "
                      f'baseline is the first row ({next(iter(rows))!r}), not {baseline!r}')
-  runs = []
+  runs, configs = [], {}
   for name, row in rows.items():
     where = f'row {name!r}'
     _check_fields(base, row, where)
@@ -234,6 +288,7 @@ def plan(sweep: Sweep, root: str, path: str = '') -> Plan:
       raise SweepError(f'{where}: {SEED_FIELD} comes from seeds=, not from overrides')
     overrides = {**sweep.overrides, **row}
     config = _resolve(config_arg, {**overrides, SEED_FIELD: seeds[0]}, where)
+    configs[name] = json.loads(json.dumps(config.to_dict(), default=str))
     translates = adapter_of(config.model).has_source
     for seed in seeds:
       workdir = os.path.join(root, name, f'seed_{seed}')
@@ -244,7 +299,39 @@ def plan(sweep: Sweep, root: str, path: str = '') -> Plan:
   _check_metric(sweep, runs)
   if sweep.order == 'seed':
     runs.sort(key=lambda r: seeds.index(r.seed))  # stable: rows keep their order per seed
-  return Plan(sweep, path, root, tuple(rows), rows, tuple(runs), baseline)
+  return Plan(sweep, path, root, tuple(rows), rows, tuple(runs), baseline, configs)
+
+
+def run_config(plan: Plan, run: Run) -> dict[str, Any]:
+  """The resolved config `run` trains with (JSON values: as its config.json holds them)."""
+  config = json.loads(json.dumps(plan.configs[run.row]))
+  section, field = SEED_FIELD.split('.')
+  config[section][field] = run.seed
+  return config
+
+
+# Fields a run takes from config.train.init_from's workdir, not from its row.
+_FROM_INIT = ('data.tokenizer', 'data.vocab_size')
+
+
+def config_differences(wanted: Mapping[str, Any], saved: Mapping[str, Any],
+                       overridden: Sequence[str] = ()) -> list[str]:
+  """Each field (`section.field`) whose value in `saved` (a run's config.json) is not the one
+  in `wanted` (`run_config`), as `field=SAVED (the row: WANTED)`. With
+  `train.init_from`, the model section and the tokenizer are the source's: only the model
+  fields in `overridden` are compared there."""
+  init_from = bool((wanted.get('train') or {}).get('init_from'))
+  out = []
+  for section, fields in wanted.items():
+    found = saved.get(section)
+    for field, value in fields.items():
+      name = f'{section}.{field}'
+      if init_from and ((section == 'model' and name not in overridden) or name in _FROM_INIT):
+        continue
+      have = found.get(field, '(missing)') if isinstance(found, Mapping) else '(missing)'
+      if not _same(have, value):
+        out.append(f'{name}={have!r} (the row: {value!r})')
+  return out
 
 
 def selected(plan: Plan, only: Sequence[str]) -> list[Run]:

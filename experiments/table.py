@@ -45,27 +45,23 @@ class RowResults:
     return [r[split][metric] for r in self.results if metric in r.get(split, {})]
 
 
-def _lines(path: str) -> list[str] | None:
-  try:
-    with open(path, encoding='utf-8') as f:
-      return f.read().split('\n')[:-1]
-  except OSError:
-    return None
-
-
 def collect(plan: Plan) -> list[RowResults]:
+  """The runs each row counts: those the plan counts done (`launch.evaluated`: its last step,
+  this sweep's evaluation setting, its outputs whole), after `launch.check_runs` (each run's
+  config.json is its row's config)."""
+  from experiments import launch  # pylint: disable=import-outside-toplevel
   rows = []
   for name in plan.rows:
     planned = [r for r in plan.runs if r.row == name]
     finished, results, outputs, references = [], [], [], None
     for run in planned:
-      found = evaluate.read_results(run.workdir)
-      if not found or found.get('step') != run.num_steps:
+      found = launch.evaluated(plan, run)
+      if found is None:
         continue
       if run.translates:
-        hyps = _lines(evaluate.split_file(run.workdir, 'test', 'hyp'))
-        refs = _lines(evaluate.split_file(run.workdir, 'test', 'ref'))
-        if hyps is None or refs is None or len(hyps) != len(refs):
+        hyps, refs = (evaluate.read_lines(evaluate.split_file(run.workdir, 'test', what))
+                      for what in ('hyp', 'ref'))
+        if hyps is None or refs is None:
           continue
         references = references or refs
         outputs.append(hyps)
@@ -289,17 +285,19 @@ def plot(plan: Plan, path: str) -> str | None:
   png = io.BytesIO()
   fig.savefig(png, format='png', dpi=110)
   plt.close(fig)
-  from common.atomic_file import atomic_write  # pylint: disable=import-outside-toplevel
-  atomic_write(path, png.getvalue())
+  from experiments import launch  # pylint: disable=import-outside-toplevel
+  launch.write_file(path, png.getvalue())
   return path
 
 
 def write(plan: Plan) -> dict[str, str | None]:
-  """Writes ROOT/summary.md (also returned as 'table') and ROOT/curves.png."""
-  from common.atomic_file import atomic_write  # pylint: disable=import-outside-toplevel
-  os.makedirs(plan.root, exist_ok=True)
+  """Writes ROOT/summary.md (also returned as 'table') and ROOT/curves.png. Refuses
+  (`SweepError`) a root whose runs were not trained with their rows' configs
+  (`launch.check_runs`); a full disk is one `SweepError` line (exit status 1)."""
+  from experiments import launch  # pylint: disable=import-outside-toplevel
+  launch.check_runs(plan)
   text = markdown(plan, collect(plan))
   summary = os.path.join(plan.root, SUMMARY)
-  atomic_write(summary, text.encode())
+  launch.write_file(summary, text.encode())
   return {'summary': summary, 'curves': plot(plan, os.path.join(plan.root, CURVES)),
           'table': text}

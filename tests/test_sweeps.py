@@ -315,10 +315,10 @@ def test_a_decoding_grid_is_chosen_on_validation_and_test_decoded_once(swept, tm
                                                eval_sentences=3), str(tmp_path / 'r'))
     run = dataclasses.replace(plan.runs[0], workdir=str(workdir), num_steps=results['step'])
     assert launch._evaluated(plan, run) is done  # pylint: disable=protected-access
-  # The table says what each run chose.
+  # The table says what each run chose (a run it counts: evaluated with its grid and cap).
   from experiments import table  # pylint: disable=import-outside-toplevel
-  plan = sweep_file.plan(dataclasses.replace(swept['plan'].sweep, decode=grid),
-                         str(tmp_path / 'r'))
+  plan = sweep_file.plan(dataclasses.replace(swept['plan'].sweep, decode=grid,
+                                             eval_sentences=3), str(tmp_path / 'r'))
   shutil.copytree(workdir, tmp_path / 'r' / 'pre' / 'seed_0')
   chosen = results['decode']
   assert (f'- chosen: pre {chosen["average_last"]}/{chosen["alpha"]} (average_last/alpha, per '
