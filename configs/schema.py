@@ -54,8 +54,9 @@ def _check_positive(section: Schema, names) -> None:
             f'{section.dotted(name)}={value!r} must be a positive integer')
 
 
-# The fields that name a parallel_text dataset's files, one per split.
+# The fields that name your own files, one per split, and the datasets that read them.
 PARALLEL_TEXT_FILES = ('train_files', 'eval_files', 'test_files')
+FILE_DATASETS = ('parallel_text', 'text_files')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +64,8 @@ class DataConfig(Schema):
   """`config.data`: the dataset, the tokenizer and how examples become rows."""
   SECTION = 'data'
   dataset: str = documented('multi30k', "a tfds name, a bundled corpus (multi30k, "
-                            "tiny_shakespeare) or 'parallel_text' (the *_files below)")
+                            "tiny_shakespeare), or your own files: 'parallel_text' "
+                            "(translation) or 'text_files' (a language model), the *_files")
   data_dir: str | None = documented(None, 'tfds data dir (None: $TFDS_DATA_DIR or '
                                     '~/tensorflow_datasets)')
   source_lang: str = documented('en', "the source side's feature (translation)")
@@ -76,9 +78,10 @@ class DataConfig(Schema):
   packing: bool = documented(True, 'several examples per row, apart by segment ids')
   eval_split: str = documented('validation', 'the split evaluated during training')
   test_split: str = documented('test', 'the held-out split')
-  train_files: str | None = documented(None, "parallel_text: 'SRC_FILE,TGT_FILE'")
-  eval_files: str | None = documented(None, "parallel_text: 'SRC_FILE,TGT_FILE' (eval_split)")
-  test_files: str | None = documented(None, "parallel_text: 'SRC_FILE,TGT_FILE' (test_split)")
+  train_files: str | None = documented(None, "parallel_text: 'SRC_FILE,TGT_FILE'; "
+                                       "text_files: 'FILE[,FILE...]'")
+  eval_files: str | None = documented(None, 'the same for eval_split')
+  test_files: str | None = documented(None, 'the same for test_split')
   num_workers: int = documented(0, 'Grain worker processes (0 = in-process)')
   packing_window: int = documented(1024, 'examples packed together (first-fit decreasing), '
                                    'per process')
@@ -86,6 +89,10 @@ class DataConfig(Schema):
                                          choices=SENTENCEPIECE_MODEL_TYPES)
   tokenizer_max_sentences: int = documented(1_000_000, 'train examples sampled to train '
                                             'sentencepiece (0 = all)')
+  subword_sampling_alpha: float = documented(
+      0.0, 'sample a segmentation of each training example each time it is read (Kudo 2018; '
+      'BPE-dropout for bpe: the merge-dropout rate); 0 = off, the cached ids')
+  subword_sampling_nbest: int = documented(-1, 'unigram sampling: from the n best (-1 = all)')
 
   def validate(self) -> None:
     super().validate()
@@ -97,9 +104,15 @@ class DataConfig(Schema):
       value = getattr(self, name)
       require(is_int(value) and value >= 0, f'config.data.{name}={value!r} must be an integer >= 0')
     for name in PARALLEL_TEXT_FILES:  # read by no other dataset: a typo'd run trained on it
-      require(self.dataset == 'parallel_text' or getattr(self, name) is None,
-              f'config.data.{name} applies only to dataset=parallel_text (dataset='
-              f'{self.dataset!r} reads no files)')
+      require(self.dataset in FILE_DATASETS or getattr(self, name) is None,
+              f'config.data.{name} applies only to dataset=parallel_text or text_files '
+              f'(dataset={self.dataset!r} reads no files)')
+    alpha = self.subword_sampling_alpha
+    require(is_number(alpha) and 0 <= alpha < 1,
+            f'config.data.subword_sampling_alpha={alpha!r} must be in [0, 1)')
+    nbest = self.subword_sampling_nbest
+    require(is_int(nbest) and (nbest == -1 or nbest >= 1),
+            f'config.data.subword_sampling_nbest={nbest!r} must be -1 (all) or >= 1')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,6 +178,9 @@ class TrainConfig(Schema):
   label_smoothing: float = documented(0.1, 'epsilon_ls of the loss (the paper: 0.1)')
   z_loss: float = documented(0.0, 'weight of log(Z)^2 added to the loss per token (PaLM: '
                              '1e-4); 0 = none')
+  rdrop_alpha: float = documented(0.0, 'R-Drop: two dropout passes per batch, alpha x the '
+                                  'symmetric KL between them added (the paper: 5 for '
+                                  'translation); 0 = one pass')
   ema_decay: float = documented(0.0, 'a moving average of the parameters (e.g. 0.999), kept '
                                 'and checkpointed; evaluation and decoding use it; 0 = none')
   eval_every_steps: int = documented(1000, 'steps between evaluations (loss, BLEU)')
@@ -213,6 +229,8 @@ class TrainConfig(Schema):
             'a float32)')
     require(is_number(self.z_loss) and self.z_loss >= 0,
             f'config.train.z_loss={self.z_loss!r} must be a number >= 0')
+    require(is_number(self.rdrop_alpha) and 0 <= self.rdrop_alpha < float('inf'),
+            f'config.train.rdrop_alpha={self.rdrop_alpha!r} must be a finite number >= 0')
     require(in_unit(self.ema_decay),
             f'config.train.ema_decay={self.ema_decay!r} must be in [0, 1) (also as a float32)')
 

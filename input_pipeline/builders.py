@@ -1,4 +1,4 @@
-"""tfds builders for the bundled corpora and for local parallel text files.
+"""tfds builders for the bundled corpora.
 
 All builders are `GeneratorBasedBuilder`s that prepare ArrayRecord files
 (`file_format='array_record'`) from local files, with no network and no
@@ -11,12 +11,11 @@ Features (all `tfds.features.Text`, read back as UTF-8 bytes):
                    (29,000 / 1,014 / 1,000; test = test_2016_flickr).
   ShakespeareChar: {'text'}; one example per split: train = first 90% of the
                    characters of input.txt, validation = last 10% (nanoGPT).
-  ParallelText:    {'source', 'target'}; splits from the files in its config.
+Your own text files are not tfds datasets: `text_store` prepares them, streaming.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import tensorflow_datasets as tfds
@@ -119,45 +118,3 @@ class ShakespeareChar(_LocalBuilder, skip_registration=True):
 
   def _generate_examples(self, text: str):
     yield 0, {'text': text}
-
-
-@dataclasses.dataclass(eq=False)
-class ParallelTextConfig(tfds.core.BuilderConfig):
-  """`files`: ((split, source_file, target_file), ...). `name` keys the data dir."""
-
-  files: tuple[tuple[str, str, str], ...] = ()
-
-
-def parallel_text_config(files: dict[str, tuple[str, str]]) -> ParallelTextConfig:
-  """A config named by a hash of the files' contents, so files never collide."""
-  flat = tuple((split, src, tgt) for split, (src, tgt) in sorted(files.items()))
-  key = textfiles.files_fingerprint([p for _, s, t in flat for p in (s, t)])
-  splits = '_'.join(split for split, _, _ in flat)
-  return ParallelTextConfig(name=f'{splits}_{key}', files=flat,
-                            description='; '.join(f'{s}: {a}, {b}' for s, a, b in flat))
-
-
-class ParallelText(_LocalBuilder, skip_registration=True):
-  """Any pair of aligned local text files (plain or .gz), one sentence a line."""
-
-  def describe(self) -> str:
-    return f'the parallel text files ({self.builder_config.description})'
-
-  VERSION = tfds.core.Version('1.0.0')
-  RELEASE_NOTES = {  # noqa: RUF012 (tfds convention)
-      '1.0.0': 'Lines stripped; pairs with an empty side skipped.',
-  }
-
-  def _info(self) -> tfds.core.DatasetInfo:
-    return self.dataset_info_from_configs(
-        disable_shuffling=True, features=_text_features('source', 'target'),
-        supervised_keys=('source', 'target'))
-
-  def _split_generators(self, dl_manager):
-    del dl_manager
-    files = self.builder_config.files
-    return {split: self._generate_examples(src, tgt) for split, src, tgt in files}
-
-  def _generate_examples(self, source_path: str, target_path: str):
-    for i, (src, tgt) in enumerate(textfiles.read_parallel(source_path, target_path)):
-      yield i, {'source': src, 'target': tgt}

@@ -8,7 +8,7 @@ from typing import Any
 
 import jax
 
-from input_pipeline import pipeline, sources, tokenizers
+from input_pipeline import pipeline, sources, token_cache, tokenizers
 from input_pipeline.errors import DataError
 
 
@@ -31,7 +31,7 @@ class Datasets:
   config: Any  # the full ml_collections config
   process_index: int
   process_count: int
-  _streams: dict = dataclasses.field(default_factory=dict, repr=False)
+  _streams: dict = dataclasses.field(default_factory=dict, repr=False)  # split -> TokenIds
   layout: str = pipeline.SENTENCE_PAIRS
 
   @property
@@ -41,12 +41,14 @@ class Datasets:
   def _split(self, split: str | None) -> str:
     return split or self.config.data.eval_split
 
-  def _stream(self, split: str):
+  def _ids(self, split: str) -> token_cache.TokenIds:
     if split not in self._streams:
-      source = sources.get_source(self.config.data, split)
-      self._streams[split] = pipeline.lm_stream(source, self.tokenizer,
-                                                sources.text_keys(self.config.data)[0])
+      self._streams[split] = token_cache.token_ids(self.config.data, split, self.tokenizer)
     return self._streams[split]
+
+  def _stream(self, split: str):
+    ids = self._ids(split)
+    return ids.stream(ids.keys[0])
 
   def eval_batches(self, split: str | None = None) -> Iterator[dict[str, Any]]:
     """Padded batches over this process's shard of `split` (default: eval_split).
@@ -62,9 +64,9 @@ class Datasets:
                               batch_size=self.batch_size, process_index=self.process_index,
                               process_count=self.process_count)
     return pipeline.translation_eval(
-        sources.get_source(data, split), self.tokenizer, sources.text_keys(data),
-        max_length=data.max_length, batch_size=self.batch_size,
-        process_index=self.process_index, process_count=self.process_count)
+        self._ids(split), eos_id=self.tokenizer.eos_id, max_length=data.max_length,
+        batch_size=self.batch_size, process_index=self.process_index,
+        process_count=self.process_count)
 
   def num_eval_batches(self, split: str | None = None) -> int:
     """How many batches `eval_batches(split)` yields (on every process)."""
@@ -119,19 +121,31 @@ def get_datasets(config, *, workdir: str | None, layout: str | None = None,
   model_vocab = config.model.vocab_size if 'model' in config else None
   tokenizer = tokenizers.get_tokenizer(data, workdir, model_vocab)
   seed = config.train.seed
-  train_source = sources.get_source(data, 'train')
+  sampling = data.get('subword_sampling_alpha') or 0.0
   info = {'dataset': data.dataset, 'process_index': process_index,
           'process_count': process_count, 'batch_size': batch_size,
-          'max_length': data.max_length, 'seed': seed}
+          'max_length': data.max_length, 'seed': seed,
+          'data': sources.split_fingerprint(data, 'train'), 'subword_sampling': sampling}
   streams = {}
+  if sampling:
+    _check_sampling(tokenizer, layout, data)
+  else:  # the ids of the train split, tokenized once (the first run) and read ever after
+    streams['train'] = token_cache.token_ids(data, 'train', tokenizer)
   if layout == pipeline.TEXT_BLOCKS:
-    streams['train'] = pipeline.lm_stream(train_source, tokenizer, keys[0])
-    train = pipeline.lm_train(streams['train'], max_length=data.max_length,
+    train = pipeline.lm_train(streams['train'].stream(keys[0]), max_length=data.max_length,
                               batch_size=batch_size, seed=seed, process_index=process_index)
   else:
     info['packing'] = bool(data.packing)
+    if sampling:
+      read = pipeline.SampledIds(sources.get_source(data, 'train'), keys, tokenizer,
+                                 data.max_length, seed, alpha=float(sampling),
+                                 nbest_size=int(data.get('subword_sampling_nbest', -1)))
+      num_examples = len(read.source)
+    else:
+      read = pipeline.CachedIds(streams['train'], data.max_length, tokenizer.eos_id)
+      num_examples = len(streams['train'])
     train = pipeline.translation_train(
-        train_source, tokenizer, keys, max_length=data.max_length, batch_size=batch_size,
+        read, num_examples, max_length=data.max_length, batch_size=batch_size,
         seed=seed, packing_enabled=bool(data.packing),
         packing_window=data.packing_window,
         process_index=process_index, process_count=process_count,
@@ -139,6 +153,17 @@ def get_datasets(config, *, workdir: str | None, layout: str | None = None,
   return Datasets(tokenizer=tokenizer, train_iter=pipeline.TrainIterator(train, info),
                   batch_size=batch_size, config=config, process_index=process_index,
                   process_count=process_count, _streams=streams, layout=layout)
+
+
+def _check_sampling(tokenizer, layout: str, data) -> None:
+  """Sampled segmentations need a sentencepiece model of a translation dataset."""
+  if not hasattr(tokenizer, 'sample_batch'):
+    raise DataError(f'config.data.subword_sampling_alpha={data.subword_sampling_alpha} needs '
+                    f"config.data.tokenizer='sentencepiece' (it is {tokenizer.name!r})")
+  if layout != pipeline.SENTENCE_PAIRS:
+    raise DataError(f'config.data.subword_sampling_alpha={data.subword_sampling_alpha} applies '
+                    "to translation; a language model's token stream is cut into blocks "
+                    'regardless of segmentation (set it to 0)')
 
 
 def _check_layout(layout: str | None, keys: tuple[str, ...], config) -> str:

@@ -15,8 +15,10 @@ layout it trains on, and the trainer passes it to `get_datasets`.
 
 Training: the split is sharded per process (`[process_index::process_count]`),
 shuffled with `config.train.seed` (a new order each epoch) and repeated;
-fixed windows of the example stream are encoded, truncated and packed
-(`packing.pack_window`), then rebatched to `batch_size // process_count` rows.
+fixed windows of the example stream are read from the token cache (`token_cache`; or encoded
+with sampled segmentations), truncated and packed (`packing.pack_ragged`), then rebatched to
+`batch_size // process_count` rows. A language model draws random blocks of its split's token
+stream, memory-mapped.
 Every stage is a Grain dataset, so the iterator state is a small JSON dict
 and a restored iterator continues with exactly the same batches.
 """
@@ -26,14 +28,13 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import grain
 import numpy as np
 from absl import flags
 
-from common import tokens
 from input_pipeline import packing, sources
 from input_pipeline.errors import DataError
 
@@ -80,7 +81,8 @@ class TrainIterator:
     if not isinstance(state, dict) or 'grain' not in state:
       raise DataError('data iterator state in the checkpoint is not one saved by '
                       'TrainIterator.get_state()')
-    changed = {k: (state.get(k), v) for k, v in self._info.items() if state.get(k) != v}
+    # A key the state lacks was saved by an earlier version, which did not record it.
+    changed = {k: (state[k], v) for k, v in self._info.items() if k in state and state[k] != v}
     if changed:
       log.warning('Restoring a data iterator saved with different settings %s (saved, now): '
                   'the batch sequence will not continue exactly', changed)
@@ -95,60 +97,77 @@ class TrainIterator:
 # ----------------------------------------------------------------------------
 # Translation
 
+FEATURES = ('inputs', 'targets')  # a pair's source and target, in the batch
 
-class EncodeTranslation:
-  """List of raw tfds examples -> list of {'inputs', 'targets'} int32 arrays."""
 
-  def __init__(self, tokenizer, keys: tuple[str, str], max_length: int):
-    self.tokenizer = tokenizer
-    self.keys = keys
+class CachedIds:
+  """(index, example indices) -> {'inputs', 'targets'}: (flat ids, lengths), each example cut
+  to max_length (EOS kept last), read from the token cache: no tokenizer runs."""
+
+  def __init__(self, ids, max_length: int, eos_id: int | None):
+    self.ids = ids  # token_cache.TokenIds
     self.max_length = max_length
+    self.eos_id = eos_id
 
-  def _truncate(self, ids: list[int]) -> np.ndarray:
-    return np.asarray(tokens.truncate(ids, self.max_length, self.tokenizer.eos_id), np.int32)
+  def __call__(self, index: int, indices: np.ndarray) -> dict[str, packing.Ragged]:
+    del index  # the same ids whenever the example is seen
+    out = {}
+    for feature, key in zip(FEATURES, self.ids.keys, strict=True):
+      array = self.ids.arrays[key]
+      full = array.offsets[indices + 1] - array.offsets[indices]
+      out[feature] = packing.truncate(array.gather(indices, self.max_length), full,
+                                      self.max_length, self.eos_id)
+    return out
 
-  def __call__(self, raws: Sequence[dict[str, Any]]) -> list[dict[str, np.ndarray]]:
-    src_key, tgt_key = self.keys
-    batch = getattr(self.tokenizer, 'encode_batch', None)
 
-    def encode(texts, target):  # the target side: Marian segments it with its target model
-      if batch is not None:
-        return batch(texts, target=target)
-      return [self.tokenizer.encode(t, target=target) for t in texts]
-    srcs = encode([sources.as_str(r[src_key]) for r in raws], target=False)
-    tgts = encode([sources.as_str(r[tgt_key]) for r in raws], target=True)
-    return [{'inputs': self._truncate(s), 'targets': self._truncate(t)}
-            for s, t in zip(srcs, tgts, strict=True)]
+class SampledIds:
+  """(index, example indices) -> {'inputs', 'targets'} as `CachedIds`, but each side encoded
+  from its text with a sampled segmentation (subword regularisation, Kudo 2018; BPE-dropout,
+  Provilkov et al. 2020, for a BPE model), seeded by (seed, index): a resumed run samples
+  exactly what an uninterrupted one would."""
+
+  def __init__(self, source, keys: tuple[str, str], tokenizer, max_length: int, seed: int,
+               alpha: float, nbest_size: int):
+    self.source, self.keys, self.tokenizer = source, keys, tokenizer
+    self.max_length, self.seed = max_length, seed
+    self.alpha, self.nbest_size = alpha, nbest_size
+
+  def __call__(self, index: int, indices: np.ndarray) -> dict[str, packing.Ragged]:
+    examples = sources.read_examples(self.source, indices)
+    out = {}
+    for side, (feature, key) in enumerate(zip(FEATURES, self.keys, strict=True)):
+      seed = np.random.SeedSequence([self.seed, index, side]).generate_state(1)[0]
+      ids = self.tokenizer.sample_batch([sources.as_str(e[key]) for e in examples],
+                                        alpha=self.alpha, nbest_size=self.nbest_size,
+                                        seed=int(seed))
+      out[feature] = packing.ragged_from_lists(ids, self.max_length, self.tokenizer.eos_id)
+    return out
 
 
 class PackWindow:
-  """Window of example indices -> packed rows {F, F_segmentation, F_position} [rows, L]."""
+  """(index, window of example indices) -> packed rows {F, F_segmentation, F_position}
+  `[rows, L]` for F in FEATURES."""
 
-  def __init__(self, source, encode: EncodeTranslation, max_length: int, seed: int):
-    self.source = source
-    self.encode = encode
+  def __init__(self, read, max_length: int, seed: int):
+    self.read = read  # CachedIds or SampledIds
     self.max_length = max_length
     self.seed = seed
 
   def __call__(self, index: int, indices: np.ndarray) -> dict[str, np.ndarray]:
-    examples = self.encode(sources.read_examples(self.source, indices))
     rng = np.random.default_rng([self.seed, index])  # row order within the window
-    return packing.pack_window(examples, ('inputs', 'targets'), self.max_length, rng)
+    return packing.pack_ragged(self.read(index, indices), self.max_length, rng)
 
 
 class PadBatch:
-  """Example indices -> padded batch {'inputs', 'targets'} [batch_size, L]."""
+  """(index, example indices) -> padded batch {'inputs', 'targets'} `[batch_size, L]`."""
 
-  def __init__(self, source, encode: EncodeTranslation, batch_size: int, max_length: int):
-    self.source = source
-    self.encode = encode
+  def __init__(self, read, batch_size: int, max_length: int):
+    self.read = read  # CachedIds or SampledIds
     self.batch_size = batch_size
     self.max_length = max_length
 
-  def __call__(self, indices: np.ndarray) -> dict[str, np.ndarray]:
-    examples = self.encode(sources.read_examples(self.source, indices))
-    return packing.pad_batch(examples, self.batch_size, self.max_length,
-                             keys=('inputs', 'targets'))
+  def __call__(self, index: int, indices: np.ndarray) -> dict[str, np.ndarray]:
+    return packing.pad_ragged(self.read(index, indices), self.batch_size, self.max_length)
 
 
 # Each element is a whole batch or window: prefetch a few, in one background thread.
@@ -164,23 +183,23 @@ def _to_iter(ds: grain.MapDataset, num_workers: int) -> grain.IterDataset:
   return ds.to_iter_dataset(_READ_OPTIONS)
 
 
-def translation_train(source, tokenizer, keys, *, max_length: int, batch_size: int, seed: int,
+def translation_train(read, num_examples: int, *, max_length: int, batch_size: int, seed: int,
                       packing_enabled: bool, packing_window: int, process_index: int,
                       process_count: int, num_workers: int = 0) -> grain.IterDataset:
-  """Infinite IterDataset of per-process training batches (see module doc)."""
-  ds = grain.MapDataset.range(len(source))[process_index::process_count]
+  """Infinite IterDataset of per-process training batches (see module doc); `read` gives the
+  ids of example indices (`CachedIds`, or `SampledIds` for sampled segmentations)."""
+  ds = grain.MapDataset.range(num_examples)[process_index::process_count]
   if len(ds) == 0:
-    raise DataError(f'the training split has {len(source)} examples: too few for '
+    raise DataError(f'the training split has {num_examples} examples: too few for '
                     f'{process_count} processes')
   ds = ds.shuffle(seed=seed).repeat()
-  encode = EncodeTranslation(tokenizer, keys, max_length)
   if packing_enabled:
     windows = ds.batch(packing_window, batch_fn=np.asarray)
-    windows = windows.map_with_index(PackWindow(source, encode, max_length, seed))
+    windows = windows.map_with_index(PackWindow(read, max_length, seed))
     return grain.experimental.RebatchIterDataset(
         _to_iter(windows, num_workers), batch_size=batch_size, drop_remainder=True)
   batches = ds.batch(batch_size, drop_remainder=True, batch_fn=np.asarray)
-  batches = batches.map(PadBatch(source, encode, batch_size, max_length))
+  batches = batches.map_with_index(PadBatch(read, batch_size, max_length))
   return _to_iter(batches, num_workers)
 
 
@@ -189,41 +208,33 @@ def num_eval_batches(num_examples: int, batch_size: int, process_count: int) -> 
   return max(1, math.ceil(math.ceil(num_examples / process_count) / batch_size))
 
 
-def translation_eval(source, tokenizer, keys, *, max_length: int, batch_size: int,
+def translation_eval(ids, *, eos_id: int | None, max_length: int, batch_size: int,
                      process_index: int, process_count: int) -> Iterator[dict[str, np.ndarray]]:
-  """Padded batches of this process's shard; every example exactly once.
+  """Padded batches of this process's shard of `ids` (`token_cache.TokenIds`); every example
+  exactly once.
 
   The last batch is filled with all-zero rows, and a process whose shard is
   shorter gets all-zero batches so that every process yields the same count.
   """
-  ds = grain.MapDataset.range(len(source))[process_index::process_count]
-  encode = EncodeTranslation(tokenizer, keys, max_length)
+  ds = grain.MapDataset.range(len(ids))[process_index::process_count]
   batches = ds.batch(batch_size, drop_remainder=False, batch_fn=np.asarray)
-  batches = batches.map(PadBatch(source, encode, batch_size, max_length))
+  batches = batches.map_with_index(PadBatch(CachedIds(ids, max_length, eos_id), batch_size,
+                                            max_length))
   count = 0
   for batch in batches.to_iter_dataset(_READ_OPTIONS):
     count += 1
     yield batch
-  for _ in range(num_eval_batches(len(source), batch_size, process_count) - count):
-    yield packing.pad_batch([], batch_size, max_length, keys=('inputs', 'targets'))
+  for _ in range(num_eval_batches(len(ids), batch_size, process_count) - count):
+    yield packing.pad_batch([], batch_size, max_length, keys=FEATURES)
 
 
 # ----------------------------------------------------------------------------
 # Language model
 
 
-def lm_stream(source, tokenizer, key: str = 'text') -> np.ndarray:
-  """All examples of a split as one token stream `[num_tokens]` int32."""
-  parts = []
-  for start in range(0, len(source), 4096):
-    for example in sources.read_examples(source, range(start, min(start + 4096, len(source)))):
-      parts.append(tokenizer.encode(sources.as_str(example[key])))
-  stream = np.concatenate([np.asarray(p, np.int32) for p in parts]) if parts else np.zeros(0)
-  return stream.astype(np.int32)
-
-
 class LMTrainBatch:
-  """Step -> `batch_size` random blocks of `block_length` tokens of the stream.
+  """Step -> `batch_size` random blocks of `block_length` tokens of the stream (a memory map
+  of the cached ids: only the blocks drawn are read).
 
   Offsets come from a generator seeded with (seed, process_index, step), so
   any step's batch is recomputed exactly from its index.
@@ -243,7 +254,8 @@ class LMTrainBatch:
     rng = np.random.default_rng([self.seed, self.process_index, step])
     starts = rng.integers(0, len(self.stream) - self.block_length + 1, size=self.batch_size)
     idx = starts[:, None] + np.arange(self.block_length)[None, :]
-    return {'targets': self.stream[idx], 'targets_weights': self.weights.copy()}
+    return {'targets': np.asarray(self.stream[idx], np.int32),
+            'targets_weights': self.weights.copy()}
 
 
 def lm_train(stream: np.ndarray, *, max_length: int, batch_size: int, seed: int,

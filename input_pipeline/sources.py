@@ -6,11 +6,13 @@
                                    bundled Tiny Shakespeare (builders.ShakespeareChar)
   'parallel_text'                  local files from `train_files` / `eval_files` /
                                    `test_files` ('SRC,TGT' each; plain or .gz)
+  'text_files'                     a language model's local files ('FILE[,FILE...]' each)
   anything else                    a tfds catalog dataset (e.g. 'wmt14_translate/de-en')
                                    already prepared as ArrayRecord in `data_dir`.
 
-Local builders are prepared on first use, once per data dir, under an
-exclusive file lock so that processes starting together do not collide.
+Local datasets are prepared on first use, once per data dir, under an exclusive file lock so
+that processes starting together do not collide: the bundled corpora by their tfds builders,
+your own files streaming into ragged arrays (`text_store`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 import tensorflow_datasets as tfds
 from tensorflow_datasets.proto import tf_example_pb2
 
-from input_pipeline import builders, textfiles
+from input_pipeline import builders, text_store, textfiles
 from input_pipeline.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -32,11 +34,7 @@ LOCAL_BUILDERS = {
     'multi30k': builders.Multi30k,
     'tiny_shakespeare': builders.ShakespeareChar,
     'shakespeare_char': builders.ShakespeareChar,
-    'parallel_text': builders.ParallelText,
 }
-
-# Which `config.data` field names the files of each parallel_text split.
-_PARALLEL_TEXT_FIELDS = {'train': 'train_files', 'validation': 'eval_files', 'test': 'test_files'}
 
 
 def resolve_data_dir(data_dir: str | None) -> str:
@@ -49,40 +47,24 @@ def resolve_data_dir(data_dir: str | None) -> str:
 
 
 
-def _parallel_text_files(data_config) -> dict[str, tuple[str, str]]:
-  files = {}
-  for split, field in _PARALLEL_TEXT_FIELDS.items():
-    value = data_config.get(field)
-    if not value:
-      if split == 'train':
-        raise DataError("config.data.train_files must be 'SOURCE_FILE,TARGET_FILE' "
-                        "for dataset 'parallel_text'")
-      continue
-    parts = [p.strip() for p in str(value).split(',')]
-    if len(parts) != 2 or not all(parts):
-      raise DataError(f"config.data.{field} must be 'SOURCE_FILE,TARGET_FILE', got {value!r}")
-    files[split] = tuple(os.path.abspath(os.path.expanduser(p)) for p in parts)
-  return files
-
-
 def _local_builder(data_config, data_dir: str) -> tfds.core.DatasetBuilder:
-  name = data_config.dataset
-  cls = LOCAL_BUILDERS[name]
-  if cls is builders.ParallelText:
-    config = builders.parallel_text_config(_parallel_text_files(data_config))
-    return cls(config=config, data_dir=data_dir, file_format='array_record')
-  return cls(data_dir=data_dir, file_format='array_record')
+  return LOCAL_BUILDERS[data_config.dataset](data_dir=data_dir, file_format='array_record')
 
 
-_BUILDERS: dict[tuple, tfds.core.DatasetBuilder] = {}  # prepared builders, per process
+_BUILDERS: dict[tuple, Any] = {}  # prepared builders, per process
 
 
-def get_builder(data_config) -> tfds.core.DatasetBuilder:
-  """The prepared builder of `config.data.dataset` (preparing local ones once)."""
+def get_builder(data_config) -> tfds.core.DatasetBuilder | text_store.LocalText:
+  """The dataset of `config.data.dataset`: a tfds builder (the bundled corpora prepared once),
+  or your own text files (`text_store.LocalText`, whose splits are prepared when first read)."""
   key = (data_config.dataset, resolve_data_dir(data_config.get('data_dir')),
-         *(data_config.get(f) for f in _PARALLEL_TEXT_FIELDS.values()))
+         *(data_config.get(f) for f in text_store.SPLIT_FIELDS.values()))
   if key not in _BUILDERS:
-    _BUILDERS[key] = _prepared_builder(data_config)
+    if data_config.dataset in text_store.LOCAL_TEXT:
+      _BUILDERS[key] = text_store.LocalText(data_config,
+                                            resolve_data_dir(data_config.get('data_dir')))
+    else:
+      _BUILDERS[key] = _prepared_builder(data_config)
   return _BUILDERS[key]
 
 
@@ -118,10 +100,13 @@ def _prepared_builder(data_config) -> tfds.core.DatasetBuilder:
 def get_source(data_config, split: str) -> Sequence[dict[str, Any]]:
   """Random-access source (len, [i]) of example dicts of `split`."""
   builder = get_builder(data_config)
-  if split not in builder.info.splits:
+  splits = builder.splits if isinstance(builder, text_store.LocalText) else builder.info.splits
+  if split not in splits:
     raise DataError(f'dataset {data_config.dataset!r} has no split {split!r} '
-                    f'(splits: {sorted(builder.info.splits)}); check config.data.eval_split / '
-                    'test_split, or eval_files / test_files for parallel_text')
+                    f'(splits: {sorted(splits)}); check config.data.eval_split / '
+                    'test_split, or eval_files / test_files for your own files')
+  if isinstance(builder, text_store.LocalText):
+    return builder.source(split)
   features = builder.info.features
   text_only = isinstance(features, tfds.features.FeaturesDict) and all(
       isinstance(f, tfds.features.Text) for f in features.values())
@@ -166,8 +151,8 @@ class TextSource:
 
 def text_keys(data_config) -> tuple[str, str] | tuple[str]:
   """Feature names to read: (source, target) for translation, ('text',) for LM."""
-  if data_config.dataset == 'parallel_text':
-    return ('source', 'target')
+  if data_config.dataset in text_store.LOCAL_TEXT:
+    return text_store.LOCAL_TEXT[data_config.dataset]
   if data_config.dataset in ('tiny_shakespeare', 'shakespeare_char'):
     return ('text',)
   features = get_builder(data_config).info.features
@@ -178,6 +163,19 @@ def text_keys(data_config) -> tuple[str, str] | tuple[str]:
     return ('text',)
   raise DataError(f'dataset {data_config.dataset!r} has features {sorted(features)}; '
                   f'config.data.source_lang={src!r} / target_lang={tgt!r} are not among them')
+
+
+def split_fingerprint(data_config, split: str) -> str:
+  """What identifies the examples of `split` (keys the token ids cached from them, and is
+  saved with the data iterator's state): your own files' digest, or a tfds dataset's full name
+  (name/config/version) and the split's size."""
+  builder = get_builder(data_config)
+  if isinstance(builder, text_store.LocalText):
+    return builder.fingerprint(split)
+  if split not in builder.info.splits:
+    get_source(data_config, split)  # its one-line error
+  info = builder.info.splits[split]
+  return f'{builder.info.full_name}/{split}/{info.num_examples}/{info.num_bytes}'
 
 
 def as_str(value) -> str:

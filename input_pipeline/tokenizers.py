@@ -19,12 +19,14 @@ Common interface:
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
 import math
 import os
 import re
+import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -40,6 +42,7 @@ from input_pipeline.tokenizer_files import TokenizerChecksumError  # noqa: F401 
 log = logging.getLogger(__name__)
 
 TOKENIZER_DIR = 'tokenizer'
+_SAMPLING = threading.Lock()  # sentencepiece's sampling seed is process-wide
 _SPM_MODEL = 'spm.model'
 # `check_vocabulary`'s advice where a workdir is restored (decode.py, export.py, inference.load).
 NOT_THE_MODELS = "it is not the tokenizer this model was trained with (restore the workdir's own)"
@@ -65,6 +68,20 @@ class SentencePieceTokenizer:
   def encode_batch(self, texts: Sequence[str], target: bool = False) -> list[list[int]]:
     del target
     return [ids + [EOS_ID] for ids in self._sp.encode(list(texts))]
+
+  def sample_batch(self, texts: Sequence[str], *, alpha: float, nbest_size: int, seed: int
+                   ) -> list[list[int]]:
+    """`encode_batch` with a segmentation sampled for each text (subword regularisation; for a
+    BPE model, BPE-dropout with merge-dropout probability `alpha`), decided by `seed` alone.
+
+    sentencepiece's sampler has one process-wide seed, read at each call (checked by the
+    tests): setting it and encoding on one thread, under a lock, makes the result a function
+    of (`seed`, texts) whichever thread or process runs it."""
+    with _SAMPLING:
+      spm.set_random_generator_seed(seed)
+      ids = self._sp.encode(list(texts), enable_sampling=True, alpha=alpha,
+                            nbest_size=nbest_size, num_threads=1)
+    return [i + [EOS_ID] for i in ids]
 
   def decode(self, ids: Iterable[int]) -> str:
     out = []
@@ -120,6 +137,31 @@ class CharTokenizer:
 
 Tokenizer = (SentencePieceTokenizer | CharTokenizer | pretrained_tokenizers.MarianTokenizer
              | pretrained_tokenizers.HuggingFaceTokenizer)
+
+
+def fingerprint(tokenizer: Tokenizer) -> str:
+  """A digest of everything that decides `tokenizer`'s ids (keys the cached token ids)."""
+  digest = hashlib.sha256(tokenizer.name.encode() + b'\0')
+  if isinstance(tokenizer, SentencePieceTokenizer):
+    digest.update(tokenizer.model_proto)
+  elif isinstance(tokenizer, CharTokenizer):
+    digest.update(json.dumps(tokenizer.chars).encode())
+  else:  # an imported model's: its files, its specials and its renumbering
+    for name, data in sorted(tokenizer.files.items()):
+      digest.update(name.encode() + b'\0' + data)
+    digest.update(json.dumps(tokenizer.meta(), sort_keys=True, default=str).encode())
+    digest.update(np.asarray(tokenizer.order, np.int64).tobytes())
+  return digest.hexdigest()[:32]
+
+
+def encode_all(tokenizer: Tokenizer, texts: Sequence[str], target: bool = False
+               ) -> list[list[int]]:
+  """`tokenizer.encode` of each text, batched where the tokenizer can (sentencepiece encodes
+  a list on every core)."""
+  batch = getattr(tokenizer, 'encode_batch', None)
+  if batch is not None:
+    return batch(texts, target=target)
+  return [tokenizer.encode(t, target=target) for t in texts]
 
 
 def _model_path(directory: str, meta_path: str, name) -> str:

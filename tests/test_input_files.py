@@ -46,8 +46,8 @@ def test_parallel_text(tmp_path, caplog):
   # Other files get their own prepared directory (keyed by a hash of the contents).
   other = _write(tmp_path / 'other.de', [s.upper() for s in de])
   config2 = _mt_config(tmp_path / 'tfds', dataset='parallel_text', train_files=f'{src},{other}')
-  first = sources.get_builder(config.data).data_dir
-  second = sources.get_builder(config2.data).data_dir
+  first = sources.get_builder(config.data).directory('train')
+  second = sources.get_builder(config2.data).directory('train')
   assert first != second
   assert sources.as_str(sources.get_source(config2.data, 'train')[0]['target']) == de[0].upper()
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import input_pipeline as ip
+from common import tokens
 from configs import default, shakespeare_char
 from input_pipeline import packing, pipeline, sources, textfiles
 
@@ -61,16 +62,17 @@ def _shakespeare():
 
 
 def _lines(name):
-  return textfiles.read_lines(os.path.join(ROOT, 'data', 'multi30k', name))
+  return [t.strip() for _, t in textfiles.iter_lines(os.path.join(ROOT, 'data', 'multi30k', name))]
 
 
 @pytest.fixture(scope='module')
 def train_pairs(mt):
   """Encoded (inputs, targets) tuples of every training pair, with the pipeline's truncation."""
-  encode = pipeline.EncodeTranslation(mt.tokenizer, ('en', 'de'), mt.config.data.max_length)
-  pairs = list(zip(_lines('train.en.gz'), _lines('train.de.gz'), strict=True))
-  encoded = encode([{'en': s, 'de': t} for s, t in pairs])
-  return [(tuple(e['inputs']), tuple(e['targets'])) for e in encoded]
+  def encode(text):  # the text's own encoding, cut as the pipeline cuts it
+    return tuple(tokens.truncate(mt.tokenizer.encode(text), mt.config.data.max_length,
+                                 mt.tokenizer.eos_id))
+  pairs = zip(_lines('train.en.gz'), _lines('train.de.gz'), strict=True)
+  return [(encode(s), encode(t)) for s, t in pairs]
 
 
 def _unpack_batch(batch):
@@ -234,10 +236,20 @@ def test_unpacked_train_batches(mt, workdir, train_pairs):
 
 
 def test_truncation_keeps_eos(mt):
-  encode = pipeline.EncodeTranslation(mt.tokenizer, ('en', 'de'), 8)
-  (ex,) = encode([{'en': 'word ' * 50, 'de': 'kurz'}])
-  assert len(ex['inputs']) == 8 and ex['inputs'][-1] == 1
-  assert ex['targets'][-1] == 1 and len(ex['targets']) < 8
+  flat, lengths = packing.ragged_from_lists(
+      [mt.tokenizer.encode('word ' * 50), mt.tokenizer.encode('kurz')], 8, mt.tokenizer.eos_id)
+  assert list(lengths[:1]) == [8] and flat[7] == 1
+  assert flat[-1] == 1 and lengths[1] < 8
+  # The cached ids, cut on reading: `tokens.truncate` of each example, EOS kept last.
+  ids = mt._ids('train')
+  read = pipeline.CachedIds(ids, 8, mt.tokenizer.eos_id)
+  indices = np.arange(0, 3000, 7)
+  got = read(0, indices)
+  for feature, key in zip(pipeline.FEATURES, ids.keys, strict=True):
+    flat, lengths = got[feature]
+    rows = np.split(flat, np.cumsum(lengths)[:-1])
+    assert [r.tolist() for r in rows] == [
+        tokens.truncate(ids.arrays[key][i].tolist(), 8, 1) for i in indices]
 
 
 # ----------------------------------------------------------------------------- eval + sharding
@@ -260,9 +272,10 @@ def _eval_rows(ds, split=None):
 def test_eval_batches_cover_each_example_once(mt):
   rows, batches = _eval_rows(mt)
   assert len(batches) == -(-1014 // BATCH)
-  encode = pipeline.EncodeTranslation(mt.tokenizer, ('en', 'de'), 64)
-  expected = [(tuple(e['inputs']), tuple(e['targets'])) for e in encode(
-      [{'en': s, 'de': t} for s, t in zip(_lines('val.en.gz'), _lines('val.de.gz'), strict=True)])]
+  def encode(text):
+    return tuple(tokens.truncate(mt.tokenizer.encode(text), 64, mt.tokenizer.eos_id))
+  expected = [(encode(s), encode(t))
+              for s, t in zip(_lines('val.en.gz'), _lines('val.de.gz'), strict=True)]
   assert collections.Counter(rows) == collections.Counter(expected)
   assert not batches[-1]['inputs'][1014 % BATCH:].any()
 
