@@ -62,6 +62,10 @@ LAYOUTS = [('--config.model.final_logits_bias=True', 'model.final_logits_bias=Fa
            ('--config.model.embedding_norm=True', 'model.embedding_norm=False (new True)'),
            ('--config.model.d_model=64', 'model.d_model=32 (new 64)')]  # a shape, as before
 
+# init_from with a model field that adds parameters the source lacks, and what each adds.
+ADDS = [('--config.model.final_logits_bias=True', 'adds decoder/logits_bias, which'),
+        ('--config.model.embedding_norm=True', 'adds decoder/embedding_norm/bias, ')]
+
 
 @pytest.fixture(scope='module')
 def runs(workdirs, tmp_path_factory) -> dict:
@@ -94,6 +98,8 @@ def runs(workdirs, tmp_path_factory) -> dict:
       'straight': [*E2E, f'--workdir={dirs["straight"]}', '--config.train.num_steps=6',
                    '--config.decode.num_eval_sentences=0'],
       'fine_tune': [*fine_tune, '--config.train.num_steps=2'],
+      **{('adds', flag): [tiny, f'--workdir={root / "adds"}', fine_tune[2], flag]
+         for flag, _ in ADDS},
   }
   found = dict(zip(first, mains.run_mains(list(first.values()), 'train.py', devices=1),
                    strict=True))
@@ -108,7 +114,7 @@ def runs(workdirs, tmp_path_factory) -> dict:
   for name in OWN_PROCESS:
     proc = _train(*first[name])
     found[name].append((proc.returncode, proc.stdout, proc.stderr))
-  found['dirs'] = {**dirs, 'refused': refused}
+  found['dirs'] = {**dirs, 'refused': refused, 'adds': str(root / 'adds')}
   return found
 
 
@@ -224,6 +230,20 @@ def test_a_fine_tune_resumes_without_its_init_from_directory(runs):
   assert code == 0, err
   assert 'resumed from the checkpoint at step 2' in out + err
   assert 'done: step 4/4' in out + err
+
+
+def test_init_from_refuses_a_field_that_adds_parameters_and_writes_nothing(runs):
+  """Issue 81, cause 1: init_from with an override that adds parameters the source lacks
+  (final_logits_bias, embedding_norm) was a JAX traceback on the trees' key sets, once the new
+  workdir held its config.json, tokenizer and an event file. One line naming the field now,
+  before anything is written."""
+  source = runs['dirs']['source']
+  for flag, adds in ADDS:
+    code, _, err = runs['adds', flag]
+    assert code == 2 and err.count('\n') == 1, err
+    assert err.startswith(f'train.py: error: {flag} cannot be set with config.train.init_from='
+                          f"'{source}'") and adds in err and f'{source} lack' in err, err
+    assert not os.path.exists(runs['dirs']['adds']), os.listdir(runs['dirs']['adds'])
 
 
 # Each command line, a flag of its own that its --help lists, and the first words of its doc.

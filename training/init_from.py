@@ -53,15 +53,63 @@ def configure(config, overridden: frozenset[str] = frozenset(),
   if clashes:
     raise ConfigError(f'--config.{clashes[0]} cannot be set with config.train.init_from: the '
                       f'parameters of {directory} fix it ({start.model.get(clashes[0][6:])!r})')
+  theirs = {field.name: start.model.get(field.name, field.default)
+            for field in dataclasses.fields(ModelConfig)}
   for field in dataclasses.fields(ModelConfig):
     if f'model.{field.name}' not in overridden:
-      config.model[field.name] = start.model.get(field.name, field.default)
+      config.model[field.name] = theirs[field.name]
+  if directory != workdir:  # a resume's own config.json: check_compatible compares layouts
+    _check_same_parameters(theirs, {field.name: config.model.get(field.name, field.default)
+                                    for field in dataclasses.fields(ModelConfig)}, directory)
   for field in TOKENIZER_FIELDS:  # the tokenizer is DIR's: a value given for it is refused
     if f'data.{field}' in overridden and config.data[field] != start.data[field]:
       raise ConfigError(f'--config.data.{field}={config.data[field]!r} cannot be set with '
                         f'config.train.init_from: the tokenizer of {directory} fixes it '
                         f'({start.data[field]!r})')
     config.data[field] = start.data[field]
+
+
+def _check_same_parameters(theirs: dict, mine: dict, directory: str) -> None:
+  """Every parameter of the new model starts from DIR's: a model field set on the command line
+  that adds a parameter DIR lacks (`final_logits_bias`, `embedding_norm`) or drops one it has
+  is refused in one line naming the field, before anything is written into the new workdir
+  (it was a JAX traceback on the trees' key sets once config.json, the tokenizer and an event
+  file were written). Both models are built abstractly: no list of such fields is kept."""
+  from flax import traverse_util  # pylint: disable=import-outside-toplevel
+
+  from model import build  # pylint: disable=import-outside-toplevel
+
+  def layout(values):
+    try:
+      shapes = build.param_shapes(ModelConfig.from_config(values))
+    except (ConfigError, ValueError, KeyError, TypeError):
+      return None  # a value this model cannot take: validate_config names its field
+    return {'/'.join(map(str, path)): tuple(x.shape)
+            for path, x in traverse_util.flatten_dict(shapes).items()}
+
+  before = layout(theirs)
+  after = layout(mine) if before is not None else None
+  if after is None or after == before:
+    return
+  changed = [k for k in sorted(mine) if mine[k] != theirs.get(k)]
+  named = [k for k in changed if layout({**theirs, k: mine[k]}) != before] or changed
+
+  def some(paths):
+    paths = sorted(paths)
+    return ', '.join(paths[:3]) + (f' and {len(paths) - 3} more' if len(paths) > 3 else '')
+  added = set(after) - set(before)
+  dropped = set(before) - set(after)
+  reshaped = {k for k in set(after) & set(before) if after[k] != before[k]}
+  what = '; '.join(
+      text for text in (f'adds {some(added)}, which the parameters of {directory} lack'
+                        if added else '',
+                        f'drops {some(dropped)}, which they have' if dropped else '',
+                        f'reshapes {some(reshaped)}' if reshaped else '') if text)
+  fields = ' '.join(f'--config.model.{k}={mine[k]!r}' for k in named)
+  raise ConfigError(f'{fields} cannot be set with config.train.init_from={directory!r}: the run '
+                    f'starts every parameter from its checkpoint, and this {what}; leave '
+                    + ', '.join(f'model.{k} as {directory} has it ({theirs[k]!r})'
+                                for k in named) + ' (nothing was written)')
 
 
 def _check_same_tokenizer(directory: str, workdir: str) -> None:
