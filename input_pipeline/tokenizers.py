@@ -346,9 +346,38 @@ def get_tokenizer(data_config, workdir: str | None, model_vocab_size: int | None
       raise DataError(f'config.data.tokenizer={name!r} comes with an imported model and is never '
                       f'trained; {workdir} has none: start from the imported workdir '
                       '(--config.train.init_from=DIR)')
-    tokenizer = _train(data_config, name)
+    tokenizer = _shared(data_config, name)
     tokenizer.save(os.path.join(workdir, TOKENIZER_DIR))
     log.info('Saved %s tokenizer (vocab %d) in %s', name, tokenizer.vocab_size, workdir)
+    return tokenizer
+
+
+def _shared(data_config, name: str) -> Tokenizer:
+  """The tokenizer trained on this train split with these settings, trained once per data dir
+  and copied into each new workdir: a sweep's runs, or a new run on a prepared corpus, do not
+  train sentencepiece again (minutes on a million sentences). It is the tokenizer `_train`
+  gives (training is deterministic for a given input); its files are checksummed like a
+  workdir's, and a damaged one is trained again."""
+  from input_pipeline import sources  # tfds: only training a tokenizer reads the data
+  settings = [name, sources.split_fingerprint(data_config, 'train'),
+              data_config.get('tokenizer_max_sentences', 0) or 0]
+  if name == 'sentencepiece':
+    settings += [data_config.vocab_size, data_config.get('tokenizer_model_type', 'bpe') or 'bpe']
+  digest = hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:16]
+  data_dir = sources.resolve_data_dir(data_config.get('data_dir'))
+  cache = os.path.join(data_dir, 'tokenizers', re.sub(r'[^\w.-]+', '_', data_config.dataset),
+                       f'{name}-{digest}')
+  with workdir_lock(cache):
+    if has_tokenizer(cache):
+      try:
+        return load_tokenizer(cache)
+      except DataError as e:
+        log.warning('Training the tokenizer again: the shared copy is unusable (%s)', e)
+    tokenizer = _train(data_config, name)
+    try:
+      tokenizer.save(os.path.join(cache, TOKENIZER_DIR))
+    except DataError as e:  # a cache: the run goes on with the tokenizer it trained
+      log.warning('Could not keep a shared copy of the tokenizer: %s', e)
     return tokenizer
 
 
