@@ -37,9 +37,15 @@ def _quiet_lost_interrupts(unraisable) -> None:
     sys.__unraisablehook__(unraisable)
 
 
+def quiet_lost_interrupts() -> None:
+  """A KeyboardInterrupt that `request` raised where Python drops it is not printed (`check()`
+  raises it again); for a command whose own handler calls `request`."""
+  sys.unraisablehook = _quiet_lost_interrupts
+
+
 def stop_on_signals() -> None:
   """SIGINT and SIGTERM raise KeyboardInterrupt in the main thread (so `finally` blocks run)
   and are remembered for `check()`."""
   signal.signal(signal.SIGINT, request)
   signal.signal(signal.SIGTERM, request)
-  sys.unraisablehook = _quiet_lost_interrupts
+  quiet_lost_interrupts()

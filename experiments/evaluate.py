@@ -192,6 +192,8 @@ def evaluate(workdir: str, decode: Mapping[str, Any], *, translates: bool,
     found = (_translation(workdir, decode, sentences, metric) if translates
              else _language_model(workdir))
     found['eval_wall_s'] = round(time.perf_counter() - started, 1)
+    from common import interrupts  # pylint: disable=import-outside-toplevel
+    interrupts.check()  # a stop that Python dropped (a gc callback): no results.json
     from common.atomic_file import atomic_write  # pylint: disable=import-outside-toplevel
     atomic_write(results_path(workdir),
                  (json.dumps(found, indent=2, sort_keys=True) + '\n').encode())
