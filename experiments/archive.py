@@ -48,28 +48,25 @@ def _runs(root: str) -> list[str]:
 
 
 def _gzip(src: str, dst: str) -> None:
-  with open(src, 'rb') as f, gzip.GzipFile(dst, 'wb', mtime=0) as g:  # mtime 0: same bytes
-    shutil.copyfileobj(f, g)
-
-
-def _gunzip(src: str, dst: str) -> None:
-  with gzip.open(src, 'rb') as f, open(dst, 'wb') as g:
+  from common.files import open_regular  # pylint: disable=import-outside-toplevel
+  with open_regular(src) as f, gzip.GzipFile(dst, 'wb', mtime=0) as g:  # mtime 0: same bytes
     shutil.copyfileobj(f, g)
 
 
 def _bytes(path: str) -> bytes | None:
+  from common.files import read_regular  # pylint: disable=import-outside-toplevel
   try:
-    with open(path, 'rb') as f:
-      return f.read()
+    return read_regular(path)
   except OSError:
     return None
 
 
 def _gunzipped(path: str) -> bytes | None:
+  from common.files import open_regular  # pylint: disable=import-outside-toplevel
   try:
-    with gzip.open(path, 'rb') as f:
+    with open_regular(path) as raw, gzip.GzipFile(fileobj=raw, mode='rb') as f:
       return f.read()
-  except OSError:
+  except (OSError, EOFError, zlib.error):
     return None
 
 

@@ -47,9 +47,10 @@ class RowResults:
 
 def collect(plan: Plan) -> list[RowResults]:
   """The runs each row counts: those the plan counts done (`launch.evaluated`: its last step,
-  this sweep's evaluation setting, its outputs whole), after `launch.check_runs` (each run's
-  config.json is its row's config)."""
+  this sweep's evaluation setting, its outputs whole). Refuses (`SweepError`, one line) a
+  root where a run was trained with another config than its row's (`launch.check_runs`)."""
   from experiments import launch  # pylint: disable=import-outside-toplevel
+  launch.check_runs(plan)  # SweepError: a run of another config is never merged into a row
   rows = []
   for name in plan.rows:
     planned = [r for r in plan.runs if r.row == name]
@@ -295,7 +296,6 @@ def write(plan: Plan) -> dict[str, str | None]:
   (`SweepError`) a root whose runs were not trained with their rows' configs
   (`launch.check_runs`); a full disk is one `SweepError` line (exit status 1)."""
   from experiments import launch  # pylint: disable=import-outside-toplevel
-  launch.check_runs(plan)
   text = markdown(plan, collect(plan))
   summary = os.path.join(plan.root, SUMMARY)
   launch.write_file(summary, text.encode())

@@ -92,7 +92,7 @@ def test_a_run_trained_with_another_config_is_refused_never_tabled(tmp_path):
   os.replace(os.path.join(stranger.workdir, 'config.json'),
              os.path.join(plan.runs[1].workdir, 'config.json'))
   for check in (launch.check_runs, lambda p: launch.check_manifest(p, write=False),
-                table.write):
+                table.collect, table.write):
     with pytest.raises(SweepError) as e:
       check(plan)
     assert 'post/seed_1 was not trained with row \'post\'' in _one_line(e)
