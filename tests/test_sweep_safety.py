@@ -116,6 +116,8 @@ def test_the_table_counts_only_runs_evaluated_with_the_sweeps_setting(tmp_path):
   _fake_run(plan, plan.runs[3], results={'eval_sentences': 1000})
   assert _counted(plan) == {'post': 1, 'pre': 1}
   assert [launch.run_state(plan, r)[0] for r in plan.runs] == ['new', 'done', 'done', 'new']
+  os.remove(os.path.join(plan.runs[2].workdir, 'config.json'))  # nothing to check it against
+  assert _counted(plan) == {'post': 1, 'pre': 0}
 
 
 def test_report_and_dry_run_refuse_another_sweeps_root(tmp_path):
