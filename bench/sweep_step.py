@@ -76,7 +76,8 @@ def step_runner(config):
   step = steps.jit_train_step(model_config, tx, schedule, mesh,
                               label_smoothing=config.train.label_smoothing,
                               grad_accum_steps=config.train.grad_accum_steps,
-                              z_loss=config.train.get('z_loss', 0.0))
+                              z_loss=config.train.get('z_loss', 0.0),
+                              rdrop_alpha=config.train.get('rdrop_alpha', 0.0))
   batch = mesh_lib.shard_batch(batch_of(config, model_config), mesh)
   holder = {'state': state}
 

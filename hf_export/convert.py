@@ -206,7 +206,8 @@ def seq2seq_config(cfg, *, eos_id: int | None) -> dict:
       'encoder_ffn_dim': cfg.d_ff, 'decoder_ffn_dim': cfg.d_ff,
       'activation_function': HF_ACTIVATIONS[cfg.activation],
       'dropout': cfg.dropout_rate, 'attention_dropout': cfg.attention_dropout_rate,
-      'activation_dropout': 0.0, 'scale_embedding': cfg.scale_embeddings, 'pad_token_id': 0,
+      'activation_dropout': cfg.activation_dropout_rate,
+      'scale_embedding': cfg.scale_embeddings, 'pad_token_id': 0,
       'decoder_start_token_id': 0, 'eos_token_id': eos_id, 'forced_eos_token_id': None,
       'bos_token_id': None, 'tie_word_embeddings': cfg.logits_via_embedding}
   if cfg.norm_position == 'post':

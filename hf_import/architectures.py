@@ -85,7 +85,8 @@ def marian_model(hf: dict, sd: dict) -> dict:
       share_embeddings=shared, logits_via_embedding=tied and shared,
       final_logits_bias=tied and shared and _bias_needed(sd['final_logits_bias'], pad),
       layer_norm_epsilon=TORCH_LAYER_NORM_EPS, dropout_rate=float(hf.get('dropout', 0.1)),
-      attention_dropout_rate=float(hf.get('attention_dropout', 0.0)))
+      attention_dropout_rate=float(hf.get('attention_dropout', 0.0)),
+      activation_dropout_rate=float(hf.get('activation_dropout', 0.0)))
 
 
 def gpt2_model(hf: dict, sd: dict) -> dict:

@@ -65,6 +65,9 @@ class ModelConfig(Schema):
   dropout_rate: float = documented(0.1, 'P_drop: sub-layer outputs and embedding sums')
   attention_dropout_rate: float = documented(
       0.0, 'dropout on the attention weights (not in the paper)')
+  activation_dropout_rate: float = documented(
+      0.0, "dropout on the feed-forward's hidden units (fairseq's --activation-dropout; not in "
+      'the paper)')
   max_len: int = documented(256, 'positions of the position table (the longest sequence)')
   share_embeddings: bool = documented(True, 'one source/target embedding matrix (§3.4)')
   logits_via_embedding: bool = documented(
@@ -170,7 +173,7 @@ class ModelConfig(Schema):
     if self.positional_encoding == 'rope' and self.head_dim % 2:
       raise ConfigError(f'config.model.positional_encoding=rope needs an even head size, '
                         f'got d_model/num_heads={self.head_dim}')
-    for field in ('dropout_rate', 'attention_dropout_rate'):
+    for field in ('dropout_rate', 'attention_dropout_rate', 'activation_dropout_rate'):
       value = getattr(self, field)
       if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
         raise ConfigError(f'config.model.{field}={value!r} must be in [0, 1)')

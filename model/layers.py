@@ -219,24 +219,35 @@ def _rotate(query, key, positions):
 class FeedForward(nnx.Module):
   """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (another of `ACTIVATIONS` optionally), or gated
   (`GATED_ACTIVATIONS`): (act(x W + b) * (x V + c)) W_2 + b_2, W and V one fused kernel
-  `wi` `[d_model, 2, d_ff]` (gate first)."""
+  `wi` `[d_model, 2, d_ff]` (gate first).
+
+  `dropout_rate` drops the hidden units, the `[..., d_ff]` input of W_2, in training
+  (fairseq's --activation-dropout; T5's dropout inside its gated FFN): FFN(x) =
+  Dropout(max(0, x W_1 + b_1)) W_2 + b_2. Not in the paper, whose P_drop acts on each
+  sub-layer's output only (model.transformer.residual)."""
 
   def __init__(self, d_model: int, d_ff: int, *, activation: str = 'relu',
                dtype: Dtype = jnp.float32, init_std: float | None = None,
-               out_init_std: float | None = None, matmul: str = 'auto', rngs: nnx.Rngs):
+               out_init_std: float | None = None, matmul: str = 'auto',
+               dropout_rate: float = 0.0, dropout_rng_impl: str = 'hash', rngs: nnx.Rngs):
     self.activation, self.gated = activation, activation in GATED_ACTIVATIONS
+    self.dropout_rate, self.dropout_rng_impl = dropout_rate, dropout_rng_impl
     inner, axes = ((2, d_ff), ('embed', None, 'mlp')) if self.gated else (d_ff, ('embed', 'mlp'))
     self.wi = Dense(d_model, inner, axes, dtype=dtype, init_std=init_std, matmul=matmul,
                     rngs=rngs)
     self.wo = Dense(d_ff, d_model, ('mlp', 'embed'), dtype=dtype, init_std=out_init_std,
                     matmul=matmul, rngs=rngs)
 
-  def __call__(self, x: Array) -> Array:
+  def __call__(self, x: Array, dropout_rng: Array | None = None) -> Array:
+    """x `[batch, len, d_model]` -> `[batch, len, d_model]`; the hidden units are dropped
+    with `dropout_rng` (None: deterministic)."""
     h = self.wi(x)
     if self.gated:
       h = GATED_ACTIVATIONS[self.activation](h[..., 0, :]) * h[..., 1, :]
     else:
       h = ACTIVATIONS[self.activation](h)
+    if dropout_rng is not None and self.dropout_rate > 0.0:  # else the same program as before
+      h = attn.dropout(h, self.dropout_rate, dropout_rng, rng_impl=self.dropout_rng_impl)
     return self.wo(constrain(h, ('batch', None, 'mlp')))
 
 

@@ -89,12 +89,15 @@ def _ffn(config: ModelConfig, num_layers: int, rngs: nnx.Rngs) -> FeedForward:
   stds = config.init_stds(num_layers)
   return FeedForward(config.d_model, config.d_ff, activation=config.activation,
                      dtype=config.compute_dtype, init_std=stds.kernel,
-                     out_init_std=stds.residual, matmul=config.projection_matmul, rngs=rngs)
+                     out_init_std=stds.residual, matmul=config.projection_matmul,
+                     dropout_rate=config.activation_dropout_rate,
+                     dropout_rng_impl=config.dropout_rng_impl, rngs=rngs)
 
 
 class EncoderLayer(nnx.Module):
   """Self-attention then feed-forward, each inside `residual`."""
-  SITES = ('self_attention', 'self_attention_residual', 'ffn_residual')  # dropout keys
+  # Dropout keys; a new site goes last, so that the others keep their keys (and masks).
+  SITES = ('self_attention', 'self_attention_residual', 'ffn_residual', 'ffn_activation')
 
   def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
     n = config.num_encoder_layers
@@ -113,14 +116,15 @@ class EncoderLayer(nnx.Module):
                                  dropout_rng=keys['self_attention'])[0]
     x = residual(self.config, self.self_attention_norm, x, attend,
                  keys['self_attention_residual'])
-    x = residual(self.config, self.ffn_norm, x, self.ffn, keys['ffn_residual'])
+    x = residual(self.config, self.ffn_norm, x, lambda h: self.ffn(h, keys['ffn_activation']),
+                 keys['ffn_residual'])
     return constrain(x, RESIDUAL_AXES)
 
 
 class DecoderLayer(nnx.Module):
   """Masked self-attention, encoder-decoder attention (`cross`; not in an LM), feed-forward."""
   SITES = ('self_attention', 'self_attention_residual', 'cross_attention',
-           'cross_attention_residual', 'ffn_residual')  # dropout keys
+           'cross_attention_residual', 'ffn_residual', 'ffn_activation')  # as EncoderLayer's
 
   def __init__(self, config: ModelConfig, rngs: nnx.Rngs, *, cross: bool):
     n = config.num_decoder_layers
@@ -156,7 +160,8 @@ class DecoderLayer(nnx.Module):
       x = residual(cfg, self.cross_attention_norm, x,
                    lambda h: attend('cross_attention', h, encoded, cross_mask),
                    keys['cross_attention_residual'])
-    x = residual(cfg, self.ffn_norm, x, self.ffn, keys['ffn_residual'])
+    x = residual(cfg, self.ffn_norm, x, lambda h: self.ffn(h, keys['ffn_activation']),
+                 keys['ffn_residual'])
     return constrain(x, RESIDUAL_AXES), new_cache
 
 

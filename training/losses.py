@@ -1,4 +1,5 @@
-"""Label-smoothed cross-entropy: the reference formula and a fused one with its own gradient.
+"""Label-smoothed cross-entropy: the reference formula and a fused one with its own gradient;
+the symmetric KL divergence of R-Drop.
 
 Smoothing puts `confidence = 1 - ls` on the target and `low = ls / (vocab - 1)` on every other
 token. The loss is the cross-entropy against that distribution minus its entropy (the constant
@@ -92,3 +93,13 @@ def _fused_loss_bwd(label_smoothing, residuals, cotangents):
 
 
 _fused_loss.defvjp(_fused_loss_fwd, _fused_loss_bwd)
+
+
+def symmetric_kl(logits_1: jax.Array, logits_2: jax.Array) -> jax.Array:
+  """KL(P1 || P2) + KL(P2 || P1) per position, P = softmax(logits): `[batch, len, vocab]` x 2
+  -> `[batch, len]` (f32). R-Drop's regulariser (Liang et al. 2021, eq. 2 without its 1/2),
+  with a gradient to both sides, as the paper's code. The two KLs share one pass over the
+  vocabulary: KL(P1 || P2) + KL(P2 || P1) = sum_v (P1 - P2) (log P1 - log P2)."""
+  logp_1 = jax.nn.log_softmax(logits_1.astype(jnp.float32), axis=-1)
+  logp_2 = jax.nn.log_softmax(logits_2.astype(jnp.float32), axis=-1)
+  return ((jnp.exp(logp_1) - jnp.exp(logp_2)) * (logp_1 - logp_2)).sum(-1)

@@ -304,7 +304,7 @@ class _Run:
     train_step = steps.jit_train_step(self.model_config, self.tx, self.schedule, self.mesh,
                                       label_smoothing=t.label_smoothing,
                                       grad_accum_steps=t.grad_accum_steps, rules=self.rules,
-                                      z_loss=t.z_loss)
+                                      z_loss=t.z_loss, rdrop_alpha=t.rdrop_alpha)
     eval_step = steps.jit_eval_step(self.model_config, self.mesh, self.rules)
     progress = self.progress = progress_lib.Progress(self, start_step)
     profiler = telemetry.StepProfiler(t.profile_steps, self.workdir)
