@@ -243,6 +243,7 @@ class LMTrainBatch:
   def __init__(self, stream: np.ndarray, block_length: int, batch_size: int, seed: int,
                process_index: int):
     self.stream = stream
+    self._tokens = np.asarray(stream)  # indexing an ndarray view, not the np.memmap subclass
     self.block_length = block_length
     self.batch_size = batch_size
     self.seed = seed
@@ -254,7 +255,7 @@ class LMTrainBatch:
     rng = np.random.default_rng([self.seed, self.process_index, step])
     starts = rng.integers(0, len(self.stream) - self.block_length + 1, size=self.batch_size)
     idx = starts[:, None] + np.arange(self.block_length)[None, :]
-    return {'targets': np.asarray(self.stream[idx], np.int32),
+    return {'targets': self._tokens[idx].astype(np.int32),
             'targets_weights': self.weights.copy()}
 
 
