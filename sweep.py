@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import signal
 import sys
 
 from absl import app, flags
@@ -54,11 +53,15 @@ def _fail(message, code: int = 2) -> None:
 
 
 def main(argv: list[str]) -> None:
+  from common import interrupts  # pylint: disable=import-outside-toplevel
   from common.errors import exit_code  # pylint: disable=import-outside-toplevel
   from experiments import launch, sweep_file  # pylint: disable=import-outside-toplevel
-  # Ctrl-C stops the sweep (and its runs, each saving a checkpoint) even when a shell started
-  # it in the background, where SIGINT arrives ignored.
-  signal.signal(signal.SIGINT, signal.default_int_handler)
+  # Ctrl-C and SIGTERM (a time limit, systemd, a batch system) stop the sweep alike: each run
+  # saves a checkpoint and stops, and the last line is the command that resumes; also when a
+  # shell started it in the background (SIGINT arrives ignored), and when the KeyboardInterrupt
+  # lands where Python drops it (JAX's gc callback, while the plan is checked): remembered, it
+  # stops the sweep at the next `interrupts.check()`.
+  interrupts.stop_on_signals()
   if len(argv) > 1:
     _fail(f'unexpected arguments {argv[1:]}')
   if not FLAGS.sweep:
@@ -77,11 +80,14 @@ def main(argv: list[str]) -> None:
     plan = sweep_file.plan(sweep_file.load(FLAGS.sweep), root, FLAGS.sweep)
     if os.path.exists(root) and not os.path.isdir(root):
       raise sweep_file.SweepError(f'--root={root} is not a directory')
+    launch.slurm_fields(plan, slurm)  # checked whichever the executor: type, range, characters
+    interrupts.check()
     if FLAGS.dry_run or FLAGS.report:  # the same refusals as a run's: another sweep's root
       launch.check_manifest(plan, write=False)
       for line in launch.ignored(plan):
         print(f'{PROG}: warning: {line}', file=sys.stderr, flush=True)
     if FLAGS.dry_run:
+      interrupts.check()
       print(f'sweep {FLAGS.sweep} -> {root}: {len(plan.runs)} runs', flush=True)
       print('\n'.join(launch.describe(plan, FLAGS.parallel)), flush=True)
       return
@@ -102,6 +108,8 @@ def main(argv: list[str]) -> None:
   except OSError as e:  # a full disk under a file no message names yet: one line, exit 1
     where = f' ({e.filename})' if e.filename else ''
     _fail(f'{e.strerror or e}{where}', code=exit_code(e))
+  except KeyboardInterrupt:  # planning, --dry_run or --report (a run says it itself)
+    _fail('interrupted; no run was started', code=130)
   sys.stdout.flush()
   sys.exit(code)
 

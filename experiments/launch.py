@@ -1,5 +1,6 @@
 """Running a planned sweep: which runs are done, what they will cost, and the jobs, through
-submitit (SLURM job arrays, or local subprocesses), with progress, failures and Ctrl-C.
+submitit (SLURM job arrays, or local subprocesses), with progress, failures and Ctrl-C
+(or SIGTERM: the same stop, `_stop`).
 
 Everything a sweep keeps besides its runs' workdirs is under `ROOT/.sweep/`: `sweep.json`
 (the rows as first planned: a later invocation may add rows and seeds, not change one),
@@ -14,6 +15,7 @@ import dataclasses
 import errno
 import fcntl
 import json
+import math
 import os
 import signal
 import statistics
@@ -22,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from common import interrupts
 from common.errors import EXIT_FAILED, carried
 from experiments import evaluate, job as job_lib
 from experiments.sweep_file import Plan, Run, SweepError, config_differences, run_config, selected
@@ -31,7 +34,7 @@ NEW, PARTIAL, TRAINED = 'new', 'partial', 'trained'  # besides job_lib's DONE an
 EXECUTORS = ('auto', 'local', 'slurm')
 LOCAL_TIMEOUT_MIN = 7 * 24 * 60  # submitit's local default (2 min) would kill every run
 POLL_S = 1.0
-STOP_WAIT_S = 600  # how long an interrupted sweep waits for its runs' checkpoints
+STOP_POLL_S = 0.2
 
 
 def state_dir(root: str, *parts: str) -> str:
@@ -305,20 +308,17 @@ def executor_kind(name: str) -> str:
 
 
 def make_executor(plan: Plan, kind: str, parallel: int, slurm: dict[str, Any]):
-  """A submitit executor for `kind`, its parameters set (SLURM: from the sweep file's `slurm`
-  with `slurm` from the flags on top; the array runs at most `parallel` tasks at once)."""
+  """A submitit executor for `kind`, its parameters set (SLURM: `slurm_fields`, the sweep
+  file's `slurm` with `slurm` from the flags on top; the array runs at most `parallel` tasks
+  at once)."""
   import submitit  # pylint: disable=import-outside-toplevel
   executor = submitit.AutoExecutor(folder=state_dir(plan.root, 'jobs'), cluster=kind)
   name = f'sweep-{os.path.basename(os.path.normpath(plan.root))}'
   if kind == 'local':
     executor.update_parameters(timeout_min=LOCAL_TIMEOUT_MIN, name=name)
     return executor
-  given = {**plan.sweep.slurm, **{k: v for k, v in slurm.items() if v is not None}}
-  unknown = sorted(set(given) - set(_SLURM_PARAMETERS))
-  if unknown:
-    raise SweepError(f'slurm has unknown field(s) {unknown}; known: {sorted(_SLURM_PARAMETERS)}')
   parameters = {'name': name, 'slurm_array_parallelism': parallel}
-  for field, value in given.items():
+  for field, value in slurm_fields(plan, slurm).items():
     parameters[_SLURM_PARAMETERS[field]] = value
   executor.update_parameters(**parameters)
   return executor
@@ -330,6 +330,59 @@ _SLURM_PARAMETERS = {'partition': 'slurm_partition', 'time_min': 'timeout_min',
                      'mem_gb': 'mem_gb', 'account': 'slurm_account', 'qos': 'slurm_qos',
                      'constraint': 'slurm_constraint', 'array_parallelism':
                      'slurm_array_parallelism'}
+# The integer fields' ranges; the others are names (a partition, an account, a QOS, features).
+_SLURM_INTEGERS = {'time_min': (1, 366 * 24 * 60), 'gpus_per_node': (0, 1024),
+                   'cpus_per_task': (1, 1 << 16), 'mem_gb': (1, 1 << 20),
+                   'array_parallelism': (1, 1 << 20)}
+SLURM_TIME_MARGIN_MIN = 15  # start-up and compilation, beyond the estimate
+
+
+def _check_slurm(fields, where: Callable[[str], str]) -> dict[str, Any]:
+  """The fields, each checked: a known name, an integer in range, or a name without spaces
+  or control characters (a newline would end submitit's #SBATCH block and run the rest as
+  shell when the job starts); raises SweepError (one line)."""
+  if not isinstance(fields, dict):
+    raise SweepError(f'{where("")} must be a dict of SLURM fields, not {type(fields).__name__}')
+  unknown = sorted(map(repr, set(fields) - set(_SLURM_PARAMETERS)))
+  if unknown:
+    raise SweepError(f'slurm has unknown field(s) [{", ".join(unknown)}]; known: '
+                     f'{sorted(_SLURM_PARAMETERS)}')
+  for field, value in fields.items():
+    if field in _SLURM_INTEGERS:
+      lo, hi = _SLURM_INTEGERS[field]
+      if not (isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi):
+        raise SweepError(f'{where(field)}={value!r} must be an integer in [{lo}, {hi}]')
+    elif not (isinstance(value, str) and 0 < len(value) <= 256 and value.isprintable()
+              and not any(c.isspace() for c in value)):
+      raise SweepError(f'{where(field)}={value!r} must be a SLURM name: 1 to 256 printable '
+                       'characters, no spaces or control characters')
+  return dict(fields)
+
+
+def slurm_fields(plan: Plan, flags: dict[str, Any]) -> dict[str, Any]:
+  """The SLURM fields of a sweep: the sweep file's `slurm`, the flags' (`--slurm_NAME`, None:
+  not given) on top, each checked (`_check_slurm`); raises SweepError."""
+  given = _check_slurm(plan.sweep.slurm, lambda f: f'slurm[{f!r}]' if f else 'slurm')
+  flags = _check_slurm({k: v for k, v in flags.items() if v is not None},
+                       lambda f: f'--slurm_{f}')
+  return {**given, **flags}
+
+
+def slurm_time_min(plan: Plan, runs: Sequence[Run]) -> tuple[int, str]:
+  """A SLURM time limit per run when none is given (submitit's default, 5 minutes, would kill
+  every run): twice the longest estimate of `runs` plus SLURM_TIME_MARGIN_MIN -> (minutes, a
+  line saying so); raises SweepError when a run's row has no measured step time."""
+  times = estimates(plan)
+  unknown = sorted({r.row for r in runs if times[r.name] is None})
+  if unknown:
+    raise SweepError(f'slurm time_min is required: row(s) {unknown} have no measured step time '
+                     "to estimate it from, and submitit's default (5 min) would kill every "
+                     "run; set slurm={'time_min': MINUTES} in the sweep file or --slurm_time_min")
+  longest = max((times[r.name] or 0.0 for r in runs), default=0.0)
+  minutes = math.ceil(2 * longest / 60) + SLURM_TIME_MARGIN_MIN
+  return minutes, (f'SLURM time limit: {minutes} min per run (twice the longest estimate, '
+                   f'{fmt_minutes(longest)}, plus {SLURM_TIME_MARGIN_MIN} min; '
+                   '--slurm_time_min sets it)')
 
 
 def submit(executor, kind: str, specs: list[dict[str, Any]]) -> list:
@@ -380,9 +433,28 @@ def run(plan: Plan, *, executor: str = 'auto', parallel: int = 1, retry_failed: 
         resume_command: str = '', only: Sequence[str] = ()) -> int:
   """Runs every run of `plan` not yet done (of those `only` selects: `sweep_file.selected`)
   -> the exit status: 0 when every run is done, 1 when one failed, 130 when interrupted. The
-  table is written from every run done so far."""
+  table is written from every run done so far. A Ctrl-C or SIGTERM (`interrupts`, whose
+  KeyboardInterrupt a gc callback may drop) stops the running jobs (`_stop`); then one line
+  with `resume_command`, and 130."""
+  try:
+    return _run(plan, executor, parallel, retry_failed, dict(slurm or {}), out, only)
+  except KeyboardInterrupt:
+    out(f'interrupted: the finished runs are intact; stopped runs resume from their last '
+        f'checkpoint: {resume_command}')
+    return 130
+
+
+def _run(plan: Plan, executor: str, parallel: int, retry_failed: bool, slurm: dict[str, Any],
+         out: Callable[[str], None], only: Sequence[str]) -> int:
   kind = executor_kind(executor)
   chosen = {r.name for r in selected(plan, only)}
+  if kind == 'slurm' and 'time_min' not in slurm_fields(plan, slurm):
+    pending = [r for r in plan.runs if r.name in chosen and run_state(plan, r)[0] not in (
+        job_lib.DONE, *(() if retry_failed else (job_lib.FAILED,)))]
+    if pending:
+      slurm['time_min'], line = slurm_time_min(plan, pending)
+      out(line)
+  interrupts.check()
   with root_lock(plan.root):
     check_manifest(plan, write=True)
     states = {run.name: run_state(plan, run) for run in plan.runs}
@@ -406,13 +478,10 @@ def run(plan: Plan, *, executor: str = 'auto', parallel: int = 1, retry_failed: 
       for r in todo:  # a rerun starts clean: a stale status would read as this attempt's
         with contextlib.suppress(FileNotFoundError):
           os.unlink(status_file(plan, r))
-      jobs = make_executor(plan, kind, parallel, slurm or {})
-      try:
-        failed += _loop(plan, kind, jobs, todo, parallel, states, out, done)
-      except KeyboardInterrupt:
-        out(f'interrupted: the finished runs are intact; stopped runs resume from their last '
-            f'checkpoint: {resume_command}')
-        return 130
+      jobs = make_executor(plan, kind, parallel, slurm)
+      interrupts.check()
+      failed += _loop(plan, kind, jobs, todo, parallel, states, out, done)
+  interrupts.check()
   from experiments import table  # pylint: disable=import-outside-toplevel
   written = table.write(plan)
   out(f'table: {written["summary"]} and {written["curves"]}' if written.get('curves')
@@ -437,11 +506,7 @@ def _loop(plan: Plan, kind: str, executor, todo: list[Run], parallel: int, state
   try:
     return _follow(plan, kind, executor, queue, running, parallel, states, out, progress)
   except KeyboardInterrupt:
-    if kind == 'slurm':  # scancel: SLURM signals the job, which forwards one SIGINT
-      for _, job, _ in running.values():
-        with contextlib.suppress(Exception):
-          job.cancel(check=False)
-    _stop(plan, [r for r, _, _ in running.values()], out, signal_jobs=kind == 'local')
+    _stop(plan, kind, [(r, job) for r, job, _ in running.values()], out)
     raise
 
 
@@ -457,11 +522,12 @@ def _follow(plan: Plan, kind: str, executor, queue: list[Run], running, parallel
       out(f'[{progress.finished + len(running)}/{progress.total}] start {run_.name}'
           f'{f" ({detail})" if detail else ""}')
     time.sleep(POLL_S)
+    interrupts.check()  # a Ctrl-C that a gc callback dropped
     for name, (run_, job, started) in list(running.items()):
       if not job.done():
         continue
       del running[name]
-      status = _final_status(plan, run_, job)
+      status = _final_status(plan, run_, job, kind)
       minutes = (time.time() - started) / 60
       progress.finished += 1
       left = len(queue) + len(running)
@@ -486,11 +552,15 @@ def _left_estimate(plan: Plan, queue: list[Run], running) -> float | None:
   return None if any(v is None for v in values) else sum(values)
 
 
-def _final_status(plan: Plan, run_: Run, job) -> dict[str, Any]:
-  """The job's status file; a job that ended without writing one was killed."""
+def _final_status(plan: Plan, run_: Run, job, kind: str = 'local') -> dict[str, Any]:
+  """The job's status file; a job that ended without writing one was killed (a local one's
+  train.py, which then got SIGTERM, is waited for as it saves and stops)."""
   status = job_lib.read_status(status_file(plan, run_))
   if status.get('state') in (job_lib.DONE, job_lib.FAILED, job_lib.INTERRUPTED):
     return status
+  train_pid = status.get('train_pid')
+  while kind == 'local' and isinstance(train_pid, int) and _alive(train_pid):
+    time.sleep(STOP_POLL_S)
   error = f'the job ended without a result (killed?); see {log_file(plan, run_)}'
   with contextlib.suppress(Exception):
     tail = [line for line in (job.stderr() or '').splitlines() if line.strip()]
@@ -501,32 +571,56 @@ def _final_status(plan: Plan, run_: Run, job) -> dict[str, Any]:
   return status
 
 
-def _stop(plan: Plan, runs: list[Run], out, signal_jobs: bool) -> None:
-  """Ctrl-C: each running job forwards one SIGINT to its train.py, which saves a checkpoint
-  and exits; waits for them (a second Ctrl-C kills them at once)."""
-  pids = []
-  for run_ in runs:
-    status = job_lib.read_status(status_file(plan, run_))
-    for key in ('train_pid', 'job_pid'):
-      if status.get('state') == job_lib.RUNNING and status.get(key):
-        pids.append((run_.name, int(status[key]), key))
-  for _, pid, key in pids:
-    if key == 'job_pid' and signal_jobs:
-      with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, signal.SIGINT)  # the job forwards one SIGINT to its train.py
-  names = sorted({name for name, _, _ in pids})
+def _stop(plan: Plan, kind: str, running: list[tuple[Run, Any]], out) -> None:
+  """Ctrl-C or SIGTERM: each running job stops what it does, its train.py saving a checkpoint
+  and exiting, or its evaluation ending. Local jobs get one SIGINT each (from their status
+  file's job_pid: also a job that starts its train.py meanwhile), SLURM's a scancel (SIGTERM,
+  which the job takes the same way). Waits until every job has ended: no job or train.py
+  outlives the sweep; a second Ctrl-C or SIGTERM kills them at once."""
+  if kind == 'slurm':
+    for _, job in running:
+      with contextlib.suppress(Exception):
+        job.cancel(check=False)
+  names = sorted(run_.name for run_, _ in running)
   if names:
     out(f'stopping {", ".join(names)}: saving checkpoint(s) (Ctrl-C again to kill at once)')
-  deadline = time.time() + STOP_WAIT_S
+  signalled: set[int] = set()
   try:
-    while time.time() < deadline and any(_alive(pid) for _, pid, _ in pids):
-      time.sleep(0.2)
+    while True:
+      for pid in _pids(plan, kind, running, 'job_pid'):
+        if pid not in signalled:  # the job forwards one SIGINT to its train.py
+          signalled.add(pid)
+          with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGINT)
+      if all(_ended(job) for _, job in running):
+        break
+      time.sleep(STOP_POLL_S)
   except KeyboardInterrupt:
-    for _, pid, _ in pids:
+    for pid in _pids(plan, kind, running, 'job_pid', 'train_pid'):
       with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, signal.SIGKILL)
     out('killed at once: the runs resume from their last saved checkpoint')
   sys.stdout.flush()
+
+
+def _pids(plan: Plan, kind: str, running: list[tuple[Run, Any]], *keys: str) -> list[int]:
+  """The pids (`keys` of their status files) of the local jobs that run; none on SLURM (its
+  pids are other hosts')."""
+  if kind != 'local':
+    return []
+  found = []
+  for run_, _ in running:
+    status = job_lib.read_status(status_file(plan, run_))
+    if status.get('state') == job_lib.RUNNING:
+      found += [status[key] for key in keys if isinstance(status.get(key), int)]
+  return found
+
+
+def _ended(job) -> bool:
+  try:
+    return job.done()
+  except Exception:  # noqa: BLE001  (SLURM's accounting unreachable: not ours to wait for)
+    return True
 
 
 def _alive(pid: int) -> bool:

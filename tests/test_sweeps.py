@@ -185,23 +185,61 @@ def _checkpoints(workdir) -> list[int]:
       directory) else []
 
 
+def _pending(pid: int) -> int:
+  """The signals sent to process `pid` and not yet delivered (bit N-1: signal N); 0 when the
+  process is gone."""
+  try:
+    with open(f'/proc/{pid}/status', encoding='ascii') as f:
+      return next((int(line.split()[1], 16) for line in f if line.startswith('ShdPnd:')), 0)
+  except OSError:
+    return 0
+
+
+def _gone(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return True
+  with open(f'/proc/{pid}/stat', encoding='ascii') as f:  # a zombie is gone
+    return f.read().rsplit(') ', 1)[-1][:1] in 'ZX'
+
+
+def _stop_third_run(proc, root) -> list[int]:
+  """SIGTERM to the sweep (a time limit, a batch system; Ctrl-C is the same stop) once the
+  third run has its first checkpoint -> the pids of its job and train.py. No clock: the test
+  waits for the checkpoint however long a loaded machine takes, then holds train.py
+  (SIGSTOP) so that it cannot reach its last step before the stop comes, and lets it go on
+  once the sweep's stop, through the job, is pending for it (one SIGINT)."""
+  third = root / 'pre' / 'seed_0'
+  while not _checkpoints(third) and proc.poll() is None:
+    time.sleep(0.02)
+  if proc.poll() is not None:
+    return []
+  status = json.loads((root / '.sweep' / 'status' / 'pre.seed_0.json').read_text())
+  train_pid = status['train_pid']
+  os.kill(train_pid, signal.SIGSTOP)
+  proc.send_signal(signal.SIGTERM)
+  while proc.poll() is None and not _pending(train_pid) & (1 << (signal.SIGINT - 1)):
+    time.sleep(0.02)
+  os.kill(train_pid, signal.SIGCONT)
+  return [status['job_pid'], train_pid]
+
+
 @pytest.fixture(scope='module')
 def swept(tmp_path_factory):
-  """A 2-row x 2-seed sweep interrupted (Ctrl-C) during its third run, run again with a third
+  """A 2-row x 2-seed sweep stopped (SIGTERM) during its third run, run again with a third
   row that fails at run time (a dataset name the schema cannot check), then once more."""
   tmp = tmp_path_factory.mktemp('sweep')
   rows = {'post': {'model.norm_position': 'post'}, 'pre': {'model.norm_position': 'pre'}}
   first = _sweep_file(tmp, rows)
   root = tmp / 'root'
   proc = _sweep(f'--sweep={first}', f'--root={root}', wait=False)
+  pids = _stop_third_run(proc, root)
+  interrupted_out, _ = proc.communicate()
   third = root / 'pre' / 'seed_0'
-  deadline = time.time() + 600
-  while not _checkpoints(third) and proc.poll() is None and time.time() < deadline:
-    time.sleep(0.02)
-  proc.send_signal(signal.SIGINT)  # as Ctrl-C does: the sweep stops its running job
-  interrupted_out, _ = proc.communicate(timeout=600)
   interrupted = {'code': proc.returncode, 'out': interrupted_out,
-                 'checkpoints': _checkpoints(third),
+                 'checkpoints': _checkpoints(third), 'pids': pids,
+                 'orphans': [pid for pid in pids if not _gone(pid)],
                  'digests': {name: _digest(root / name) for name in ('post/seed_0',
                                                                      'post/seed_1')}}
   with_typo = _sweep_file(tmp, {**rows, 'typo': {'data.dataset': 'multi31k'}}, name='exp2')
@@ -211,14 +249,22 @@ def swept(tmp_path_factory):
       [[f'--sweep={with_typo}', f'--root={root}', '--executor=local'],
        [f'--sweep={with_typo}', f'--root={root}', '--executor=local', '--dry_run']],
       script='sweep.py'))
-  return {'root': root, 'interrupted': interrupted, 'rerun': rerun, 'again': again, 'dry': dry,
+  return {'root': root, 'first': first, 'interrupted': interrupted, 'rerun': rerun,
+          'again': again, 'dry': dry,
           'plan': sweep_file.plan(sweep_file.load(with_typo), str(root), with_typo)}
 
 
 def test_interrupted_sweep_keeps_finished_runs_and_resumes(swept):
+  """SIGTERM (as Ctrl-C): the running run saves and stops, its job and train.py end with
+  the sweep (SIGTERM used to kill sweep.py alone, at once, exit 143: both trained on as
+  orphans), and the last line is the command that resumes."""
   first = swept['interrupted']
-  assert first['code'] == 130, first['out']
-  assert 'resume' in first['out'] and 'sweep.py' in first['out'], first['out']
+  assert first['code'] == 130 and first['pids'], first['out']
+  assert not first['orphans'], first
+  lines = first['out'].strip().splitlines()
+  assert 'stopping pre/seed_0: saving checkpoint(s)' in lines[-2], lines
+  assert lines[-1].startswith('interrupted: ') and lines[-1].endswith(
+      f"--sweep={swept['first']} --root={swept['root']}"), lines
   # The third run saved a checkpoint when stopped, short of its steps.
   assert first['checkpoints'] and first['checkpoints'][-1] < QUICK['train.num_steps']
   root = swept['root']
