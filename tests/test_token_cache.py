@@ -376,3 +376,27 @@ def test_text_files_fields(tmp_path, corpus):
     _datasets(config, tmp_path / 'wd')
   assert text_store.split_files(_lm_config(tmp_path, corpus).data)['train'][1].endswith('.gz')
   assert BATCH  # the translation helpers' batch, shared with test_input_pipeline
+
+
+# ----------------------------------------------------------------------------- the benchmark
+
+
+def test_data_scale_benchmark_runs_at_a_small_size(tmp_path):
+  """bench/data_scale.py at 2,000 pairs (its figures come from the full size: see
+  bench/results/input_pipeline.md): every stage runs, and a start reads the prepared data."""
+  import json
+  import os
+  import subprocess
+  import sys
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = subprocess.run(
+      [sys.executable, 'bench/data_scale.py', '--kind=translation', '--size=2000',
+       f'--root={tmp_path}', '--vocab_size=1000', '--batch_size=8', '--max_length=64',
+       '--workers=0', '--num_batches=3', '--warmup=1'],
+      cwd=repo, capture_output=True, text=True, check=True).stdout
+  report = json.loads(out)
+  assert report['batch'] == [8, 64] and report['size'] == 2000
+  assert report['prepare']['peak_rss_gib'] > 0 and report['throughput']['0']['batches_per_s'] > 0
+  for stage in ('start', 'resume'):
+    assert report[stage]['first_batch_s'] < report[stage]['wall_s']
+  assert 'tokenizing' not in out  # the stages' own output stays in their processes
