@@ -82,6 +82,13 @@ def token_ids(data_config, split: str, tokenizer) -> TokenIds:
   return TokenIds(where, keys, dtype)
 
 
+def line_end(data_config, tokenizer) -> str:
+  """What ends each line of a `text_files` corpus in its token stream: the tokenizer's EOS
+  (which `encode` appends), or for a character vocabulary, which has none, the newline itself
+  (so that a character model reads the lines as the file has them, not glued together)."""
+  return '\n' if data_config.dataset == 'text_files' and tokenizer.eos_id is None else ''
+
+
 def _text_bytes(source, data_config, split: str) -> int:
   """About how many bytes of text `split` has (for the disk check)."""
   arrays = getattr(source, 'arrays', None)
@@ -105,10 +112,11 @@ def _prepare(data_config, split: str, tokenizer, where: str, keys, dtype) -> Non
                           'vocab_size': tokenizer.vocab_size, 'features': list(keys)}
   with ragged.staged(where, meta, what) as stage:
     writers = [ragged.RaggedWriter(stage, key, dtype) for key in keys]
+    end = line_end(data_config, tokenizer)
     for first in range(0, len(source), CHUNK):
       examples = sources.read_examples(source, range(first, min(first + CHUNK, len(source))))
       for j, (key, writer) in enumerate(zip(keys, writers, strict=True)):
-        texts = [sources.as_str(example[key]) for example in examples]
+        texts = [sources.as_str(example[key]) + end for example in examples]
         writer.extend(tokenizers.encode_all(tokenizer, texts, target=j == 1))
     meta['arrays'] = {key: writer.close() for key, writer in zip(keys, writers, strict=True)}
   tokens = sum(a['values'] for a in meta['arrays'].values())

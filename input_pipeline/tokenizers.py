@@ -288,6 +288,8 @@ def _training_texts(data_config, max_sentences: int, whole_documents: bool = Fal
         text = sources.as_str(example[key])
         if len(keys) == 1 and not whole_documents:  # a document: train on its lines
           yield from (line for line in text.split('\n') if line.strip())
+        elif data_config.dataset == 'text_files':  # a line: with the newline that ends it
+          yield text + '\n'  # (a character vocabulary's separator: token_cache.line_end)
         else:
           yield text
 

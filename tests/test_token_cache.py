@@ -400,3 +400,10 @@ def test_data_scale_benchmark_runs_at_a_small_size(tmp_path):
   for stage in ('start', 'resume'):
     assert report[stage]['first_batch_s'] < report[stage]['wall_s']
   assert 'tokenizing' not in out  # the stages' own output stays in their processes
+
+
+def test_a_character_model_reads_text_files_with_their_newlines(tmp_path, corpus):
+  config = _lm_config(tmp_path / 'tfds', corpus, tokenizer='char')
+  ds = _datasets(config, tmp_path / 'wd')
+  stream = ds._ids('train').stream('text')
+  assert ds.tokenizer.decode(stream[:2000]) == ''.join(s + '\n' for s in corpus['lm'][:550])[:2000]
