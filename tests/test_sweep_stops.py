@@ -143,3 +143,94 @@ def test_a_killed_train_py_is_said_killed_not_its_last_progress_line(tmp_path):
   assert status['error'] == (f'train.py was killed by SIGKILL (the out-of-memory killer?); '
                              f'its output: {spec["log_file"]}'), status
   assert status['exit_code'] == -signal.SIGKILL
+
+
+# ----------------------------------------------------------------------------- sweep.py
+
+TINY = 'configs/default.py:tiny'
+
+
+def _sweep_file(tmp_path, **fields) -> str:
+  path = tmp_path / 'exp.py'
+  args = {'config': TINY, 'rows': {'post': {'model.norm_position': 'post'},
+                                   'pre': {'model.norm_position': 'pre'}}, **fields}
+  path.write_text(f'from configs.sweeps import Sweep\n\ndef get_sweep():\n'
+                  f'  return Sweep(**{args!r})\n')
+  return str(path)
+
+
+def test_a_ctrl_c_that_python_drops_while_planning_stops_the_sweep(tmp_path):
+  """Cause 9: sweep.py had SIGINT raise a plain KeyboardInterrupt; one that landed in a gc
+  callback (JAX registers one) while the plan was checked was printed as "Exception ignored"
+  and lost: --dry_run printed the whole plan and exited 0, a run trained. Now the project's
+  handler remembers it: one line, exit 130, nothing printed or written."""
+  from mains import dropped_ctrl_c  # pylint: disable=import-outside-toplevel
+  root = tmp_path / 'root'
+  planning = ("any(f.f_code.co_name == 'plan' and f.f_code.co_filename.endswith("
+              "'sweep_file.py') for f in frames)")
+  proc = subprocess.run([sys.executable, '-c', dropped_ctrl_c('sweep.py', planning),
+                         f'--sweep={_sweep_file(tmp_path)}', f'--root={root}', '--dry_run'],
+                        cwd=syn.REPO, env=syn.subprocess_env(1), capture_output=True, text=True,
+                        stdin=subprocess.DEVNULL, check=False)
+  assert proc.returncode == 130, (proc.stdout, proc.stderr)
+  assert proc.stderr.splitlines() == ['sweep.py: error: interrupted; no run was started'], (
+      proc.stderr)
+  assert proc.stdout == '' and not root.exists()
+
+
+@pytest.mark.parametrize('slurm, flags, message', [
+    ({'partition': 'gpu\n#SBATCH --wrap=rm'}, {},
+     r"slurm['partition']='gpu\n#SBATCH --wrap=rm' must be a SLURM name"),
+    ({'account': 'a b'}, {}, "slurm['account']='a b' must be a SLURM name"),
+    ({'qos': ''}, {}, "slurm['qos']='' must be a SLURM name"),
+    ({'time_min': '90'}, {}, "slurm['time_min']='90' must be an integer in [1, "),
+    ({'gpus_per_node': True}, {}, "slurm['gpus_per_node']=True must be an integer in [0, "),
+    ({'mem_gb': 7.5}, {}, "slurm['mem_gb']=7.5 must be an integer in [1, "),
+    ({'time_min': 90}, {'mem_gb': -5}, '--slurm_mem_gb=-5 must be an integer in [1, '),
+    ({}, {'time_min': -1}, '--slurm_time_min=-1 must be an integer in [1, '),
+    ({}, {'cpus_per_task': 0}, '--slurm_cpus_per_task=0 must be an integer in [1, '),
+    ({'gpus': 1}, {}, "slurm has unknown field(s) ['gpus']"),
+])
+def test_slurm_fields_are_checked(tmp_path, slurm, flags, message):
+  """Cause 16: the sweep file's `slurm` and the --slurm_* flags went to submitit unchecked:
+  -1 or -5 GB, and a newline that ended the #SBATCH block and ran the rest as shell."""
+  from configs.sweeps import Sweep  # pylint: disable=import-outside-toplevel
+  from experiments import launch, sweep_file  # pylint: disable=import-outside-toplevel
+  with pytest.raises(sweep_file.SweepError) as e:
+    plan = sweep_file.plan(Sweep(config=TINY, slurm=slurm), str(tmp_path / 'root'))
+    launch.slurm_fields(plan, flags)
+  assert message in str(e.value) and '\n' not in str(e.value), str(e.value)
+
+
+def test_bad_slurm_flags_are_one_line_before_anything(tmp_path):
+  from mains import run_mains  # pylint: disable=import-outside-toplevel
+  sweep = _sweep_file(tmp_path)
+  results = run_mains([[f'--sweep={sweep}', f'--root={tmp_path / "a"}', '--dry_run',
+                        '--slurm_time_min=-1'],
+                       [f'--sweep={sweep}', f'--root={tmp_path / "b"}', '--executor=slurm',
+                        '--slurm_mem_gb=-5']], script='sweep.py')
+  for (code, _, err), flag in zip(results, ('--slurm_time_min=-1', '--slurm_mem_gb=-5'),
+                                  strict=True):
+    assert code == 2 and err.startswith(f'sweep.py: error: {flag} must be an integer'), err
+    assert len(err.strip().splitlines()) == 1, err
+  assert not (tmp_path / 'a').exists() and not (tmp_path / 'b').exists()
+
+
+def test_slurm_time_limit_comes_from_the_estimate_or_is_required(tmp_path, monkeypatch):
+  """Cause 16: without `time_min` every run got submitit's default, `#SBATCH --time=5` (5
+  minutes): every real run was killed. Now it is twice the longest run's estimate plus a
+  margin, or, before any run of a row has a measured step time, required in one line."""
+  from configs.sweeps import Sweep  # pylint: disable=import-outside-toplevel
+  from experiments import launch, report, sweep_file  # pylint: disable=import-outside-toplevel
+  root = tmp_path / 'root'
+  plan = sweep_file.plan(Sweep(config=TINY, rows={'a': {}}, seeds=2,
+                               overrides={'train.num_steps': 600}), str(root))
+  with pytest.raises(sweep_file.SweepError, match=r"slurm time_min is required: row\(s\) "
+                     r"\['a'\] have no measured step time") as e:
+    launch.run(plan, executor='slurm', slurm={'partition': 'gpu'}, out=lambda line: None)
+  assert '\n' not in str(e.value) and not root.exists()  # nothing written, nothing submitted
+  monkeypatch.setattr(report, 'median_step_ms', lambda workdir: 500.0)  # a row's measurement
+  minutes, line = launch.slurm_time_min(plan, plan.runs)
+  assert minutes == 2 * 5 + launch.SLURM_TIME_MARGIN_MIN  # 600 steps x 0.5 s = 5 min, x 2
+  assert line.startswith(f'SLURM time limit: {minutes} min per run (twice the longest '
+                         'estimate, 5.0 min'), line
