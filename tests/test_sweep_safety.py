@@ -252,6 +252,29 @@ def test_a_full_disk_is_one_line_with_exit_status_1(tmp_path, monkeypatch):
     assert 'no space left on device' in str(e.value) and errors.exit_code(e.value) == 1
 
 
+def test_sweep_py_on_a_real_full_disk_is_one_line_exit_1_and_keeps_its_table(tmp_path):
+  from test_output_files import mounted
+  with mounted('-t', 'tmpfs', '-o', 'size=1m', 'tmpfs', str(tmp_path / 'small')) as small:
+    sweep = _sweep_file(tmp_path)
+    plan = sweep_file.plan(sweep_file.load(sweep), os.path.join(small, 'root'), sweep)
+    for run in plan.runs:
+      _fake_run(plan, run)
+    summary = os.path.join(plan.root, 'summary.md')
+    with open(summary, 'w') as f:
+      f.write('the table so far\n')
+    with open(os.path.join(small, 'filler'), 'wb', buffering=0) as f, pytest.raises(OSError):
+      while True:
+        f.write(b'x' * 4096)
+    results = run_mains([[f'--sweep={sweep}', f'--root={plan.root}', '--report'],
+                         [f'--sweep={sweep}', f'--root={plan.root}', '--executor=local']],
+                        script='sweep.py')
+    for (code, _, err), name in zip(results, ('summary.md', 'sweep.json'), strict=True):
+      assert code == 1 and err.count('\n') == 1, err
+      assert f'cannot write {plan.root}' in err and name in err and 'no space left' in err, err
+    with open(summary) as f:
+      assert f.read() == 'the table so far\n'
+
+
 # ----------------------------------------------------------------------------- causes 14, 24
 
 def _archive(tmp_path):
