@@ -157,18 +157,19 @@ def check_room(directory: str, estimate: int, what: str) -> None:
 
 
 def remove_staging(directory: str) -> None:
-  """Removes the staging folders of earlier preparations of `directory` (call under the
-  preparation's lock: none of them has a writer alive)."""
-  parent, base = os.path.split(directory)
+  """Removes the staging folders left beside `directory` by preparations that were killed
+  (call under the lock that guards `directory`'s parent: no writer of them is alive)."""
+  parent = os.path.dirname(directory)
   with contextlib.suppress(FileNotFoundError):
     for name in os.listdir(parent):
-      if name.startswith(_STAGING + base + '.'):
+      if name.startswith(_STAGING):
         shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
 
 
 @contextlib.contextmanager
 def staged(directory: str, meta: dict[str, Any], what: str) -> Iterator[str]:
-  """Yields a staging folder to write `directory`'s files into; on success writes `meta`
+  """Yields a staging folder to write `directory`'s files into (call under the lock that guards
+  `directory`'s parent: earlier staging folders there are removed); on success writes `meta`
   (plus 'format') as meta.json and renames the folder to `directory`. On any error the
   staging folder is removed, and a full disk becomes one `DiskFullError` line."""
   parent, base = os.path.split(directory)
