@@ -194,7 +194,10 @@ def _preamble(plan: Plan, rows: list[RowResults], translation: bool) -> list[str
           '- rows: ' + '; '.join(f'`{name}` {dict(o) or "(the config as is)"}'
                                   for name, o in plan.row_overrides.items()),
           f'- {finished} of {len(plan.runs)} runs finished; written '
-          f'{time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}']
+          f'{time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}',
+          '- each run counted was checked: its config.json is its row\'s resolved config, field '
+          'by field (its seed included), and its results.json is of its last step'
+          + (', from the evaluation below, beside whole outputs' if translation else '')]
   if translation:
     first = next((r.results[0] for r in rows if r.results), {})
     search = first.get('search', '?')
