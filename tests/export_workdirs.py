@@ -51,7 +51,7 @@ def trained(tmp_path_factory, name: str, recipe=MT) -> str:
     cmd = [sys.executable, os.path.join(ROOT, 'train.py'), f'--config={config}',
            f'--workdir={workdir}', *overrides]
     proc = subprocess.run(cmd, cwd=ROOT, env=env(optimized=True), capture_output=True, text=True,
-                          timeout=900, check=False)
+                          check=False)
     assert proc.returncode == 0, f'training failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}'
     return {'workdir': str(workdir)}
   return built_once(tmp_path_factory, f'export_workdirs_{name}', build)['workdir']

@@ -53,7 +53,7 @@ def run_mains(runs: list, script: str = 'decode.py', cwd: str = syn.REPO,
   runs = [run if isinstance(run, tuple) else (script, run) for run in runs]
   proc = subprocess.run([sys.executable, '-c', _MAIN_PER_ARGS, json.dumps(runs)], cwd=cwd,
                         env=syn.subprocess_env(devices), stdin=subprocess.DEVNULL,
-                        capture_output=True, text=True, timeout=600, check=False)
+                        capture_output=True, text=True, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
   return [tuple(result) for result in json.loads(proc.stdout)]
 

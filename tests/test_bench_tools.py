@@ -33,13 +33,15 @@ def test_run_text_kills_the_command_at_its_timeout(capfd, tmp_path):
   pid_file = tmp_path / 'pid'
   child = (f'import os, time; open({str(pid_file)!r}, "w").write(str(os.getpid())); '
            'print("started", flush=True); time.sleep(600)')
-  # It prints within ~0.1 s; a machine too loaded to start it in 2 s gets a longer limit
-  # (the child must have started for its output and its end to be checked).
-  for limit in (2, 20):
+  # It prints within ~0.1 s; a machine too loaded to start it in 2 s gets a longer limit, and
+  # so on (the child must have started for its output and its end to be checked).
+  limit = 2
+  while True:
     with pytest.raises(subprocess.TimeoutExpired):
       gpu_targets.run_text([sys.executable, '-c', child], timeout=limit)
     if pid_file.exists():
       break
+    limit *= 10
   with pytest.raises(ProcessLookupError):  # killed and reaped, not left running
     os.kill(int(pid_file.read_text()), 0)
   assert 'started' in capfd.readouterr().err  # what it printed before the limit is in the log

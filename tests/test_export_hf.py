@@ -230,7 +230,7 @@ def trained(tmp_path_factory):
 
 def _export(*args):
   return subprocess.run([sys.executable, os.path.join(ROOT, 'export.py'), *args], cwd=ROOT,
-                        env=_env(), capture_output=True, text=True, timeout=600, check=False)
+                        env=_env(), capture_output=True, text=True, check=False)
 
 
 @pytest.fixture(scope='module')

@@ -47,7 +47,7 @@ def _export(*args, prelude=''):
   code = (f'import sys, runpy\n{prelude}\nsys.argv = ["export.py", *{list(args)!r}]\n'
           'runpy.run_path("export.py", run_name="__main__")\n')
   return subprocess.run([sys.executable, '-c', code], cwd=ROOT, env=export_workdirs.env(),
-                        capture_output=True, text=True, timeout=600, check=False)
+                        capture_output=True, text=True, check=False)
 
 
 def _one_error_line(proc, *words):
@@ -169,7 +169,7 @@ def test_missing_package_names_its_extra(workdir, tmp_path):
                      f'--format={fmt}']) for package, fmt, _ in MISSING]
   proc = subprocess.run([sys.executable, '-c', _EACH_WITHOUT_ITS_PACKAGE, json.dumps(runs)],
                         cwd=ROOT, env=export_workdirs.env(), capture_output=True, text=True,
-                        timeout=600, check=False)
+                        check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
   results = json.loads(proc.stdout)
   assert len(results) == len(MISSING)

@@ -229,7 +229,7 @@ def test_the_mount_checks_need_no_root_in_a_user_namespace(check, tmp_path):
           f'test_output_files.{check.__name__}(pathlib.Path({str(tmp_path)!r}))\n'
           'print("checked")')
   proc = subprocess.run(['unshare', '-Urm', sys.executable, '-c', code], capture_output=True,
-                        text=True, check=False, timeout=60)
+                        text=True, check=False)
   assert proc.returncode == 0 and proc.stdout.split() == ['checked'], proc.stderr[-2000:]
 
 
@@ -333,7 +333,7 @@ def _decode(workdir, *flags, stdout=subprocess.PIPE):
   return subprocess.run([sys.executable, os.path.join(syn.REPO, 'decode.py'),
                          f'--workdir={workdir}', '--compilation_cache=', *flags],
                         env=syn.subprocess_env(1), cwd=syn.REPO, stdout=stdout,
-                        stderr=subprocess.PIPE, text=True, timeout=300, check=False)
+                        stderr=subprocess.PIPE, text=True, check=False)
 
 
 def test_decode_py_ends_a_full_stdout_in_one_line(workdirs, tmp_path):

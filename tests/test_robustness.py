@@ -61,10 +61,10 @@ def _assert_trees_equal(a, b):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-def _run_cli(script, *args, timeout=300):
+def _run_cli(script, *args):
   return subprocess.run([sys.executable, os.path.join(syn.REPO, script), *args],
                         env=syn.subprocess_env(1), cwd=syn.REPO, capture_output=True, text=True,
-                        timeout=timeout, check=False)
+                        check=False)
 
 
 # tfds's notice for every parallel_text run (input_pipeline/sources.py), not an error report.
@@ -171,7 +171,7 @@ def test_every_checkpoint_damaged_is_one_line(trained, tmp_path, capfd):
     checkpointer.restore(syn_abstract_state())
   warnings = capfd.readouterr().err.strip().splitlines()
   assert len(warnings) == 3 and all(len(w) < 200 and 'checksum mismatch' in w for w in warnings)
-  proc = _run_cli('decode.py', f'--workdir={workdir}', '--compilation_cache=', timeout=120)
+  proc = _run_cli('decode.py', f'--workdir={workdir}', '--compilation_cache=')
   lines = proc.stderr.strip().splitlines()
   assert proc.returncode == 2 and 'Traceback' not in proc.stderr, proc.stderr[-3000:]
   assert lines[-1].startswith('decode.py: error: no readable checkpoint in')
@@ -204,7 +204,7 @@ def test_damage_without_checksums_is_still_short_and_quiet(trained, tmp_path, ca
   # reads print late, up to the interpreter's exit (TensorStore's wake-ups of the closed loop,
   # the coroutines the garbage collector finalises: thousands of lines of "Exception ignored in
   # <coroutine ...>" otherwise). In-process, no wait could be known to be long enough.
-  proc = _run_cli('decode.py', f'--workdir={workdir}', '--compilation_cache=', timeout=120)
+  proc = _run_cli('decode.py', f'--workdir={workdir}', '--compilation_cache=')
   lines = proc.stderr.strip().splitlines()
   assert proc.returncode == 2 and len(lines) == 5, proc.stderr[-3000:]
   assert lines[-1].startswith('decode.py: error: no readable checkpoint in'), lines
@@ -435,7 +435,7 @@ def test_garbage_orbax_metadata_and_read_only_notices_stay_quiet(trained, tmp_pa
   with open(os.path.join(checkpoint.step_dir(workdir, 6), '_CHECKPOINT_METADATA'), 'w') as f:
     f.write('garbage{{')
   proc = subprocess.run([sys.executable, '-c', _RESTORE_QUIETLY, workdir], cwd=syn.REPO,
-                        env=syn.subprocess_env(1), capture_output=True, text=True, timeout=120,
+                        env=syn.subprocess_env(1), capture_output=True, text=True,
                         check=False)
   assert proc.returncode == 0 and proc.stderr == '', proc.stderr[-3000:]
   assert proc.stdout.split('\n')[0] == '6 [2, 4, 6] 6'

@@ -114,7 +114,7 @@ def mesh_runs(tmp_path_factory):
   import subprocess  # pylint: disable=import-outside-toplevel
   out = str(tmp_path_factory.mktemp('meshes') / 'result.json')
   proc = subprocess.run([sys.executable, os.path.abspath(__file__), out],
-                        env=syn.subprocess_env(8), capture_output=True, text=True, timeout=600,
+                        env=syn.subprocess_env(8), capture_output=True, text=True,
                         cwd=syn.REPO)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   with open(out) as f:

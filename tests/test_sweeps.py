@@ -163,7 +163,7 @@ def _sweep(*args, wait=True):
                           stdin=subprocess.DEVNULL)
   if not wait:
     return proc
-  out, _ = proc.communicate(timeout=900)
+  out, _ = proc.communicate()
   return proc.returncode, out
 
 

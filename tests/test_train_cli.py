@@ -20,9 +20,9 @@ import test_train_synthetic as syn
 TRAIN = os.path.join(syn.REPO, 'train.py')
 
 
-def _train(*args, timeout=300):
+def _train(*args):
   return subprocess.run([sys.executable, TRAIN, *args], env=syn.subprocess_env(1), cwd=syn.REPO,
-                        capture_output=True, text=True, timeout=timeout)
+                        capture_output=True, text=True)
 
 
 BAD_CONFIGS = [
@@ -266,7 +266,7 @@ def test_every_command_prints_its_flags_on_help():
                             stdin=subprocess.DEVNULL, text=True)
            for args, _, _, helps in runs]
   for proc, (args, flag, doc, helps) in zip(procs, runs, strict=True):
-    out, err = proc.communicate(timeout=300)
+    out, err = proc.communicate()
     what = f'{" ".join(args + helps)}: {err}'
     assert proc.returncode == 0 and not err, what
     assert flag in out, what

@@ -150,7 +150,7 @@ def _start_two_processes(runs: list[tuple[str, dict]], port: int):
   outputs = []
   try:
     for proc in procs:
-      outputs.append(proc.communicate(timeout=300)[0])
+      outputs.append(proc.communicate()[0])
   finally:
     for proc in procs:
       proc.kill()

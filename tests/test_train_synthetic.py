@@ -73,12 +73,12 @@ def subprocess_env(num_devices: int | None = 1) -> dict[str, str]:
   return env
 
 
-def run_subprocess(workdir: str, spec: dict, num_devices: int = 1, timeout: float = 300):
+def run_subprocess(workdir: str, spec: dict, num_devices: int = 1):
   """Runs `main` in a fresh Python with `num_devices` CPU devices; -> (CompletedProcess, result)."""
   import subprocess  # pylint: disable=import-outside-toplevel
   proc = subprocess.run([sys.executable, os.path.abspath(__file__), workdir, json.dumps(spec)],
                         env=subprocess_env(num_devices), capture_output=True, text=True,
-                        timeout=timeout, cwd=REPO)
+                        cwd=REPO)
   path = os.path.join(workdir, 'result.json')
   result = None
   if proc.returncode == 0 and os.path.exists(path):

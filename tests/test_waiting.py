@@ -22,15 +22,32 @@ signal.signal(signal.SIGINT, stop)
 busy = threading.Thread(target=time.sleep, args=(600,), daemon=True)  # stands for XLA's threads
 busy.start()
 
+def plain_wait():
+  time.sleep(600)  # the handler only runs once this returns
+
+def interruptible_wait():
+  wait_interruptibly(lambda: time.sleep(600))
+
+def at_its_wait(innermost):
+  """The main thread is in its wait: inside wait_interruptibly, or at the plain wait's line
+  (from which Python checks for signals only once time.sleep returns)."""
+  frame = innermost
+  while frame is not None:
+    if frame.f_code is plain_wait.__code__:
+      return frame.f_lineno > frame.f_code.co_firstlineno
+    if frame.f_code is interruptible_wait.__code__:
+      return frame is not innermost
+    frame = frame.f_back
+  return False
+
 def interrupt_the_other_thread():
-  time.sleep(0.5)
+  # No clock: once the main thread waits, however long a loaded machine takes to get there.
+  while not at_its_wait(sys._current_frames().get(threading.main_thread().ident)):
+    time.sleep(0.01)
   signal.pthread_kill(busy.ident, signal.SIGINT)
 
 threading.Thread(target=interrupt_the_other_thread, daemon=True).start()
-if sys.argv[1] == 'interruptibly':
-  wait_interruptibly(lambda: time.sleep(600))
-else:
-  time.sleep(600)  # the plain wait: the handler only runs once this returns
+interruptible_wait() if sys.argv[1] == 'interruptibly' else plain_wait()
 '''
 
 
@@ -42,15 +59,16 @@ def _run(mode):
 def test_a_signal_in_another_thread_runs_the_handler_while_waiting():
   proc = _run('interruptibly')
   try:
-    out = proc.communicate(timeout=120)[0]
+    out = proc.communicate()[0]
   finally:
     proc.kill()
   assert proc.returncode == 130 and out == 'handled in the main thread\n'
 
 
 def test_the_plain_wait_would_not_run_it():
-  """The control: the scenario above does hang a plain blocking wait (2 s: four times the
-  signal's delay)."""
+  """The control: the scenario above does hang a plain blocking wait (2 s after the start: the
+  signal comes once the main thread is in its wait, which a loaded machine can only delay,
+  and delay is all this test waits for)."""
   proc = _run('plainly')
   try:
     with pytest.raises(subprocess.TimeoutExpired):
