@@ -14,7 +14,7 @@ start, its peak RSS from `wait4`), as a run would start:
               that the tokenizer meets a large vocabulary), lengths like WMT14 En-De's or
               LM1B's (below)
   prepare     a first `get_datasets` and its first batch: the files read into the prepared
-              text store, sentencepiece trained on `tokenizer_max_sentences` examples, the
+              text store, sentencepiece trained on `tokenizer_max_sentences` sentences, the
               train split tokenized once; wall time and peak RSS
   start       a new workdir on the prepared data (the shared tokenizer is copied in, nothing
               is read whole or tokenized): time from process start to the first batch

@@ -87,8 +87,8 @@ class DataConfig(Schema):
                                    'per process')
   tokenizer_model_type: str = documented('bpe', "sentencepiece model ('bpe': the paper's)",
                                          choices=SENTENCEPIECE_MODEL_TYPES)
-  tokenizer_max_sentences: int = documented(1_000_000, 'train examples sampled to train '
-                                            'sentencepiece (0 = all)')
+  tokenizer_max_sentences: int = documented(1_000_000, 'sentences sampled to train '
+                                            'sentencepiece (a pair gives two; 0 = all)')
   subword_sampling_alpha: float = documented(
       0.0, 'sample a segmentation of each training example each time it is read (Kudo 2018; '
       'BPE-dropout for bpe: the merge-dropout rate); 0 = off, the cached ids')
