@@ -83,10 +83,11 @@ def _one_error_line(proc, prefix, code=2):
 def test_second_writer_is_refused_and_a_killed_holder_leaves_no_lock(tmp_path):
   workdir = str(tmp_path / 'w')
   holder = subprocess.Popen(
-      [sys.executable, '-c', ('import sys, time; from workdir import train_lock; '
+      [sys.executable, '-c', ('import sys; from workdir import train_lock; '
                               'train_lock.acquire(sys.argv[1]); print("locked", flush=True); '
-                              'time.sleep(600)'), workdir],
-      cwd=syn.REPO, env=syn.subprocess_env(1), stdout=subprocess.PIPE, text=True)
+                              'sys.stdin.read()'), workdir],  # holds it until killed
+      cwd=syn.REPO, env=syn.subprocess_env(1), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+      text=True)
   try:
     assert holder.stdout.readline().strip() == 'locked'
     proc = _run_cli('train.py', '--config=configs/default.py:tiny', f'--workdir={workdir}')

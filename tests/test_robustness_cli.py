@@ -173,7 +173,7 @@ def test_a_full_disk_under_the_event_file_stops_the_file_not_the_run(tmp_path, c
 
 
 _SLOW_STOP = '''
-import runpy, signal, sys, time
+import runpy, signal, sys, threading
 import orbax.checkpoint as ocp
 wait = ocp.CheckpointManager.wait_until_finished
 
@@ -181,7 +181,7 @@ def slow_wait(self):  # the run's wait for its checkpoint, after the first Ctrl-
   handler = signal.getsignal(signal.SIGINT)
   if getattr(getattr(handler, '__self__', None), 'signum', None) is not None:
     print('saving after the first Ctrl-C', file=sys.stderr, flush=True)
-    time.sleep(300)  # the second Ctrl-C comes meanwhile
+    threading.Event().wait()  # the second Ctrl-C comes meanwhile, and ends the run
   return wait(self)
 
 ocp.CheckpointManager.wait_until_finished = slow_wait
