@@ -407,3 +407,11 @@ def test_a_character_model_reads_text_files_with_their_newlines(tmp_path, corpus
   ds = _datasets(config, tmp_path / 'wd')
   stream = ds._ids('train').stream('text')
   assert ds.tokenizer.decode(stream[:2000]) == ''.join(s + '\n' for s in corpus['lm'][:550])[:2000]
+
+
+def test_tokenizer_max_sentences_counts_both_sides(tmp_path, corpus):
+  from input_pipeline import tokenizers
+  config = _pt_config(tmp_path / 'tfds', corpus, tokenizer_max_sentences=100)
+  texts = list(tokenizers._training_texts(config.data, 100))
+  assert len(texts) == 100  # 50 pairs, evenly strided over the 400
+  assert texts[:2] == [corpus['en'][0], corpus['de'][0]] and texts[2] == corpus['en'][8]
