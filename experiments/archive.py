@@ -13,9 +13,10 @@ a run the root already has (trained or not).
 
 An archive may come from someone else: restoring reads regular files inside it only (a symlink,
 a FIFO or a device is refused, never followed or waited on), each at most MAX_BYTES once
-expanded (a truncated or bomb `.gz` is refused), and a results.json the sweep could not read;
-each refused run is one line, the others are restored, and a run is renamed into place only
-when whole (a failure leaves nothing of it behind).
+expanded and a run's at most MAX_RUN_BYTES (a truncated or bomb `.gz` is refused), and refuses
+a results.json the sweep could not read; each refused run is one line, the others are
+restored, and a run is renamed into place only when whole (a failure leaves nothing of it
+behind).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from experiments import evaluate
 
 REFS = 'sweep_eval'  # the references, once per archive
 MAX_BYTES = 1 << 30  # what one restored file may hold (a run's are a few MB at most)
+MAX_RUN_BYTES = 4 << 30  # and all of a run's files together
 _CHUNK = 1 << 20
 
 
@@ -125,9 +127,10 @@ def _source(path: str):
     raise
 
 
-def _copy(src: str, dst: str, *, gunzip: bool = False) -> None:
-  """The archive's file `src` (gunzipped) written to `dst`, at most MAX_BYTES; ArchiveError
-  for a file refused, OSError naming `dst` when writing fails (a full disk)."""
+def _copy(src: str, dst: str, *, gunzip: bool = False, used: int = 0) -> int:
+  """The archive's file `src` (gunzipped) written to `dst`, at most MAX_BYTES, and at most
+  MAX_RUN_BYTES with the `used` bytes of its run -> the bytes written; ArchiveError for a file
+  refused, OSError naming `dst` when writing fails (a full disk)."""
   with _source(src) as raw:
     reader = gzip.GzipFile(fileobj=raw, mode='rb') if gunzip else raw
     try:
@@ -148,10 +151,14 @@ def _copy(src: str, dst: str, *, gunzip: bool = False) -> None:
         if written > MAX_BYTES:
           raise ArchiveError(f'{src} holds more than {MAX_BYTES:,} bytes'
                              f'{" once expanded" if gunzip else ""}: refused')
+        if used + written > MAX_RUN_BYTES:
+          raise ArchiveError(f'{src}: its run\'s files hold more than {MAX_RUN_BYTES:,} bytes '
+                             'in all: refused')
         try:
           out.write(chunk)
         except OSError as e:
           raise OSError(e.errno, e.strerror, dst) from None
+  return written
 
 
 def restore(archive: str, root: str, refused: list[str] | None = None) -> list[str]:
@@ -192,17 +199,18 @@ def _restore_run(archive: str, run: str, src: str, dst: str) -> None:
     os.makedirs(os.path.join(dst, evaluate.EVAL_DIR))
   except OSError as e:
     raise OSError(e.errno, e.strerror, dst) from None
+  used = 0
   for name in sorted(os.listdir(src)):
-    if not stat.S_ISDIR(os.lstat(os.path.join(src, name)).st_mode):
-      _copy(os.path.join(src, name), os.path.join(dst, name))  # refuses all but regular files
+    if not stat.S_ISDIR(os.lstat(os.path.join(src, name)).st_mode):  # all but regular files
+      used += _copy(os.path.join(src, name), os.path.join(dst, name), used=used)  # refused
   for split in evaluate.SPLITS:
     hyp = os.path.join(src, evaluate.EVAL_DIR, f'{split}.hyp.gz')
     if os.path.lexists(hyp):
-      _copy(hyp, evaluate.split_file(dst, split, 'hyp'), gunzip=True)
+      used += _copy(hyp, evaluate.split_file(dst, split, 'hyp'), gunzip=True, used=used)
       own = os.path.join(src, evaluate.EVAL_DIR, f'{split}.ref.gz')
       ref = own if os.path.lexists(own) else os.path.join(archive, REFS, f'{split}.ref.gz')
-      _copy(ref, evaluate.split_file(dst, split, 'ref'), gunzip=True)
-  _copy(results, evaluate.results_path(dst))
+      used += _copy(ref, evaluate.split_file(dst, split, 'ref'), gunzip=True, used=used)
+  _copy(results, evaluate.results_path(dst), used=used)
 
 
 def main(argv=None) -> int:

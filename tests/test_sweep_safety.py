@@ -317,7 +317,14 @@ def test_restore_refuses_links_fifos_truncated_and_oversized_files(tmp_path, mon
     assert archive.main(['restore', f'--from={store}', f'--root={root}']) == 2
   err = capsys.readouterr().err
   assert 'config.json is a FIFO' in err and 'holds more than 20,000 bytes once expanded' in err
+  (seed_0 / 'config.json').unlink()
+  (seed_0 / 'config.json').write_text('{}')
+  monkeypatch.setattr(archive, 'MAX_BYTES', 1 << 30)
+  monkeypatch.setattr(archive, 'MAX_RUN_BYTES', 30_000)  # all of a run's files together
+  assert archive.main(['restore', f'--from={store}', f'--root={root}']) == 2
+  assert "run's files hold more than 30,000 bytes in all" in capsys.readouterr().err
   os.rename(store / 'post', tmp_path / 'elsewhere')
+
   (store / 'post').symlink_to(tmp_path / 'elsewhere')
   with pytest.raises(archive.ArchiveError, match=r'archive/post is a symbolic link'):
     archive.restore(str(store), str(root))
@@ -333,7 +340,7 @@ def test_a_failed_restore_leaves_nothing_and_names_the_file_it_wrote(tmp_path, m
     calls.append(dst)
     if len(calls) == 3:
       raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), dst)
-    copy(src, dst, **kw)
+    return copy(src, dst, **kw)
   monkeypatch.setattr(archive, '_copy', full)
   assert archive.main(['restore', f'--from={store}', f'--root={root}']) == 1
   err = capsys.readouterr().err
