@@ -599,7 +599,9 @@ def _stop(plan: Plan, kind: str, running: list[tuple[Run, Any]], out) -> None:
     for pid in _pids(plan, kind, running, 'job_pid', 'train_pid'):
       with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, signal.SIGKILL)
-    out('killed at once: the runs resume from their last saved checkpoint')
+    out('killed at once: the runs resume from their last saved checkpoint' if kind == 'local'
+        else 'not waiting: SLURM ends the cancelled jobs; the runs resume from their last '
+        'saved checkpoint')
   sys.stdout.flush()
 
 

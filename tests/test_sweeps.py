@@ -200,8 +200,11 @@ def _gone(pid: int) -> bool:
     os.kill(pid, 0)
   except ProcessLookupError:
     return True
-  with open(f'/proc/{pid}/stat', encoding='ascii') as f:  # a zombie is gone
-    return f.read().rsplit(') ', 1)[-1][:1] in 'ZX'
+  try:
+    with open(f'/proc/{pid}/stat', encoding='ascii') as f:  # a zombie is gone
+      return f.read().rsplit(') ', 1)[-1][:1] in 'ZX'
+  except FileNotFoundError:
+    return True
 
 
 def _stop_third_run(proc, root) -> list[int]:
