@@ -337,6 +337,11 @@ _SLURM_INTEGERS = {'time_min': (1, 366 * 24 * 60), 'gpus_per_node': (0, 1024),
 SLURM_TIME_MARGIN_MIN = 15  # start-up and compilation, beyond the estimate
 
 
+def _sbatch_safe(value: str) -> bool:
+  """`value` can stand in an #SBATCH line: printable, no spaces."""
+  return value.isprintable() and not any(c.isspace() for c in value)
+
+
 def _check_slurm(fields, where: Callable[[str], str]) -> dict[str, Any]:
   """The fields, each checked: a known name, an integer in range, or a name without spaces
   or control characters (a newline would end submitit's #SBATCH block and run the rest as
@@ -352,8 +357,7 @@ def _check_slurm(fields, where: Callable[[str], str]) -> dict[str, Any]:
       lo, hi = _SLURM_INTEGERS[field]
       if not (isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi):
         raise SweepError(f'{where(field)}={value!r} must be an integer in [{lo}, {hi}]')
-    elif not (isinstance(value, str) and 0 < len(value) <= 256 and value.isprintable()
-              and not any(c.isspace() for c in value)):
+    elif not (isinstance(value, str) and 0 < len(value) <= 256 and _sbatch_safe(value)):
       raise SweepError(f'{where(field)}={value!r} must be a SLURM name: 1 to 256 printable '
                        'characters, no spaces or control characters')
   return dict(fields)
@@ -448,6 +452,9 @@ def _run(plan: Plan, executor: str, parallel: int, retry_failed: bool, slurm: di
          out: Callable[[str], None], only: Sequence[str]) -> int:
   kind = executor_kind(executor)
   chosen = {r.name for r in selected(plan, only)}
+  if kind == 'slurm' and not _sbatch_safe(os.path.abspath(plan.root)):  # in #SBATCH lines
+    raise SweepError(f'--root={os.path.abspath(plan.root)!r} has spaces or control characters, '
+                     "which SLURM's batch file cannot hold: use another --root")
   if kind == 'slurm' and 'time_min' not in slurm_fields(plan, slurm):
     pending = [r for r in plan.runs if r.name in chosen and run_state(plan, r)[0] not in (
         job_lib.DONE, *(() if retry_failed else (job_lib.FAILED,)))]

@@ -234,3 +234,15 @@ def test_slurm_time_limit_comes_from_the_estimate_or_is_required(tmp_path, monke
   assert minutes == 2 * 5 + launch.SLURM_TIME_MARGIN_MIN  # 600 steps x 0.5 s = 5 min, x 2
   assert line.startswith(f'SLURM time limit: {minutes} min per run (twice the longest '
                          'estimate, 5.0 min'), line
+
+
+def test_a_root_that_sbatch_cannot_hold_is_refused(tmp_path):
+  """Cause 16: the root's path goes into #SBATCH lines (the job's output files): a newline in
+  it would end the block and run the rest as shell."""
+  from configs.sweeps import Sweep  # pylint: disable=import-outside-toplevel
+  from experiments import launch, sweep_file  # pylint: disable=import-outside-toplevel
+  root = tmp_path / 'r\n#SBATCH --wrap=x'
+  plan = sweep_file.plan(Sweep(config=TINY, slurm={'time_min': 60}), str(root))
+  with pytest.raises(sweep_file.SweepError, match="has spaces or control characters") as e:
+    launch.run(plan, executor='slurm', out=lambda line: None)
+  assert '\n' not in str(e.value) and not root.exists()
