@@ -73,6 +73,68 @@ def _counted(plan) -> dict[str, int]:
   return {row.name: row.seeds for row in table.collect(plan)}
 
 
+def _another_sweeps_root(tmp) -> dict:
+  """A root of sweep `mine` (its sweep.json and 4 runs), and the file of another sweep."""
+  mine = _sweep_file(tmp)
+  theirs = _sweep_file(tmp, name='theirs', overrides={**QUICK, 'model.dropout_rate': 0.3})
+  plan = sweep_file.plan(sweep_file.load(mine), str(tmp / 'another'), mine)
+  launch.check_manifest(plan, write=True)
+  for run in plan.runs:
+    _fake_run(plan, run)
+  return {'plan': plan, 'mine': mine, 'theirs': theirs}
+
+
+def _damaged_root(tmp) -> dict:
+  """4 runs: post/seed_1's and pre/seed_0's results.json of wrong types, pre/seed_1's status."""
+  plan = sweep_file.plan(_sweep(), str(tmp / 'damaged'))
+  for run in plan.runs:
+    _fake_run(plan, run)
+  _fake_run(plan, plan.runs[1], results={'test': {'bleu': 'high', 'sentences': SENTENCES}})
+  _fake_run(plan, plan.runs[2], results={'eval_wall_s': 'slow'})
+  status = launch.status_file(plan, plan.runs[3])
+  os.makedirs(os.path.dirname(status))
+  with open(status, 'w') as f:
+    json.dump({'state': 'failed', 'error': 'x', 'job_pid': 'abc'}, f)
+  return {'plan': plan, 'status': status}
+
+
+def _planted_roots(tmp) -> dict:
+  linked, folder = tmp / 'linked', tmp / 'folder'
+  (linked / '.sweep').mkdir(parents=True)
+  (linked / '.sweep' / 'lock').symlink_to(tmp / 'elsewhere')
+  (folder / '.sweep' / 'lock').mkdir(parents=True)
+  exits = tmp / 'exits.py'
+  exits.write_text('import sys\nsys.exit(0)\n')
+  return {'linked': linked, 'folder': folder, 'exits': exits}
+
+
+@pytest.fixture(scope='module')
+def cli(tmp_path_factory) -> dict:
+  """The roots of the tests below that run sweep.py, and its command lines over them, all in
+  one interpreter (`run_mains`, from the directory `tmp`): name -> (status, stdout, stderr)."""
+  tmp = tmp_path_factory.mktemp('cli')
+  found = {'tmp': tmp, 'another': _another_sweeps_root(tmp), 'damaged': _damaged_root(tmp),
+           'planted': _planted_roots(tmp)}
+  another, damaged, planted = found['another'], found['damaged'], found['planted']
+  sweep = _sweep_file(tmp, name='plain')
+  commands = {
+      'theirs_report': [f'--sweep={another["theirs"]}', f'--root={another["plan"].root}',
+                        '--report'],
+      'theirs_dry_run': [f'--sweep={another["theirs"]}', f'--root={another["plan"].root}',
+                         '--dry_run'],
+      'mine_report': [f'--sweep={another["mine"]}', f'--root={another["plan"].root}',
+                      '--report'],
+      'relative': [f'--sweep={sweep}', '--root=runs/x', '--dry_run'],
+      'damaged_report': [f'--sweep={sweep}', f'--root={damaged["plan"].root}', '--report'],
+      'damaged_dry_run': [f'--sweep={sweep}', f'--root={damaged["plan"].root}', '--dry_run'],
+      'linked_lock': [f'--sweep={sweep}', f'--root={planted["linked"]}', '--executor=local'],
+      'folder_lock': [f'--sweep={sweep}', f'--root={planted["folder"]}', '--executor=local'],
+      'exits': [f'--sweep={planted["exits"]}', f'--root={tmp / "x"}']}
+  results = run_mains(list(commands.values()), script='sweep.py', cwd=str(tmp))
+  found.update(zip(commands, results, strict=True))
+  return found
+
+
 # ----------------------------------------------------------------------------- cause 5
 
 def test_a_run_trained_with_another_config_is_refused_never_tabled(tmp_path):
@@ -120,29 +182,21 @@ def test_the_table_counts_only_runs_evaluated_with_the_sweeps_setting(tmp_path):
   assert _counted(plan) == {'post': 1, 'pre': 0}
 
 
-def test_report_and_dry_run_refuse_another_sweeps_root(tmp_path):
+def test_report_and_dry_run_refuse_another_sweeps_root(cli):
   """--report with another sweep file over an existing root refused the same as --dry_run and a
   run: summary.md was rewritten with the other file's overrides as the runs' labels."""
-  root = tmp_path / 'root'
-  mine = _sweep_file(tmp_path)
-  theirs = _sweep_file(tmp_path, name='theirs', overrides={**QUICK, 'model.dropout_rate': 0.3})
-  plan = sweep_file.plan(sweep_file.load(mine), str(root), mine)
-  launch.check_manifest(plan, write=True)
-  for run in plan.runs:
-    _fake_run(plan, run)
-  results = run_mains([[f'--sweep={theirs}', f'--root={root}', '--report'],
-                       [f'--sweep={theirs}', f'--root={root}', '--dry_run'],
-                       [f'--sweep={mine}', f'--root={root}', '--report']], script='sweep.py')
-  for code, _, err in results[:2]:
+  for code, _, err in (cli['theirs_report'], cli['theirs_dry_run']):
     assert code == 2 and err.count('\n') == 1 and 'holds a sweep with overrides=' in err, err
-  code, out, err = results[2]
+  code, out, err = cli['mine_report']
   assert code == 0 and '| post | 2/2 |' in out, out + err
-  assert (root / 'summary.md').read_text().count('dropout_rate') == 0
+  with open(os.path.join(cli['another']['plan'].root, 'summary.md')) as f:
+    assert 'dropout_rate' not in f.read()
 
 
 # ----------------------------------------------------------------------------- cause 6
 
-def test_a_relative_root_is_resolved_once_for_train_py_and_the_job(tmp_path, monkeypatch):
+def test_a_relative_root_is_resolved_once_for_train_py_and_the_job(tmp_path, monkeypatch,
+                                                                 cli):
   """train.py runs in the repository: a relative --workdir there was another directory than
   the job's and sweep.py's (a run 'stopped at step 0' forever, inside the checkout)."""
   monkeypatch.chdir(tmp_path)
@@ -151,9 +205,8 @@ def test_a_relative_root_is_resolved_once_for_train_py_and_the_job(tmp_path, mon
   assert spec['workdir'] == str(tmp_path / 'runs' / 'x' / 'post' / 'seed_0')
   assert f'--workdir={spec["workdir"]}' in spec['args']
   assert not any(a == '--workdir=runs/x/post/seed_0' for a in spec['args'])
-  (code, out, err), = run_mains([[f'--sweep={_sweep_file(tmp_path)}', '--root=runs/x',
-                                  '--dry_run']], script='sweep.py', cwd=str(tmp_path))
-  assert code == 0 and f'-> {tmp_path / "runs" / "x"}: 4 runs' in out, out + err
+  code, out, err = cli['relative']  # sweep.py run from another directory than the repository's
+  assert code == 0 and f'-> {cli["tmp"] / "runs" / "x"}: 4 runs' in out, out + err
 
 
 # ----------------------------------------------------------------------------- causes 10, 11
@@ -202,19 +255,13 @@ def test_fifos_in_a_root_are_refused_not_waited_on(tmp_path):
 
 # ----------------------------------------------------------------------------- cause 12
 
-def test_damaged_results_and_status_files_are_named_and_the_other_runs_tabled(tmp_path):
-  plan = sweep_file.plan(_sweep(), str(tmp_path / 'root'))
-  for run in plan.runs:
-    _fake_run(plan, run)
-  _fake_run(plan, plan.runs[1], results={'test': {'bleu': 'high', 'sentences': SENTENCES}})
-  _fake_run(plan, plan.runs[2], results={'eval_wall_s': 'slow'})
-  status = launch.status_file(plan, plan.runs[3])
-  os.makedirs(os.path.dirname(status))
-  with open(status, 'w') as f:
-    json.dump({'state': 'failed', 'error': 'x', 'job_pid': 'abc'}, f)
+def test_damaged_results_and_status_files_are_named_and_the_other_runs_tabled(cli):
+  for code, out, err in (cli['damaged_report'], cli['damaged_dry_run']):
+    assert code == 0 and 'Traceback' not in err, out + err
+    assert err.count('sweep.py: warning: ignored ') == 3, err
+  plan, status = cli['damaged']['plan'], cli['damaged']['status']
   assert job_lib.read_status(status) == {}
-  lines = launch.ignored(plan)
-  assert lines == [
+  assert launch.ignored(plan) == [
       f"ignored {evaluate.results_path(plan.runs[1].workdir)}: test.bleu is 'high', not a number",
       f"ignored {evaluate.results_path(plan.runs[2].workdir)}: 'eval_wall_s' is 'slow', not a "
       'number',
@@ -222,15 +269,7 @@ def test_damaged_results_and_status_files_are_named_and_the_other_runs_tabled(tm
   assert _counted(plan) == {'post': 1, 'pre': 1}
   assert launch.run_state(plan, plan.runs[3])[0] == 'done'
   assert launch.describe(plan)[-1].startswith('2 of 4 runs done')
-  written = table.write(plan)
-  assert '| post | 1/2 (unfinished) |' in written['table']
-  sweep = _sweep_file(tmp_path)
-  results = run_mains([[f'--sweep={sweep}', f'--root={plan.root}', '--report'],
-                       [f'--sweep={sweep}', f'--root={plan.root}', '--dry_run']],
-                      script='sweep.py')
-  for code, out, err in results:
-    assert code == 0 and 'Traceback' not in err, out + err
-    assert err.count('sweep.py: warning: ignored ') == 3, err
+  assert '| post | 1/2 (unfinished) |' in table.write(plan)['table']
 
 
 # ----------------------------------------------------------------------------- cause 13
@@ -383,21 +422,12 @@ def test_absurd_plans_and_row_names_are_refused_before_anything_is_built(tmp_pat
   assert not (tmp_path / 'root').exists()
 
 
-def test_a_planted_lock_and_a_sweep_file_that_exits_are_one_line(tmp_path):
-  sweep = _sweep_file(tmp_path)
-  linked, folder = tmp_path / 'linked', tmp_path / 'folder'
-  (linked / '.sweep').mkdir(parents=True)
-  (linked / '.sweep' / 'lock').symlink_to(tmp_path / 'elsewhere')
-  (folder / '.sweep' / 'lock').mkdir(parents=True)
-  exits = tmp_path / 'exits.py'
-  exits.write_text('import sys\nsys.exit(0)\n')
-  results = run_mains([[f'--sweep={sweep}', f'--root={linked}', '--executor=local'],
-                       [f'--sweep={sweep}', f'--root={folder}', '--executor=local'],
-                       [f'--sweep={exits}', f'--root={tmp_path / "x"}']], script='sweep.py')
-  for (code, _, err), want in zip(results, ('lock is a symbolic link', 'Is a directory',
-                                            'the sweep file called sys.exit(0)'), strict=True):
+def test_a_planted_lock_and_a_sweep_file_that_exits_are_one_line(cli):
+  for name, want in (('linked_lock', 'lock is a symbolic link'), ('folder_lock', 'Is a directory'),
+                     ('exits', 'the sweep file called sys.exit(0)')):
+    code, _, err = cli[name]
     assert code == 2 and err.count('\n') == 1 and want in err, err
-  assert not (tmp_path / 'elsewhere').exists() and not (tmp_path / 'x').exists()
+  assert not (cli['tmp'] / 'elsewhere').exists() and not (cli['tmp'] / 'x').exists()
 
 
 # ----------------------------------------------------------------------------- cause 21
