@@ -240,7 +240,7 @@ def check_runs(plan: Plan) -> None:
     differences = config_differences(run_config(plan, run), saved, overridden)
     if differences:
       more = f' and {len(differences) - 3} more' if len(differences) > 3 else ''
-      raise SweepError(f'{run.workdir} was not trained with row {run.row!r}\'s config: '
+      raise SweepError(f'{run.workdir} was not trained with the config of row {run.row!r}: '
                        f'{"; ".join(differences[:3])}{more} (another sweep\'s run, or its '
                        'config file changed since): move it away or use another --root; '
                        'its table would mix configs (nothing was changed)')

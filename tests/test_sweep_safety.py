@@ -157,7 +157,7 @@ def test_a_run_trained_with_another_config_is_refused_never_tabled(tmp_path):
                 table.collect, table.write):
     with pytest.raises(SweepError) as e:
       check(plan)
-    assert 'post/seed_1 was not trained with row \'post\'' in _one_line(e)
+    assert "post/seed_1 was not trained with the config of row 'post': " in _one_line(e)
     assert 'model.dropout_rate=0.3 (the row: 0.1)' in str(e.value)
   assert not os.path.exists(os.path.join(plan.root, 'summary.md'))
   # A run of another seed, or of a config file changed since (here its learning rate).
