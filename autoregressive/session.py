@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import jax
 import numpy as np
@@ -35,6 +35,8 @@ from autoregressive.strategies import Hypothesis
 from autoregressive.strategies.base import search_in_batches, until_eos
 from autoregressive.strategies.loop import Decodable, decoding_model
 from autoregressive.strategies.sampling import sample
+from common.dtype_limits import UINT32_MAX
+from common.schema import is_int
 from common.tokens import DEFAULT_MIN_NEW_TOKENS, truncate
 from model.kinds import adapter_of
 
@@ -67,10 +69,6 @@ class Session:
                ) -> tuple[strategies.Strategy, strategies.Limits]:
     """(strategy, limits) of these settings (names of `strategies.fields()`; None = the
     config's), max_new_tokens capped at the model's positions (with a warning)."""
-    known = strategies.fields()
-    unknown = sorted(set(given) - set(known))
-    if unknown:
-      raise ValueError(f'unknown decoding setting(s) {unknown}; known: {sorted(known)}')
     decode = dict(self.config.get('decode', {}))
     most = given.get('max_new_tokens')
     if most is None:
@@ -125,6 +123,9 @@ class Session:
     if isinstance(lines, (str, bytes)):
       raise ValueError(f'lines must be a list of strings (one sentence each), got '
                        f'{type(lines).__name__}: pass [text] for one sentence')
+    if not isinstance(lines, Iterable):
+      raise ValueError(f'lines must be a list of strings (one sentence each), got '
+                       f'{type(lines).__name__}')
     lines = list(lines)  # once: a generator checked, then read, would be empty
     for number, line in enumerate(lines, start=1):
       if not isinstance(line, str):
@@ -149,6 +150,10 @@ class Session:
     is line `first_line` of the input (warnings name it; a line's samples depend on it);
     the other arguments as `search`."""
     lines = self._lines(lines)
+    most = UINT32_MAX + 2 - max(1, len(lines))  # line ids first_line - 1 ... seed uint32 keys
+    if not (is_int(first_line) and 1 <= first_line <= most):
+      raise ValueError(f'first_line={first_line!r} must be an integer in [1, {most}] (the '
+                       'number of the first line, from 1)')
     found = self.search(self.encode(lines, first_line), progress=progress, scores=scores,
                         line_ids=range(first_line - 1, first_line - 1 + len(lines)),
                         fixed_rows=fixed_rows, **settings)
@@ -193,6 +198,20 @@ class Session:
     greedy; defaults from config.decode), at least `min_new_tokens` of them before an EOS;
     past the model's context it continues in windows of its last half."""
     self._require(False, 'generate')
+    if not isinstance(prompt, str):
+      raise ValueError(f'prompt must be a string, got {type(prompt).__name__}')
+    if num_tokens is not None and not (is_int(num_tokens) and
+                                       1 <= num_tokens <= strategies.NUM_TOKENS_MAX):
+      raise ValueError(f'num_tokens={num_tokens!r} must be an integer in '
+                       f'[1, {strategies.NUM_TOKENS_MAX}]')
+    if not (is_int(line) and 0 <= line <= UINT32_MAX):
+      raise ValueError(f'line={line!r} must be an integer in [0, {UINT32_MAX}] (it seeds the '
+                       'random stream with the seed)')
+    for name, instead in (('max_new_tokens', 'num_tokens'), ('strategy', None)):
+      if name in settings:
+        raise ValueError(f'generate takes no {name}' + (
+            f': {instead} sets the length' if instead else ': it samples (temperature 0 = '
+            'greedy)'))
     tok = self.tokenizer
     try:
       ids = list(tok.encode(prompt))
@@ -202,7 +221,8 @@ class Session:
       ids = ids[:-1]  # continue the text, do not start after its end
     sampling, limits = strategies.from_config(
         dict(self.config.get('decode', {})), dict(settings, max_new_tokens=num_tokens),
-        strategy=strategies.Sampling.NAME)
+        strategy=strategies.Sampling.NAME,
+        where=lambda name: 'num_tokens' if name == 'max_new_tokens' else name)
     new = _continued(self._split, ids, num_tokens=limits.max_new_tokens,
                      min_new_tokens=limits.min_new_tokens, sampling=sampling, line=line,
                      eos_id=tok.eos_id, warn=self.warn)

@@ -23,7 +23,8 @@ from workdir import cli
 
 PROG = 'decode.py'
 INT_LIMITS = {  # flag -> (lowest, highest); the decoding settings' are their fields'
-    'step': (0, INT32_MAX), 'average_last': (1, 10_000), 'num_tokens': (1, 1_000_000),
+    'step': (0, INT32_MAX), 'average_last': (1, cli.AVERAGE_LAST_MAX),
+    'num_tokens': (1, strategies.NUM_TOKENS_MAX),
     'attention_plot_max': (0, INT32_MAX)}
 SAMPLING_FLAGS = ('temperature', 'top_k', 'top_p')
 # Flags of a translation model that a language model refuses (and the reverse).
@@ -164,19 +165,9 @@ def plan_translation(F, config, where: str) -> Plan:
             '{flag} does not apply to --score_reference (it scores the given references: '
             'nothing is searched)')
     return Plan('score')
-  if F.strategy == strategies.Sampling.NAME:
-    _refuse_sampling_flags_at_temperature_0(F, config)
+  # At temperature 0 sampling is greedy: a top_k, top_p or seed given is refused there
+  # (`Sampling.check_given`, the Session's rule too).
   return Plan('translate', _settings(F, config, strategies.fields(), F.strategy))
-
-
-def _refuse_sampling_flags_at_temperature_0(F, config) -> None:
-  """At temperature 0 sampling is greedy: a top_k, top_p or seed would be ignored."""
-  temperature = F.temperature
-  if temperature is None:
-    temperature = config.decode.temperature  # load_config filled a missing one in
-  if temperature == 0:
-    _refuse(F, ('top_k', 'top_p', 'seed'), '{flag} applies to sampling, but the temperature '
-            'is 0 (greedy)')
 
 
 def plan_generation(F, config, where: str, kind: str) -> Plan:
@@ -189,7 +180,6 @@ def plan_generation(F, config, where: str, kind: str) -> Plan:
   names = ('min_new_tokens', 'max_new_tokens', *SAMPLING_FLAGS, 'seed')
   settings = _settings(F, config, names, strategies.Sampling.NAME,
                        rename={'max_new_tokens': 'num_tokens'})
-  _refuse_sampling_flags_at_temperature_0(F, config)
   return Plan('generate', settings)
 
 

@@ -164,6 +164,69 @@ def test_settings_that_do_not_apply_are_refused(mt):
   assert mt.translate(['a'], strategy='greedy', beam_size=1) == mt.translate(['a'], beam_size=1)
 
 
+def test_bad_arguments_of_the_api_and_the_rows_are_one_line_value_errors(mt, tmp_path):
+  """Issue 81, causes 17 and 18: these were a TypeError, KeyError, OverflowError,
+  IndexError or ZeroDivisionError from deep inside, or silently accepted (an id past the
+  vocabulary decoded to nothing; -1 and 3.5 decoded as other ids; top_k ignored at
+  temperature 0; a billion tokens asked for; rows made with values no search can take). Each
+  is one ValueError line, and the rules are the rows' (where decode.py's flags meet them too),
+  checked before anything is read or run."""
+  lm = _session('decoder_only')
+  rows = strategies.Limits(max_new_tokens=4)
+  cases = [
+      (lambda: inference.load(b'..'), 'workdir must be a path'),
+      (lambda: inference.load(str(tmp_path), average_last='2'),
+       r"average_last='2' must be an integer in \[1, 10000\]"),
+      (lambda: inference.load(str(tmp_path), mesh='1,1,1'),
+       r"mesh='1,1,1' must be None \(one device\) or a jax.sharding.Mesh"),
+      (lambda: inference.load(str(tmp_path), step=-1), 'step=-1 must be None'),
+      (lambda: mt.translate(None), 'lines must be a list of strings .* got NoneType'),
+      (lambda: mt.translate(5), 'lines must be a list of strings .* got int'),
+      (lambda: mt.hypotheses(['a'], first_line=-5), r'first_line=-5 must be an integer in \[1, '),
+      (lambda: mt.hypotheses(['a'], first_line='a'), "first_line='a' must be an integer"),
+      (lambda: mt.search([[2**40]]), r"sources\[0\] has token id 1099511627776, outside the "
+                                     r"model's vocabulary \[0, 30\)"),
+      (lambda: mt.search(5), 'sources must be a list of token-id sequences'),
+      (lambda: mt.search([[3, 1], [30, 1]]), r'sources\[1\] has token id 30, outside'),
+      (lambda: mt.search([[-1, 1]]), r'sources\[0\] has token id -1, outside'),
+      (lambda: mt.search([[3.5, 1]]), r'sources\[0\] must be token ids .* got float64'),
+      (lambda: lm.generate('a', foo=1), r"unknown decoding setting\(s\) \['foo'\]"),
+      (lambda: lm.generate('a', line=-1), r'line=-1 must be an integer in \[0, 4294967295\]'),
+      (lambda: lm.generate('a', num_tokens=10**9),
+       r'num_tokens=1000000000 must be an integer in \[1, 1000000\]'),
+      (lambda: lm.generate('a', max_new_tokens=5), 'generate takes no max_new_tokens: num_tokens'),
+      (lambda: lm.generate('a', temperature=0, top_k=5),
+       'top_k applies to sampling, but the temperature is 0'),
+      (lambda: mt.translate(['a'], strategy='sampling', temperature=0, top_k=5),
+       'top_k applies to sampling, but the temperature is 0'),
+      (lambda: mt.translate(['a'], strategy='sampling', temperature=0, seed=2),
+       'seed applies to sampling, but the temperature is 0'),
+      # The rows, made directly: checked as when made from settings.
+      (lambda: strategies.Limits(max_new_tokens=-1), r'max_new_tokens=-1 must be an integer'),
+      (lambda: strategies.Limits(min_new_tokens=9, max_new_tokens=8),
+       'min_new_tokens=9 is more than max_new_tokens=8'),
+      (lambda: strategies.BeamSearch(beam_size=0), r'beam_size=0 must be an integer in \[1, '),
+      (lambda: strategies.Sampling(temperature=-1), 'temperature=-1 must be 0 [(]greedy[)]'),
+      # A row's search: an empty batch, ids outside the vocabulary, floats.
+      *[(lambda row=row: row().search(mt.module, np.zeros((0, 4), np.int32), limits=rows),
+         r'inputs has no rows \(shape \(0, 4\)\)') for row in strategies.TABLE.values()],
+      *[(lambda row=row: row().search(mt.module, np.array([[3, 30]]), limits=rows),
+         'inputs has token id 30, outside') for row in strategies.TABLE.values()],
+      (lambda: strategies.Greedy().search(mt.module, np.array([[3.5, 1]]), limits=rows),
+       'inputs must be token ids'),
+      (lambda: strategies.Sampling().search(mt.module, 5, limits=rows), 'inputs must be token ids'),
+  ]
+  for call, message in cases:
+    with pytest.raises(ValueError, match=message) as caught:
+      call()
+    assert '\n' not in str(caught.value), caught.value
+  assert not os.listdir(tmp_path)  # nothing read or written there
+  # At temperature 0 the config's own top_k is no refusal (lm_1b's config has 40): greedy.
+  greedy = _session('decoder_only', temperature=0.0, top_k=40)
+  assert greedy.generate('ab', num_tokens=3) == greedy.generate('ab', num_tokens=3,
+                                                                temperature=0)
+
+
 def test_max_new_tokens_beyond_the_models_positions_is_capped_with_one_warning(mt):
   """No output is longer than the model's max_len positions: a larger max_new_tokens is capped
   there, with a warning (`strategies.fit_to_positions`, the one cap of the Session, decode.py's

@@ -19,6 +19,9 @@ from absl import flags
 from common.dtype_limits import INT32_MAX
 from workdir import orbax_noise
 
+# The most checkpoints a restore averages (decode.py's --average_last, `inference.load`'s).
+AVERAGE_LAST_MAX = 10_000
+
 
 class UsageError(ValueError):
   """A bad flag value: printed as one line, exit status 2."""

@@ -21,13 +21,16 @@ import time
 
 import jax
 
-from autoregressive.strategies.loop import decoding_model
 from autoregressive.session import Session
+from autoregressive.strategies.loop import decoding_model
+from common.dtype_limits import INT32_MAX
+from common.schema import is_int
 from configs.schema import DecodeConfig, MeshConfig
 from input_pipeline import tokenizers
 from model import ConfigError, abstract_model, bind, build, partitioning
 from model.config import ModelConfig
 from workdir import checkpoint, checkpoint_files, config_io
+from workdir.cli import AVERAGE_LAST_MAX
 
 
 def uses_ema(config) -> bool:
@@ -133,12 +136,38 @@ def read_model(workdir: str):
     raise RestoreError(f'{config_io.config_path(workdir)}: {e}') from None
 
 
+def check_arguments(workdir, step, average_last, mesh) -> str:
+  """`load`'s (and `Restored`'s) arguments, each checked before anything is read -> the
+  workdir as a str (a path object is taken); a bad one is a one-line `RestoreError` (a
+  ValueError), as decode.py's flags are refused."""
+  if isinstance(workdir, os.PathLike):
+    workdir = os.fspath(workdir)
+  if not isinstance(workdir, str):
+    raise RestoreError(f'workdir must be a path (a str or os.PathLike), got '
+                       f'{type(workdir).__name__}')
+  if step is not None and not (is_int(step) and 0 <= step <= INT32_MAX):
+    raise RestoreError(f'step={step!r} must be None (the newest checkpoint) or an integer in '
+                       f'[0, {INT32_MAX}]')
+  if not (is_int(average_last) and 1 <= average_last <= AVERAGE_LAST_MAX):
+    raise RestoreError(f'average_last={average_last!r} must be an integer in '
+                       f'[1, {AVERAGE_LAST_MAX}]')
+  if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
+    raise RestoreError(f'mesh={mesh!r} must be None (one device) or a jax.sharding.Mesh, e.g. '
+                       f'workdir.restore.mesh_from_flag({mesh!r})' if isinstance(mesh, str) else
+                       f'mesh must be None (one device) or a jax.sharding.Mesh, got '
+                       f'{type(mesh).__name__}')
+  return workdir
+
+
 def load(workdir: str, *, step: int | None = None, average_last: int = 1,
          mesh: jax.sharding.Mesh | None = None, warn=None) -> Session:
   """`workdir`'s model ready to decode (`inference.load`): its parameters (the newest
   checkpoint, or `step`; the average of the last `average_last`) on one device, or sharded
   over `mesh` -> a `Session`. `warn(message)` hears about truncated inputs and capped
   lengths (default: `warnings.warn`)."""
+  if warn is not None and not callable(warn):
+    raise RestoreError(f'warn must be None or a function of one message, got '
+                       f'{type(warn).__name__}')
   restored = Restored(workdir, step, average_last, mesh)
   return Session(restored.module, restored.tokenizer, restored.config, step=restored.step,
                  warn=warn)
@@ -151,6 +180,7 @@ class Restored:
 
   def __init__(self, workdir: str, step: int | None = None, average_last: int = 1,
                mesh: jax.sharding.Mesh | None = None):
+    workdir = check_arguments(workdir, step, average_last, mesh)
     self.config, abstract = read_model(workdir)
     model_config = abstract.config
     self.kind, self.mesh = model_config.kind, mesh

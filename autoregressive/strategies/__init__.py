@@ -16,6 +16,7 @@ from typing import Any
 
 from autoregressive.strategies.base import (
   IN_CONFIG,
+  NUM_TOKENS_MAX,
   Hypothesis,
   Limits,
   Settings,
@@ -30,8 +31,8 @@ from autoregressive.strategies.sampling import Sampling
 TABLE: dict[str, type[Strategy]] = {s.NAME: s for s in (BeamSearch, Greedy, Sampling)}
 
 __all__ = ['TABLE', 'BeamSearch', 'Greedy', 'Sampling', 'Limits', 'Strategy', 'Settings',
-           'Hypothesis', 'check', 'fit_to_positions', 'fields', 'config_fields', 'choose',
-           'from_config']
+           'Hypothesis', 'NUM_TOKENS_MAX', 'check', 'fit_to_positions', 'fields', 'config_fields',
+           'choose', 'from_config']
 
 
 def fields() -> dict[str, tuple[type[Settings], dataclasses.Field]]:
@@ -68,6 +69,9 @@ def from_config(decode: Mapping[str, Any], overrides: Mapping[str, Any] | None =
   overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
   values = {name: decode[name] for name in config_fields() if name in decode} | overrides
   owned = fields()
+  unknown = sorted(set(overrides) - set(owned))
+  if unknown:
+    raise ValueError(f'unknown decoding setting(s) {unknown}; known: {sorted(owned)}')
   for name, value in overrides.items():  # its type and bounds first: beam_size=True is no 1
     check(owned[name][1], value, where(name))
   row = TABLE[choose(strategy, values.get('beam_size'))]
@@ -81,4 +85,5 @@ def from_config(decode: Mapping[str, Any], overrides: Mapping[str, Any] | None =
   limits = Limits.built(values, named)
   chosen = row.built(values, named)
   chosen.check_nbest(limits.nbest, named('nbest'))
+  chosen.check_given(set(overrides), where)
   return chosen, limits

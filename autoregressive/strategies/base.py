@@ -40,6 +40,9 @@ from common.tokens import DEFAULT_MIN_NEW_TOKENS, EOS_ID, PAD_ID, truncate
 LOW, HIGH, LOW_OPEN, RULE, IN_CONFIG = 'low', 'high', 'low_open', 'rule', 'in_config'
 NBEST_MAX = 1024  # an n-best list is at most a beam (beam.py's BEAM_SIZE_MAX); as many samples
 DECODE_BATCH_MAX = 65_536  # sentences per batch
+# A language model's generation (`Session.generate`'s num_tokens, decode.py's --num_tokens):
+# it continues in windows past the model's positions, so only this bounds it.
+NUM_TOKENS_MAX = 1_000_000
 
 
 def setting(default: Any, help: str, *, low: float, high: float, low_open: bool = False,
@@ -82,19 +85,30 @@ def rule_of(field: dataclasses.Field) -> str:
 @dataclasses.dataclass(frozen=True)
 class Settings:
   """The base of a settings dataclass. `built(values, where)` makes one from a mapping
-  (missing fields take their defaults) and checks it, naming a bad value `where(field)`."""
+  (missing fields take their defaults) and checks it, naming a bad value `where(field)`.
+  Made directly (`BeamSearch(beam_size=0)`), one is checked the same way, each value named by
+  its field: a bad one is a ValueError (one line), never a search that fails later or
+  silently does something else."""
   NAME: ClassVar[str] = ''
   HELP: ClassVar[str] = ''
+
+  def __post_init__(self) -> None:
+    self._check(lambda name: name)
+
+  def _check(self, where) -> None:
+    for field in dataclasses.fields(self):
+      check(field, getattr(self, field.name), where(field.name))
+    self.check_more(where)
 
   @classmethod
   def built(cls, values: dict[str, Any], where=lambda name: name):
     known = {f.name: f for f in dataclasses.fields(cls)}
     chosen = {k: v for k, v in values.items() if k in known and v is not None}
-    for name, value in chosen.items():
-      check(known[name], value, where(name))
-    made = cls(**chosen)
-    made.check_more(where)
-    return made
+    unchecked = object.__new__(cls)  # checked first with `where`'s names, then made
+    for field in dataclasses.fields(cls):
+      object.__setattr__(unchecked, field.name, chosen.get(field.name, field.default))
+    unchecked._check(where)
+    return cls(**chosen)
 
   def check_more(self, where) -> None:
     """The rules between fields (a subclass adds them); `where(field)` names a value."""
@@ -106,6 +120,11 @@ class Strategy(Settings):
 
   def check_nbest(self, nbest: int, where: str) -> None:
     """Refuses more hypotheses per sentence than the strategy finds (default: any number)."""
+
+  def check_given(self, given: Iterable[str], where) -> None:
+    """Refuses settings given explicitly (`given`: their names) that these settings would
+    ignore, e.g. sampling's top_k at temperature 0 (default: none); `where(name)` names one.
+    A value that only comes from config.decode is not refused: it is the config's default."""
 
   def describe(self) -> str:
     """A few words for decode.py's summary line ('beam 4, alpha 0.6')."""
@@ -200,6 +219,45 @@ class Hypothesis:
 
 
 
+def check_token_ids(ids: Any, name: str, vocab_size: int) -> np.ndarray:
+  """`ids` (a sequence or a concrete array of token ids) as a NumPy array, else ValueError (one
+  line): every id an integer in [0, vocab_size) (an id the model has no row for decoded to
+  nothing, silently; a float was truncated, a negative one wrapped around)."""
+  if isinstance(ids, (str, bytes)) or not hasattr(ids, '__len__'):
+    raise ValueError(f'{name} must be token ids (a sequence of integers), got '
+                     f'{type(ids).__name__}')
+  try:
+    array = np.asarray(ids)
+  except (ValueError, TypeError, OverflowError) as e:  # ragged rows, huge ints
+    raise ValueError(f'{name} must be token ids (integers in [0, {vocab_size})): '
+                     f'{" ".join(str(e).split())}') from None
+  if array.size and array.dtype.kind not in 'iu':
+    raise ValueError(f'{name} must be token ids (integers in [0, {vocab_size})), got '
+                     f'{array.dtype} values' + (f' such as {array.flat[0]!r}' if array.dtype.kind
+                                                in 'fcbO' else ''))
+  if array.size and (array.min() < 0 or array.max() >= vocab_size):
+    bad = array.min() if array.min() < 0 else array.max()
+    raise ValueError(f'{name} has token id {int(bad)}, outside the model\'s vocabulary '
+                     f'[0, {vocab_size})')
+  return array
+
+
+def check_sources(sources: Any, vocab_size: int) -> list:
+  """`search_in_batches`' sources checked: a list of token-id sequences (or None), each id an
+  integer in [0, vocab_size) -> the list (ValueError naming the source otherwise)."""
+  if isinstance(sources, (str, bytes)) or not isinstance(sources, Iterable):
+    raise ValueError('sources must be a list of token-id sequences (one per sentence; None for '
+                     f'an empty line), got {type(sources).__name__}')
+  sources = list(sources)
+  for i, source in enumerate(sources):
+    if source is not None:
+      array = check_token_ids(source, f'sources[{i}]', vocab_size)
+      if array.ndim != 1:
+        raise ValueError(f'sources[{i}] must be one sequence of token ids, got shape '
+                         f'{array.shape}')
+  return sources
+
+
 def until_eos(ids: Sequence[int], eos_id: int | None) -> list[int]:
   """Generated ids up to and including EOS, without the trailing padding."""
   out = []
@@ -290,6 +348,7 @@ def search_in_batches(model, strategy, limits, sources: Sequence[Sequence[int] |
   sentences it held. `workers` batches run at once (None: `default_workers()`); any number,
   and `drop_finished`, give the same outputs.
   """
+  sources = check_sources(sources, model.config.vocab_size)
   line_ids = range(len(sources)) if line_ids is None else line_ids
   model_len = model.config.max_len
   # Longest first: the slowest batches start first, so that a pass does not end with one

@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from autoregressive.strategies.base import check_token_ids
 from common.tokens import PAD_ID
 from model.build import bind, params_of, unrolled
 from model.config import ModelConfig
@@ -121,10 +122,18 @@ def prompt_lengths(prompt):
   return xp.max(xp.where(prompt != PAD_ID, cols, 0), axis=1).astype(xp.int32)
 
 
-def _as_2d(x, name: str):
+def token_batch(x, name: str, vocab_size: int | None = None):
+  """`x` as a `[batch, len]` array of at least one row; concrete values (not a tracer's) are
+  token ids in [0, vocab_size) (`base.check_token_ids`)."""
+  if vocab_size is not None and not isinstance(x, jax.core.Tracer):
+    checked = check_token_ids(x, name, vocab_size)
+    x = x if hasattr(x, 'shape') else checked
   x = x if hasattr(x, 'shape') else np.asarray(x)
   if x.ndim != 2:
     raise ValueError(f'{name} must be [batch, len], got shape {x.shape}')
+  if x.shape[0] == 0:
+    raise ValueError(f'{name} has no rows (shape {x.shape}): an empty batch has nothing to '
+                     'decode')
   return x
 
 
@@ -148,7 +157,7 @@ def prepare(config: ModelConfig, inputs, prompt, max_new_tokens: int):
   if adapter.has_source:
     if inputs is None:
       raise ValueError(f'an {adapter.kind} model needs `inputs` `[batch, src_len]`')
-    inputs = _as_2d(inputs, 'inputs')
+    inputs = token_batch(inputs, 'inputs', cfg.vocab_size)
     _check_positions(cfg, 'the inputs', inputs.shape[1], '; truncate them')
     if prompt is None:
       prompt = np.zeros((inputs.shape[0], 0), np.int32)
@@ -160,7 +169,7 @@ def prepare(config: ModelConfig, inputs, prompt, max_new_tokens: int):
     if prompt is None:
       raise ValueError(f'a {adapter.kind} model needs a `prompt` `[batch, len]` (it may have '
                        'length 0)')
-  prompt = _as_2d(prompt, 'prompt')
+  prompt = token_batch(prompt, 'prompt', cfg.vocab_size)
   if inputs is not None and inputs.shape[0] != prompt.shape[0]:
     raise ValueError(f'inputs batch {inputs.shape[0]} != prompt batch {prompt.shape[0]}')
   _check_positions(cfg, f'prompt length {prompt.shape[1]} + max_new_tokens {max_new_tokens}',

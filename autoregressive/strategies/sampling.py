@@ -21,6 +21,7 @@ from autoregressive.strategies.loop import (
   decoding_model,
   draw_tokens,
   prepare,
+  token_batch,
 )
 from common.dtype_limits import INT32_MAX, UINT32_MAX
 from common.tokens import DEFAULT_MIN_NEW_TOKENS, EOS_ID
@@ -50,6 +51,13 @@ class Sampling(Strategy):
     if t != 0 and not TEMPERATURE_MIN <= t:  # below it, logits / t overflow float32
       raise ValueError(f'{where("temperature")}={t} must be {_TEMPERATURES}')
 
+  def check_given(self, given, where) -> None:
+    if self.temperature == 0:  # greedy: a top_k, top_p or seed would be ignored
+      for name in ('top_k', 'top_p', 'seed'):
+        if name in given:
+          raise ValueError(f'{where(name)} applies to sampling, but the temperature is 0 '
+                           '(greedy)')
+
   def program_key(self) -> tuple:
     return (self.top_k, self.top_p < 1.0, self.temperature == 0)
 
@@ -57,8 +65,9 @@ class Sampling(Strategy):
              line_ids=None, scores=True, drop_finished=True):
     limits = limits or Limits()
     k = limits.nbest
-    given = inputs if prompt is None else prompt
-    batch = np.asarray(given).shape[0]
+    batch = token_batch(inputs if prompt is None else prompt,
+                        'inputs' if prompt is None else 'prompt', module.config.vocab_size
+                        ).shape[0]
     line_ids = range(batch) if line_ids is None else line_ids
     repeat = lambda x: None if x is None else np.repeat(np.asarray(x), k, axis=0)  # noqa: E731
     tokens = sample(
