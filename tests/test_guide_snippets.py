@@ -113,6 +113,21 @@ def _export_for_ctranslate2(root) -> None:
     hf_export.export_workdir(str(root / 'runs' / 'default'), str(target), format='ctranslate2')
 
 
+def test_the_readme_installs_the_cpu_torch_within_pyprojects_bounds():
+  """Issue 81, cause 4: `pip install -e '.[test]'` pulled PyPI's CUDA torch (~3.4 GB of
+  nvidia-* and triton wheels) on every Python but the one whose CPU wheel lay on disk. The
+  README's command 2, and the guide's export section, install torch from PyTorch's CPU index
+  first, within the bounds of pyproject.toml's [hf] extra (or pip would replace it)."""
+  with open(os.path.join(REPO, 'pyproject.toml')) as f:
+    bounds, = re.findall(r'^hf = \[[^\]]*"torch([^";]*)"', f.read(), flags=re.M)
+  cpu = f"pip install 'torch{bounds}' --index-url https://download.pytorch.org/whl/cpu"
+  with open(os.path.join(REPO, 'README.md')) as f:
+    command_2 = re.search(r'^# 2\..*\n(.*)$', f.read(), flags=re.M).group(1)
+  assert command_2.startswith(f"{cpu} && pip install -e '.[test]' && "), (command_2, cpu)
+  with open(os.path.join(REPO, 'docs', 'guide.md')) as f:
+    assert f'\n{cpu}' in f.read(), cpu
+
+
 def test_the_docs_have_python_blocks():
   where = [w for w, _ in BLOCKS]
   assert any('docs/guide.md' in w for w in where) and len(BLOCKS) >= 4, where
