@@ -2,7 +2,8 @@
 (O_NONBLOCK) and refuses anything but a regular file before reading it. A FIFO planted where a
 file is expected (a workdir's config.json, best_metrics.json, tokenizer or checkpoint files)
 would otherwise hang the reader forever with no message (an open() for reading waits for a
-writer).
+writer). `open_regular(path, follow=False)` refuses a symlink too (a file of someone else's
+archive); `open_append(path)` is a log's writer, on the same terms and never through a link.
 
 `inside(path, directory)` judges by device and inode, not by spelling, so a symlink or a bind
 mount does not hide that an output or a cache would land in a workdir."""
