@@ -22,8 +22,10 @@ from training import config_check
     ('data', {'num_workers': -1}, 'config.data.num_workers=-1 must be an integer >= 0'),
     # Files named for another dataset were ignored: the run trained on the bundled corpus.
     ('data', {'train_files': 'a.en,a.de'},
-     "config.data.train_files applies only to dataset=parallel_text (dataset='multi30k' reads "
-     'no files)'),
+     'config.data.train_files applies only to dataset=parallel_text or text_files '
+     "(dataset='multi30k' reads no files)"),
+    ('data', {'subword_sampling_alpha': 1.0},
+     'config.data.subword_sampling_alpha=1.0 must be in [0, 1)'),
     ('optimizer', {'name': 'sgd'},
      "config.optimizer.name='sgd' is not one of ['adam', 'adamw', 'muon']"),
     ('optimizer', {'b1': 1.0}, 'config.optimizer.b1=1.0 must be in [0, 1) (also as a float32'),
