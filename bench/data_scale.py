@@ -37,6 +37,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -182,16 +183,40 @@ def _run_stage(args, stage: str, workdir: str, num_workers: int = 0, data_dir=No
              f'--num_batches={args.num_batches}', f'--warmup={args.warmup}',
              f'--started={time.time()}']
   start = time.time()
-  process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
-  _, status, usage = os.wait4(process.pid, 0)
-  out, err = process.stdout.read().decode(), process.stderr.read().decode()
-  process.returncode = os.waitstatus_to_exitcode(status)
-  if process.returncode:
-    raise SystemExit(f'data_scale: stage {stage} failed ({process.returncode}):\n{err[-3000:]}')
-  result = json.loads(out.strip().splitlines()[-1])
+  with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    process = subprocess.Popen(command, stdout=out, stderr=err, cwd=REPO)
+    peaks = {'RssAnon': 0, 'RssFile': 0}
+    while True:  # the process's own memory and its mapped file pages, sampled
+      pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+      if pid:
+        break
+      for key, kib in _memory(process.pid).items():
+        peaks[key] = max(peaks[key], kib)
+      time.sleep(0.1)
+    code = os.waitstatus_to_exitcode(status)
+    out.seek(0)
+    err.seek(0)
+    if code:
+      raise SystemExit(f'data_scale: stage {stage} failed ({code}):\n'
+                       f'{err.read().decode()[-3000:]}')
+    result = json.loads(out.read().decode().strip().splitlines()[-1])
+  # peak_rss_gib: the kernel's peak resident set (ru_maxrss), mapped file pages included;
+  # peak_anon_gib: the process's own memory (sampled every 0.1 s): what cannot be evicted.
   result.update(wall_s=round(time.time() - start, 2),
-                peak_rss_gib=round(usage.ru_maxrss / 2**20, 3))
+                peak_rss_gib=round(usage.ru_maxrss / 2**20, 3),
+                peak_anon_gib=round(peaks['RssAnon'] / 2**20, 3),
+                peak_file_gib=round(peaks['RssFile'] / 2**20, 3))
   return result
+
+
+def _memory(pid: int) -> dict[str, int]:
+  """RssAnon and RssFile of `pid` in KiB (Linux's /proc; empty elsewhere or once it ended)."""
+  try:
+    with open(f'/proc/{pid}/status') as f:
+      return {line.split(':')[0]: int(line.split()[1]) for line in f
+              if line.startswith(('RssAnon:', 'RssFile:'))}
+  except OSError:
+    return {}
 
 
 def main() -> None:

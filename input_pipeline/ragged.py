@@ -118,6 +118,17 @@ class Ragged:
   def __getitem__(self, i: int) -> np.ndarray:
     return np.asarray(self.flat[self.offsets[i]:self.offsets[i + 1]])
 
+  def read_rows(self, first: int, last: int) -> list[bytes]:
+    """Rows `first:last` as bytes, read from the file rather than through the map: a
+    sequential pass (a preparation reading every row once) then leaves the pages to the OS's
+    cache instead of this process's resident memory."""
+    start, end = int(self.offsets[first]), int(self.offsets[last])
+    with open(os.path.join(self.directory, f'{self.name}.bin'), 'rb') as f:
+      f.seek(start * self.dtype.itemsize)
+      data = f.read((end - start) * self.dtype.itemsize)
+    bounds = (np.asarray(self.offsets[first:last + 1]) - start) * self.dtype.itemsize
+    return [data[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)]
+
   def gather(self, indices: np.ndarray, max_length: int | None = None
              ) -> tuple[np.ndarray, np.ndarray]:
     """Rows `indices`, each cut to its first `max_length` values, as (flat values, lengths):

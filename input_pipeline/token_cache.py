@@ -114,7 +114,9 @@ def _prepare(data_config, split: str, tokenizer, where: str, keys, dtype) -> Non
     writers = [ragged.RaggedWriter(stage, key, dtype) for key in keys]
     end = line_end(data_config, tokenizer)
     for first in range(0, len(source), CHUNK):
-      examples = sources.read_examples(source, range(first, min(first + CHUNK, len(source))))
+      last = min(first + CHUNK, len(source))
+      examples = (source.read_range(first, last) if hasattr(source, 'read_range')
+                  else sources.read_examples(source, range(first, last)))
       for j, (key, writer) in enumerate(zip(keys, writers, strict=True)):
         texts = [sources.as_str(example[key]) + end for example in examples]
         writer.extend(tokenizers.encode_all(tokenizer, texts, target=j == 1))

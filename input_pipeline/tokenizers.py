@@ -285,8 +285,12 @@ def _training_texts(data_config, max_sentences: int, whole_documents: bool = Fal
   examples = max(1, max_sentences // len(keys)) if max_sentences else 0
   stride = max(1, math.ceil(n / examples)) if examples else 1
   indices = range(0, n, stride)
+  read_range = getattr(source, 'read_range', None)  # your own files: read through, not mapped
   for start in range(0, len(indices), 4096):
-    for example in sources.read_examples(source, indices[start:start + 4096]):
+    part = indices[start:start + 4096]
+    examples = (sources.read_examples(source, part) if read_range is None
+                else read_range(part[0], part[-1] + 1)[::stride])
+    for example in examples:
       for key in keys:
         text = sources.as_str(example[key])
         if len(keys) == 1 and not whole_documents:  # a document: train on its lines
