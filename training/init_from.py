@@ -103,7 +103,8 @@ def _check_same_parameters(theirs: dict, mine: dict, directory: str) -> None:
   what = '; '.join(
       text for text in (f'adds {some(added)}, which the parameters of {directory} lack'
                         if added else '',
-                        f'drops {some(dropped)}, which they have' if dropped else '',
+                        f'drops {some(dropped)}, which the parameters of {directory} have'
+                        if dropped else '',
                         f'reshapes {some(reshaped)}' if reshaped else '') if text)
   fields = ' '.join(f'--config.model.{k}={mine[k]!r}' for k in named)
   raise ConfigError(f'{fields} cannot be set with config.train.init_from={directory!r}: the run '
