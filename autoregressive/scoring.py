@@ -2,7 +2,8 @@
 outputs of a search that reports no score), as `fairseq-generate --score-reference` does.
 
 `forced_log_probs` scores one padded batch; `score_references` a list of (source, target) id
-sequences, sorted by length in batches (longest first) as the translator decodes them.
+sequences, sorted by length in batches (longest first) as `strategies.base.search_in_batches`
+decodes them.
 """
 
 from __future__ import annotations
