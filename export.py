@@ -24,8 +24,8 @@ says which decoding options to pass. Needs the `[ct2]` extra: pip install -e '.[
 
 A sinusoidal translation model is exported with max(max_len, 1024) positions (the sinusoid
 is defined everywhere), so both engines run a line past max_len whole with their default
-options; a learned table, and a language model, keep max_len positions (the README's
-"Export" says what each engine does past them).
+options; a learned table, and a language model, keep max_len positions (docs/guide.md's
+"Hugging Face export" and "CTranslate2" say what each engine does past them).
 
 A config the format cannot express (e.g. learned positions in a Marian model, an
 encoder-only model without BERT's embedding LayerNorm, any encoder-only model for

@@ -1,6 +1,6 @@
 """Per-device memory of training presets on meshes of 8 and 64 simulated devices.
 
-    python bench/memory.py                                   # the README's Scaling table
+    python bench/memory.py                                   # bench/results/sharding.md's table
     python bench/memory.py --presets=lm_1b --devices=64 --meshes=64x1x1,8x8x1
     python bench/memory.py --presets=lm_1b --devices=8 --set=model.remat=False
 

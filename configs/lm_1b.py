@@ -4,8 +4,8 @@ GPT-3 XL's width at 18 layers (it has 24): d_model 2048, 16 heads of 128, d_ff 8
 GELU, GPT-2 init (normal 0.02, residual projections 0.02/sqrt(2 x layers), no sqrt(d_model)
 on the token embeddings), tied input/output embedding, learned positions, a 32768-piece
 sentencepiece vocabulary: 975,659,008 parameters, 10.9 GiB of float32 parameters + Adam
-moments per replica, which `config.mesh.fsdp` and `tensor` split (per-device memory: the
-README's Scaling table).
+moments per replica, which `config.mesh.fsdp` and `tensor` split (per-device memory:
+bench/results/sharding.md).
 bfloat16 compute (parameters stay float32), `scan_layers` (one compiled layer: the compile time
 does not grow with depth, and the stacked [layers, ...] parameters shard like one layer's),
 `remat` (the activations of 32 rows of 1024 would take 247 GiB a device at fsdp=8).
@@ -20,8 +20,8 @@ Data: tfds `lm1b` (~0.8B words; train / test; its one feature `text` makes it a 
 dataset), prepared once with TensorFlow:
 `tfds build lm1b --data_dir=$TFDS_DATA_DIR --file_format=array_record`. The LM pipeline
 tokenizes a whole split into one in-memory stream when it starts (about 1B tokens, 4 GB a
-process, for the train split). See the README's
-Scaling section for the mesh flags, and check the memory first:
+process, for the train split). See docs/guide.md's
+"Scaling" for the mesh flags, and check the memory first:
 
   XLA_FLAGS=--xla_force_host_platform_device_count=8 python train.py \\
       --config=configs/lm_1b.py --config.mesh.fsdp=8 --config.train.dry_run=True

@@ -24,7 +24,7 @@ Exactness:
 - LayerNorm epsilon: ours is config.model.layer_norm_epsilon (1e-6 by default). GPT-2's is a
   config field; Marian and Pegasus hard-code torch's 1e-5. With another epsilon that is the
   one difference this conversion cannot remove: each LayerNorm output changes by a factor
-  sqrt((var + eps) / (var + 1e-5)), about 1 - (1e-5 - eps) / (2 var) (see the README); an
+  sqrt((var + eps) / (var + 1e-5)), about 1 - (1e-5 - eps) / (2 var) (docs/guide.md's export); an
   imported Marian model has 1e-5 and exports exactly.
 - BERT: every weight as it is (no reordering, no scale). Our position table already holds
   the token type 0 embedding an import added to it (`hf_import.convert.bert_params`), so the

@@ -94,7 +94,7 @@ def _beam_generation(cfg, eos: int | None, decode_config) -> dict:
   EOS, and a sentence done only once no alive hypothesis can overtake the finished ones
   (early_stopping='never'; True would stop at num_beams finished, fairseq's rule).
   transformers divides by len ** length_penalty where decode.py uses the GNMT penalty
-  ((5 + len) / 6) ** alpha: the same search when alpha = 0 (see the README)."""
+  ((5 + len) / 6) ** alpha: the same search when alpha = 0 (docs/guide.md's export)."""
   decode = DecodeConfig.from_config(decode_config)  # a missing field: its default
   max_new_tokens = min(decode.max_new_tokens, cfg.max_len)
   return dict(decoder_start_token_id=0, pad_token_id=0, eos_token_id=eos,

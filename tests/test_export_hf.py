@@ -282,7 +282,7 @@ def test_trained_export_translates_as_decode_py(trained, exported):
   theirs = _hf_seq2seq_logits(model, inputs, targets)
   np.testing.assert_allclose(theirs[targets > 0], ours[targets > 0], atol=1e-4, rtol=0)
 
-  # Beam 4 with no length penalty: the same search (see the README), so the same output.
+  # Beam 4 with no length penalty: the same search (docs/guide.md's export), so the same output.
   outputs = [h[0].tokens for h in restored.search(sources, beam_size=4, alpha=0.0,
                                                   max_new_tokens=32, batch_size=len(lines))]
   batch = tokenizer(lines, return_tensors='pt', padding=True, truncation=True)
@@ -384,7 +384,8 @@ def test_trained_export_generates_a_long_line_with_padding_alone(trained, export
   assert len(tokenizer(line, truncation=True)['input_ids']) == max_len
   printed = _run_readme_lines(out, line)
   # The whole line, as our model extended past max_len reads it: beam 4 with no length
-  # penalty is the same search in both (the README), so the same translation (or a near tie).
+  # penalty is the same search in both (the guide's export), so the same translation (or a
+  # near tie).
   restored = inference.load(trained, average_last=2, warn=lambda message: None)
   extended = with_options(restored.module, max_len=1024)
   assert ids == restored.tokenizer.encode(line)  # the same pieces, and EOS
@@ -431,7 +432,7 @@ def test_long_input_runs_and_short_logits_are_unchanged(tmp_path, norm):
 
 def test_learned_positions_language_model_stops_at_max_len(tmp_path):
   """A learned table has max_len rows: a prompt past it fails with transformers' message naming
-  `max_length` (= max_len, the README), not inside the model."""
+  `max_length` (= max_len, the guide's export), not inside the model."""
   config = shakespeare_char.get_config('tiny').model
   config.vocab_size, config.positional_encoding = len(CHARS) + 1, 'learned'
   module, params = export_workdirs.random_model(config)

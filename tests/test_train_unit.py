@@ -112,8 +112,8 @@ def test_validate_config_accepts_presets():
 
 
 def test_lm_1b_preset_has_about_1b_parameters_and_fits_8_and_64_devices():
-  """configs/lm_1b.py: its size (no arrays: eval_shape) and the meshes of the README's
-  Scaling table pass validation (heads, d_ff and the batch divide)."""
+  """configs/lm_1b.py: its size (no arrays: eval_shape) and the meshes of
+  bench/results/sharding.md's table pass validation (heads, d_ff and the batch divide)."""
   from configs import lm_1b
   from training import state as state_lib
   config = lm_1b.get_config()
