@@ -2,39 +2,36 @@
 
 The multimodal-MT literature's text-only baseline is a "tiny" Transformer (4+4 layers,
 d_model 128, d_ff 256, 4 heads; Wu et al. 2021): on 29k sentence pairs a small model that
-sees the data many times beats a wider one that sees it fewer times. At ~0.7 s/step on a
-2-core CPU it trains 4500 steps of 32 packed rows (~20 epochs) in ~54 minutes, twice the
-epochs the default run's 256-wide model reaches in the same hour
-(bench/results/multi30k.md, "Multi30k recipes"). Dropout 0.2: the literature's 0.3 is for
+sees the data many times beats a wider one that sees it fewer times. On a 2-core CPU it
+trains 4500 steps of 32 packed rows (~20 epochs) in about an hour, twice the epochs the
+default run's 256-wide model reaches in the same hour (bench/results/multi30k.md, "Multi30k
+recipes"). Dropout 0.2: the literature's 0.3 is for
 ~3x longer runs.
 
 Decode as tuned on the validation split (`bench/multi30k_recipe.py`): the average of the last
 5 checkpoints, beam 6, length penalty 1.4:
   python decode.py --workdir=DIR --average_last=5 --beam_size=6 --alpha=1.4 ...
 
-Presets:
+Presets (their figures, dated, with the commands: bench/results/multi30k.md and, for the
+options that nine years of practice add, bench/results/ablations.md; the current ones in
+bench/RESULTS.md):
   (none)    the 2-core CPU hour above
   modern    the same hour with what nine years of practice add here, as the ladder measured
-            it (`MODERN`; issue 56, bench/results/ablations.md): Muon, a warmup-stable-decay
-            schedule and zero-initialised output projections: 35.95 +- 0.26 BLEU at a third
-            of the steps against the preset's 31.65 +- 0.71 (the ladder, 2 seeds); at 4,500
-            steps 39.29 +- 0.14 (39.67 +- 0.10 lowercased, 3 seeds), where Muon and WSD alone
-            reached 39.18 +- 0.24 and the preset 38.97 +- 0.30: the early gain of the
-            zero-initialisation is gone by the end of the hour
+            it (`MODERN`; issue 56): Muon, a warmup-stable-decay schedule and
+            zero-initialised output projections: far ahead of the preset at a third of the
+            steps, but the early gain of the zero-initialisation is gone by the end of the
+            hour
   modern_b64 the modern preset with the gpu preset's 64 rows a step and dropout 0.3, 3,500
-            steps (`MODERN_B64`; 42-54 min of training on the 2-core Intel VM): test2016
-            39.72 +- 0.20 over 3 seeds (40.09 +- 0.18 lowercased), +0.75 over the preset's
-            mean, beyond the seeds' spread: the best CPU-hour recipe measured, 0.91 short of
-            41
+            steps (`MODERN_B64`; under an hour of training on the 2-core Intel VM): the best
+            CPU-hour recipe measured, significantly above the preset, still short of 41
   muon_wsd  Muon and WSD alone (`MUON_WSD`, the first finalist): at 4,500 steps a lower
-            validation loss (1.643 vs 1.768) but test2016 BLEU within the seeds' spread of the
-            preset's (39.18 vs 38.97, 3 seeds)
+            validation loss than the preset's, but test2016 BLEU within the seeds' spread
   gpu       the literature's budget (8000 steps of 4096 tokens, ~70 epochs, dropout 0.3, peak
             learning rate 5e-3 after 2000 warm-up steps, as its fairseq recipe) for one GPU;
-            Grain workers keep the input pipeline ahead of the device. Trained on a 2-core CPU
-            (2.5 h): test2016 40.66 cased, 41.07 lowercased tokenized, decoded with
-            --average_last=10 --beam_size=6 --alpha=1.4 (chosen on validation). Its time on a
-            GPU is not yet measured (`python bench/gpu_targets.py --only=multi30k_gpu`).
+            Grain workers keep the input pipeline ahead of the device. Decoded with
+            --average_last=10 --beam_size=6 --alpha=1.4 (chosen on validation); trained on a
+            2-core CPU it meets the literature's lowercased BLEU; its time on a GPU is not yet
+            measured (`python bench/gpu_targets.py --only=multi30k_gpu`).
 """
 
 from configs import default

@@ -10,16 +10,15 @@ decoding): a machine that ran the ladder restores its runs instead of training t
 (`python -m experiments.archive restore --from=bench/results/sweep_runs/ladder_multi30k_intel
 --root=runs/branch_multi30k`; the ladder's other rows stay out of this sweep's table).
 
-Branches (their screen gains alone, 2 seeds, the Intel VM: bench/results/ablations.md):
-  qk_norm   RMSNorm of each head's queries and keys (+1.21 BLEU [+0.52, +1.90]); SwiGLU,
-            +1.29 alone, added nothing on top of zero-init (the ladder's fourth rung): does
-            QK-norm? Measured (2026-11-29, 3 seeds): +0.37 [-0.15, +0.87] on top, not
-            significant, inside its seed spread (sd 0.80); validation BLEU +1.38 and loss
-            -0.039, both beyond the seed spreads: a lead, not yet a finding
+Branches (each helped alone in the screen; their figures, and what the branches measured:
+bench/results/ablations.md, "Branches"):
+  qk_norm   RMSNorm of each head's queries and keys; SwiGLU, which helped alone too, added
+            nothing on top of zero-init (the ladder's fourth rung): does QK-norm? Measured:
+            not significant on test2016, though ahead on validation: a lead, not yet a
+            finding
   ema       an exponential moving average of the parameters (decay 0.999), evaluated and
-            decoded (+1.10 [+0.36, +1.71]); WSD's decay to 0 averages too: does it add?
-            Measured: -0.10 [-0.45, +0.28], not significant, validation loss +0.025: the
-            annealed last weights are already the run's best point
+            decoded; WSD's decay to 0 averages too: does it add? Measured: no, the annealed
+            last weights are already the run's best point
 """
 
 from configs.sweeps import Sweep

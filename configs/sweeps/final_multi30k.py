@@ -2,7 +2,8 @@
 wide) against its `modern` preset (`configs/multi30k.py`'s MODERN: Muon, WSD, zero-initialised
 output projections) and against the first finalist, Muon and WSD alone (`MUON_WSD`), each at
 the full CPU-hour budget (4,500 steps), 3 seeds; and the modern preset in the `gpu` preset's
-regime (`MODERN_B64`: 3,500 steps of 64 rows, dropout 0.3; 42-54 minutes a run here):
+regime (`MODERN_B64`: 3,500 steps of 64 rows, dropout 0.3; under an hour a run here; the
+results: bench/results/ablations.md, "Finalists"):
 
     python sweep.py --sweep=configs/sweeps/final_multi30k.py --root=runs/final_multi30k
 

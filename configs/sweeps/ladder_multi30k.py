@@ -12,17 +12,16 @@ them again (`python -m experiments.archive restore --from=bench/results/sweep_ru
 screen_multi30k_intel --root=runs/ladder_multi30k`; the screen's other rows are not this
 sweep's and stay out of its table).
 
-Rungs (their screen gains alone, 2 seeds, the Intel VM: bench/results/ablations.md): the
-optimizer's first, then the architecture's, pre-LN last since it and zero-init both act on an
-untrained block's effect on the residual stream:
-  muon           Muon for the layers' matrices (+1.90 BLEU [+1.15, +2.56])
+Rungs (each helped alone in the screen; the screen's and the ladder's figures:
+bench/results/ablations.md): the optimizer's first, then the architecture's, pre-LN last since
+it and zero-init both act on an untrained block's effect on the residual stream:
+  muon           Muon for the layers' matrices
   wsd            warmup-stable-decay to 0 over the last 20% of the steps, at the rsqrt
-                 schedule's peak (+1.88 [+1.03, +2.69]): Muon's schedule in modded-nanogpt
+                 schedule's peak: Muon's schedule in modded-nanogpt
   zero_init_out  the attention and FFN output projections initialised to zero: each block
-                 starts as the identity (+2.49 [+1.74, +3.20]; modded-nanogpt)
-  swiglu         the gated FFN at the preset's parameter count, d_ff 256 -> 170 (+1.29
-                 [+0.65, +1.94])
-  pre_ln         the norm before each sublayer and one after the stack (+1.93 [+1.00, +2.68])
+                 starts as the identity (modded-nanogpt)
+  swiglu         the gated FFN at the preset's parameter count, d_ff 256 -> 170
+  pre_ln         the norm before each sublayer and one after the stack
 A rung is added here once the screen has measured it above the baseline beyond its seeds'
 spread; the table compares each rung with the one before it (`compare='previous'`): does the
 option still add on top of the others?

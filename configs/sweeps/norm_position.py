@@ -5,8 +5,8 @@
 
 post-LN is the paper's `LayerNorm(x + Sublayer(x))`; pre-LN is `x + Sublayer(LayerNorm(x))`
 with a final LayerNorm on each stack (Xiong et al. 2020; Nguyen and Salazar 2019 found it
-helps low-resource pairs and hurts WMT). 6 runs of 700 steps, ~14.5 min each: about 1 h 30 min
-on 2 quiet CPU cores (2-vCPU AMD EPYC; the table and its reading: bench/results/sweeps.md).
+helps low-resource pairs and hurts WMT). 6 runs of 700 steps, about an hour and a half on 2
+quiet CPU cores (the table, its times and its reading: bench/results/sweeps.md).
 """
 
 from configs.sweeps import Sweep

@@ -11,7 +11,8 @@ and the length penalty chosen per run on its validation split (1.0 or 1.4, as th
 choose theirs): a fixed alpha 1.4, the baseline's choice, penalised the options that change
 the output's length (QK-norm, RMSNorm wrote 1.07x and 1.11x the references' length with it
 and chose 1.0 on validation). test2016 is decoded once per run, with the choice.
-Each run: ~18 min on 2 CPU cores (0.7 s/step), so the sweep (22 runs) is ~6.5 h there.
+22 runs of 1,500 steps: several hours on 2 CPU cores (the table, its times and its reading:
+bench/results/ablations.md).
 
 Sources: pre-LN (Xiong et al. 2020; Nguyen and Salazar 2019), RMSNorm (Zhang and Sennrich
 2019), SwiGLU (Shazeer 2020; d_ff 256 -> 170 keeps the parameters), ReLU^2 (So et al. 2021),

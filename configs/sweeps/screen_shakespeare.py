@@ -6,7 +6,8 @@ steps), 2 seeds; the table compares validation losses (Welch's t over seeds):
 
 Language modelling may rank the options otherwise than translation
 (configs/sweeps/screen_multi30k.py). The preset is already pre-LN, so the norm-position row is
-post-LN. Each run: ~4 min on 2 CPU cores, the sweep (22 runs) ~90 min.
+post-LN. 22 runs of a few minutes each on 2 CPU cores (the table, its times and its reading:
+bench/results/sweeps.md).
 """
 
 from configs.sweeps import OPTIONS_ALONE, Sweep
