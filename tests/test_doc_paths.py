@@ -66,3 +66,24 @@ def test_the_readmes_layout_names_existing_files():
               or os.path.exists(os.path.join(REPO, name))):  # a command named in passing
         missing.append(f'{folder}/{name}')
   assert checked > 20 and not missing, (checked, missing)
+
+
+def _slug(heading: str) -> str:
+  """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces to '-'."""
+  return re.sub(r'[^\w\- ]', '', heading.strip().lower()).replace(' ', '-')
+
+
+@pytest.mark.parametrize('doc', DOCS)
+def test_every_anchor_linked_exists(doc):
+  """`[text](FILE.md#anchor)` and `[text](#anchor)` name a heading of that file."""
+  with open(os.path.join(REPO, doc), encoding='utf-8') as f:
+    links = re.findall(r'\]\(([^)\s]*)#([\w-]+)\)', f.read())
+  missing = []
+  for target, anchor in links:
+    path = os.path.normpath(os.path.join(os.path.dirname(doc), target)) if target else doc
+    with open(os.path.join(REPO, path), encoding='utf-8') as f:
+      headings = re.findall(r'^#+ (.*)$', re.sub(r'^```.*?^```', '', f.read(), flags=re.M | re.S),
+                            flags=re.M)
+    if anchor not in {_slug(h) for h in headings}:
+      missing.append(f'{target or doc}#{anchor}')
+  assert links and not missing, missing
