@@ -283,7 +283,7 @@ DecodeConfig.__module__ = __name__  # (make_dataclass's `module=` is Python 3.12
 @dataclasses.dataclass(frozen=True)
 class MeshConfig(Schema):
   """`config.mesh`: devices as (data, fsdp, tensor) and the logical-axis rules (training/mesh.py
-  builds the mesh; the README's Scaling section says when to use which)."""
+  builds the mesh; docs/guide.md's "Scaling" says when to use which)."""
   SECTION = 'mesh'
   data: int = documented(-1, 'devices splitting the batch (-1: every device the others leave)')
   fsdp: int = documented(1, "devices splitting the batch and the parameters, gradients and "
