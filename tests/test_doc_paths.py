@@ -22,8 +22,17 @@ _PLACEHOLDER = re.compile(r'(^|/)([A-Z][A-Z_]+|[\w.]*NNN[\w.]*)(\.\w+)?(/|$)|\*'
 
 
 def _top_level() -> set[str]:
-  out = subprocess.run(['git', 'ls-files'], cwd=REPO, capture_output=True, text=True, check=True)
-  return {path.split('/')[0] for path in out.stdout.split()}
+  """The repository's own top-level entries: git's where it can tell, else the folder's but what
+  runs and tools leave there (a checkout without git: an unpacked archive)."""
+  try:
+    out = subprocess.run(['git', 'ls-files'], cwd=REPO, capture_output=True, text=True,
+                         check=True).stdout.split()
+  except (OSError, subprocess.CalledProcessError):
+    out = []
+  if out:
+    return {path.split('/')[0] for path in out}
+  return {name for name in os.listdir(REPO) if not name.startswith('.') and name != 'runs'
+          and not name.endswith('.egg-info')}
 
 
 def named_paths(doc: str, top: set[str]) -> list[tuple[int, str, str]]:
