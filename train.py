@@ -14,13 +14,14 @@ environment variables / cluster auto-detection that `jax.distributed.initialize`
 from __future__ import annotations
 
 import os
-import re
 import sys
+from typing import Any, NamedTuple
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 import common.command_line  # noqa: F401  (first: a faster start, see its docstring)
+from common.errors import ConfigError
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'default.py')
 FLAGS = flags.FLAGS
@@ -59,76 +60,49 @@ def _fail(message: str, code: int = 2) -> None:
   cli.fail('train.py', message, code=code)
 
 
-def _config_error_message(error: BaseException, argv: list[str]) -> str:
-  raw = str(error)
-  if 'Traceback (most recent call last)' in raw:  # config_flags wraps the config file's error
-    found = re.findall(r'^(\w+(?:Error|Exception)): (.*)$', raw, flags=re.M)
-    if found:
-      raw = f'{argv_config(argv)}: {found[-1][1]}'
-  text = ' '.join(raw.replace('\\n', ' ').replace('\\', '').split())
-  unknown = _unknown_overrides(argv)
-  if unknown:
-    return unknown
-  return text
+class Resolved(NamedTuple):
+  """What `parse_flags` resolved (configs.resolve): the config the run trains with, each
+  field's origin, and the preset before the command line's overrides."""
+  config: Any
+  origins: dict[str, str]
+  preset: Any
 
 
-def _load_preset(argv: list[str]):
-  """The config of the --config file and preset before any override, or None if it fails."""
-  import importlib.util  # pylint: disable=import-outside-toplevel
-  path, _, preset = argv_config(argv).partition(':')
-  try:
-    spec = importlib.util.spec_from_file_location('_train_config', path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(preset) if preset else module.get_config()
-  except Exception:  # pylint: disable=broad-except
-    return None
-
-
-def _unknown_overrides(argv: list[str]) -> str | None:
-  """'unknown config field --config.x.y; did you mean ...' for the first override naming no
-  field."""
-  config = _load_preset(argv)
-  if config is None:
-    return None
-  from common import schema as schema_lib  # pylint: disable=import-outside-toplevel
-  for arg in argv:
-    if not arg.startswith('--config.'):
-      continue
-    name = arg.split('=', 1)[0][len('--config.'):]
-    node = config
-    for i, key in enumerate(name.split('.')):
-      keys = list(node.keys()) if hasattr(node, 'keys') else []
-      if key not in keys:
-        close = schema_lib.close_fields(name, schema_lib.leaf_paths(config))
-        where = '.'.join(['config'] + name.split('.')[:i])
-        hint = (f'; did you mean {" or ".join(close)}?' if close
-                else f'; {where} has {sorted(keys)}')
-        return f'unknown config field --config.{name}{hint}'
-      node = node[key]
-  return None
+RESOLVED: Resolved | None = None  # set by parse_flags
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-  """absl flag parsing with one-line errors (no traceback) for bad --config/--config.* flags."""
+  """absl flag parsing with one-line errors (no traceback) for bad --config/--config.* flags;
+  the config is `configs.resolve`'s (in RESOLVED), config_flags only reads the overrides' text
+  into values."""
+  global RESOLVED  # pylint: disable=global-statement
+  from configs import resolve  # pylint: disable=import-outside-toplevel
   from workdir import cli  # pylint: disable=import-outside-toplevel
   _define_flags()
-  config_file = argv_config(argv).partition(':')[0]
-  if not os.path.isfile(config_file):
-    _fail(f'config file {config_file!r} not found (--config=configs/NAME.py[:preset])')
+  spec = argv_config(argv)
+  fields = [a.split('=', 1)[0][len('--config.'):] for a in argv if a.startswith('--config.')]
+  try:  # the preset, and the fields the overrides name, before config_flags reads their text
+    preset = resolve.load(spec)
+    resolve.check_fields(preset, fields)
+  except resolve.UnknownField as e:
+    _fail(f'unknown config field --config.{e.field}{e.hint}')
+  except ConfigError as e:
+    _fail(e)
   try:
     config_flags.DEFINE_config_file('config', DEFAULT_CONFIG, 'Config file[:preset].',
                                     lock_config=True)
     with cli.help_exits_zero(argv):
       remaining = FLAGS(argv)
-    FLAGS.config.to_dict()  # loads the file and applies the overrides
-  except flags.Error as e:
-    _fail(_config_error_message(e, argv))
-  except Exception as e:  # pylint: disable=broad-except
-    _fail(_config_error_message(e, argv))
-  if FLAGS.config is None:
-    _fail('--config did not give a config')
-  if not (FLAGS.workdir or FLAGS.show_config or FLAGS.config.train.get('dry_run', False)):
+    overrides = config_flags.get_override_values(FLAGS['config'])
+  except Exception as e:  # pylint: disable=broad-except  (absl/config_flags raise many types)
+    _fail(resolve.flag_error_text(e))
+  try:  # checked by the trainer, once config.train.init_from has filled the model section
+    config, origins = resolve.resolve(preset, overrides, validate=False)
+  except ConfigError as e:
+    _fail(e)
+  config.lock()  # a typo'd field set in code is an error, as on the command line
+  RESOLVED = Resolved(config, origins, preset)
+  if not (FLAGS.workdir or FLAGS.show_config or config.train.get('dry_run', False)):
     _fail('--workdir is required')
   try:  # int flags that become C ints in jax.distributed (the config's: config_io's checks)
     cli.check_int('num_processes', FLAGS.num_processes, lo=1)
@@ -159,10 +133,11 @@ def main(argv: list[str]) -> None:
     logging.set_verbosity(logging.WARNING)
   if len(argv) > 1:
     _fail(f'unexpected arguments {argv[1:]}')
+  config, origins, preset = RESOLVED
   if FLAGS.show_config:
-    _show_config()
+    _show_config(config, origins)
     return
-  if FLAGS.config.train.get('deterministic', False) is True:
+  if config.train.get('deterministic', False) is True:
     from common import accelerator  # pylint: disable=import-outside-toplevel
     accelerator.request_deterministic_ops()  # XLA reads it when the backend starts
   if (FLAGS.jax_distributed or FLAGS.coordinator_address
@@ -174,15 +149,13 @@ def main(argv: list[str]) -> None:
   from workdir import checkpoint  # pylint: disable=import-outside-toplevel
   user_errors = (ConfigError, checkpoint.CheckpointError, *_data_errors())
   try:
-    if FLAGS.config.train.get('dry_run', False):
-      _dry_run(FLAGS.config)
+    if config.train.get('dry_run', False):
+      _dry_run(config)
       return
-    preset = _load_preset(sys.argv)  # for the run's first line: the preset and what differs
-    trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir,
-                               preset=None if preset is None else (_config_name(), preset),
+    trainer.train_and_evaluate(config, FLAGS.workdir, preset=(_config_name(), preset),
                                on_second_interrupt=_interrupted_now,
-                               overridden=frozenset(config_flags.get_override_values(
-                                   FLAGS['config'])))
+                               overridden=frozenset(field for field, origin in origins.items()
+                                                    if origin == 'override'))
   except checkpoint.CheckpointWriteError as e:  # ran, then failed to save
     print(f'train.py: error: {" ".join(str(e).split())}', file=sys.stderr, flush=True)
     sys.stdout.flush()
@@ -200,17 +173,13 @@ def _config_name() -> str:
   return 'configs/default.py' if name == DEFAULT_CONFIG else name
 
 
-def _show_config() -> None:
+def _show_config(config, origins) -> None:
   """--show_config: the resolved config as a table (configs/show.py), then the checks that
   need no devices, so that a config the run would refuse is said so too. No workdir is read."""
-  from common.errors import ConfigError  # pylint: disable=import-outside-toplevel
-  from configs import schema, show  # pylint: disable=import-outside-toplevel
-  preset = _load_preset(sys.argv)
-  overrides = config_flags.get_override_values(FLAGS['config'])
-  print(show.table(FLAGS.config, FLAGS.config if preset is None else preset, set(overrides),
-                   _config_name()), flush=True)
+  from configs import resolve, show  # pylint: disable=import-outside-toplevel
+  print(show.table(config, origins, _config_name()), flush=True)
   try:
-    schema.check_across(schema.validate_sections(FLAGS.config))
+    resolve.check(config)
   except ConfigError as e:
     _fail(e)
 

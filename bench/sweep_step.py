@@ -32,6 +32,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from configs import resolve  # noqa: E402
 from experiments import sweep_file  # noqa: E402
 from model.kinds import adapter_of  # noqa: E402
 from training import config_check, mesh as mesh_lib, optim, state as state_lib, steps  # noqa: E402
@@ -45,8 +46,13 @@ def row_configs(path: str) -> tuple[dict, str]:
   first = {}
   for run in plan.runs:
     first.setdefault(run.row, run)
-  return ({row: sweep_file.parse_config(run.args[0].split('=', 1)[1], list(run.args[2:]))[0]
+  return ({row: _command_line_config(run.args[0].split('=', 1)[1], list(run.args[2:]))
            for row, run in first.items()}, plan.baseline)
+
+
+def _command_line_config(spec: str, args: list[str]):
+  """The config train.py resolves from `--config=SPEC ARGS...`."""
+  return resolve.resolve(spec, resolve.parse_command_line(spec, args))[0]
 
 
 def batch_of(config, model_config, seed: int = 0) -> dict:

@@ -4,7 +4,8 @@ A section is a frozen dataclass whose fields carry their default and a one-line 
 (`documented`), and optionally their choices. `Schema.from_config` builds one from a ConfigDict
 or dict: a field name it does not know is refused with the closest known ones ('did you
 mean'), then `validate()` refuses a value outside its field's choices and checks the section's
-own bounds. The same ranking answers train.py's unknown `--config.X` overrides.
+own bounds. `did_you_mean` is the one hint for a field name nothing has (the resolver's, for
+an override: configs/resolve.py).
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ class Schema:
     known = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(values) - set(known))
     if unknown:
-      close = close_fields(f'{cls.SECTION}.{unknown[0]}', [(cls.SECTION, k) for k in known])
-      hint = f'did you mean {" or ".join(close)}?' if close else f'known: {sorted(known)}'
+      hint = (did_you_mean(f'{cls.SECTION}.{unknown[0]}', [(cls.SECTION, k) for k in known])
+              or f'known: {sorted(known)}')
       raise ConfigError(f'config.{cls.SECTION} has unknown field(s) {unknown}; {hint}')
     config = cls(**values)
     config.validate()
@@ -134,3 +135,10 @@ def close_fields(name: str, paths: Iterable[Sequence[str]]) -> list[str]:
   if not ranked or -ranked[0][0] < 0.6:
     return []
   return ['.'.join(('config',) + r[-1]) for r in ranked[:4] if -r[0] >= -ranked[0][0] - 0.1]
+
+
+def did_you_mean(name: str, paths: Iterable[Sequence[str]]) -> str:
+  """'did you mean config.a.b or config.c.d?' for the unknown dotted `name` (`close_fields`),
+  '' when no field is close."""
+  close = close_fields(name, paths)
+  return f'did you mean {" or ".join(close)}?' if close else ''

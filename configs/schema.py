@@ -21,7 +21,7 @@ from common.errors import ConfigError
 from common.schema import (
   DOC,
   Schema,
-  close_fields,
+  did_you_mean,
   documented,
   in_unit,
   is_int,
@@ -340,8 +340,7 @@ def validate_sections(config) -> dict[str, Schema]:
             f'config has no {name!r} section (start from configs/base.py)')
   unknown = sorted(set(config.keys()) - set(SECTIONS))
   if unknown:
-    close = close_fields(unknown[0], [(name,) for name in SECTIONS])
-    hint = f'did you mean {" or ".join(close)}?' if close else f'known: {list(SECTIONS)}'
+    hint = did_you_mean(unknown[0], [(name,) for name in SECTIONS]) or f'known: {list(SECTIONS)}'
     raise ConfigError(f'config has unknown section(s) {unknown}; {hint}')
   check_numbers(config.to_dict() if hasattr(config, 'to_dict') else dict(config))
   return {name: schema.from_config(config.get(name)) for name, schema in SECTIONS.items()}

@@ -14,16 +14,16 @@ A sweep file is Python, like a preset: its `get_sweep()` returns a `Sweep`.
           seeds=3)                                # or [0, 1, 7]
 
 Each run is `train.py --config=CONFIG --workdir=ROOT/ROW/seed_S --config.FIELD=VALUE ...` with
-the sweep's overrides, the row's, then `train.seed=S`. `plan()` parses every run's command
-line exactly as train.py will (ml_collections' config_flags) and checks it against the config
-schema, so a typo in the last row is refused, in one line, before the first row trains.
+the sweep's overrides, the row's, then `train.seed=S`. `plan()` resolves every row with the
+function train.py runs (`configs.resolve`: the schema's checks, the 'did you mean') and reads
+each run's command line back as train.py will, so a typo in the last row is refused, in one
+line, before the first row trains.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import importlib.util
 import itertools
 import json
 import os
@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from common.errors import ConfigError
-from common.schema import close_fields, leaf_paths
+from configs import resolve
 from configs.sweeps import Sweep
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -98,10 +98,7 @@ def load(path: str) -> Sweep:
   if not os.path.isfile(path):
     raise SweepError(f'sweep file {path!r} not found (--sweep=configs/sweeps/NAME.py)')
   try:
-    spec = importlib.util.spec_from_file_location('_sweep_file', path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    sweep = module.get_sweep()
+    sweep = resolve.call_in_file(path, 'get_sweep')
   except SystemExit as e:  # sys.exit() in the file: no plan, and no silent exit 0
     raise SweepError(f'{path}: the sweep file called sys.exit({e.code!r}) (a sweep file '
                      'defines get_sweep() -> Sweep)') from None
@@ -195,38 +192,11 @@ def flag_value(value: Any) -> str:
 
 
 def _check_fields(config, overrides: Mapping[str, Any], where: str) -> None:
-  """Every overridden field exists (train.py's 'did you mean' for a typo)."""
-  paths = leaf_paths(config)
-  known = {'.'.join(p) for p in paths}
-  for field in overrides:
-    if not isinstance(field, str) or field not in known:
-      close = close_fields(str(field), paths)
-      hint = f'; did you mean {" or ".join(close)}?' if close else ''
-      raise SweepError(f'{where}: unknown config field {field!r}{hint}')
-
-
-def parse_config(config: str, args: Sequence[str]):
-  """The config train.py builds from `--config=CONFIG` and `args` (`--config.F=V`...), parsed
-  by config_flags exactly as train.py parses them."""
-  from absl import flags  # pylint: disable=import-outside-toplevel
-  from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
-  values = flags.FlagValues()
-  argv = ['train.py', f'--config={config}', *args]
-  config_flags.DEFINE_config_file('config', None, 'Config file[:preset].', flag_values=values,
-                                  lock_config=True, sys_argv=argv)
-  values(argv)
-  return values.config, config_flags.get_override_values(values['config'])
-
-
-def _error_text(error: BaseException) -> str:
-  """config_flags' error in one line: a config file's own error (which config_flags wraps in
-  its traceback) by its last line."""
-  raw = str(error)
-  if 'Traceback (most recent call last)' in raw:
-    found = re.findall(r'^(\w+(?:Error|Exception)): (.*)$', raw, flags=re.M)
-    if found:
-      raw = found[-1][1]
-  return ' '.join(raw.split())
+  """Every overridden field exists (the resolver's 'did you mean' for a typo)."""
+  try:
+    resolve.check_fields(config, list(overrides))
+  except resolve.UnknownField as e:
+    raise SweepError(f'{where}: {e}') from None
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -234,22 +204,23 @@ def _same(a: Any, b: Any) -> bool:
   return a == b or (isinstance(a, float) and isinstance(b, float) and a != a and b != b)
 
 
-def _resolve(config_file: str, overrides: Mapping[str, Any], where: str):
-  """The resolved config of one run, checked against the schema (as --show_config checks)."""
-  from configs import schema  # pylint: disable=import-outside-toplevel
-  args = [f'--config.{k}={flag_value(v)}' for k, v in overrides.items()]
+def _resolve(config_file: str, preset, overrides: Mapping[str, Any], where: str):
+  """The resolved config of one run, by the resolver train.py runs (checked against the
+  schema, as --show_config checks it), and the values its command line (`--config.F=TEXT`)
+  reads back: each must be the row's."""
   try:
-    config, parsed = parse_config(config_file, args)
-  except Exception as e:  # noqa: BLE001  (absl/config_flags raise many types)
-    raise SweepError(f'{where}: {_error_text(e)}') from None
+    config, _ = resolve.resolve(preset, overrides)
+  except ConfigError as e:
+    raise SweepError(f'{where}: {e}') from None
+  try:
+    parsed = resolve.parse_command_line(
+        config_file, [f'--config.{k}={flag_value(v)}' for k, v in overrides.items()])
+  except ConfigError as e:
+    raise SweepError(f'{where}: {e}') from None
   for field, value in overrides.items():
     if not _same(parsed.get(field), value):
       raise SweepError(f'{where}: config.{field}={value!r} does not survive train.py\'s '
                        f'command line (it reads {flag_value(value)!r} as {parsed.get(field)!r})')
-  try:
-    schema.check_across(schema.validate_sections(config))
-  except ConfigError as e:
-    raise SweepError(f'{where}: {e}') from None
   return config
 
 
@@ -266,9 +237,9 @@ def plan(sweep: Sweep, root: str, path: str = '') -> Plan:
   seeds = seeds_of(sweep)
   rows = expand_rows(sweep)
   try:
-    base, _ = parse_config(config_arg, [])
-  except Exception as e:  # noqa: BLE001
-    raise SweepError(f'config {sweep.config!r}: {_error_text(e)}') from None
+    base = resolve.load(config_arg)
+  except ConfigError as e:
+    raise SweepError(f'config {sweep.config!r}: {e}') from None
   _check_fields(base, sweep.overrides, 'the sweep\'s overrides')
   baseline = sweep.baseline if sweep.baseline is not None else next(iter(rows))
   if baseline not in rows:
@@ -287,7 +258,7 @@ def plan(sweep: Sweep, root: str, path: str = '') -> Plan:
     if SEED_FIELD in row or SEED_FIELD in sweep.overrides:
       raise SweepError(f'{where}: {SEED_FIELD} comes from seeds=, not from overrides')
     overrides = {**sweep.overrides, **row}
-    config = _resolve(config_arg, {**overrides, SEED_FIELD: seeds[0]}, where)
+    config = _resolve(config_arg, base, {**overrides, SEED_FIELD: seeds[0]}, where)
     configs[name] = json.loads(json.dumps(config.to_dict(), default=str))
     translates = adapter_of(config.model).has_source
     for seed in seeds:

@@ -262,9 +262,8 @@ def test_exports_refuse_what_they_cannot_compute(fields, feature):
 
 
 def test_show_config_lists_each_option_with_its_doc():
-  from configs import show  # pylint: disable=import-outside-toplevel
-  config = default.get_config()
-  table = show.table(config, config, set(), 'configs/default.py')
+  from configs import resolve, show  # pylint: disable=import-outside-toplevel
+  table = show.table(*resolve.resolve('configs/default.py'), 'configs/default.py')
   for field in ('model.norm', 'model.qk_norm', 'model.zero_init_out', 'model.activation',
                 'optimizer.name', 'optimizer.schedule', 'optimizer.decay_fraction',
                 'train.z_loss'):

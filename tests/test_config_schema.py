@@ -9,7 +9,7 @@ import test_train_synthetic as syn
 
 from common.errors import ConfigError
 from common.schema import DOC, default_of
-from configs import base, default, schema, show
+from configs import base, resolve, schema, show
 from training import config_check
 
 
@@ -87,11 +87,9 @@ def test_unknown_fields_and_sections_get_did_you_mean():
 
 
 def test_origins_of_a_preset_field_an_override_and_a_default():
-  preset = default.get_config('tiny')
-  config = default.get_config('tiny')
-  config.train.num_steps, config.mesh.rules.vocab = 9, ''
-  found = {r[0]: r for lines in show.rows(config, preset, {'train.num_steps', 'mesh.rules.vocab'})
-           for r in lines}
+  config, origins = resolve.resolve('configs/default.py:tiny',
+                                    {'train.num_steps': 9, 'mesh.rules.vocab': ''})
+  found = {r[0]: r for lines in show.rows(config, origins) for r in lines}
   assert found['train.num_steps'][1:3] == ('9', 'override')
   assert found['mesh.rules.vocab'][1:3] == ("''", 'override')
   assert found['train.batch_size'][1:3] == ('16', 'preset')  # the schema's is 256

@@ -231,9 +231,8 @@ def test_the_fields_are_checked_and_shown():
   for bad in (-0.5, float('inf'), True):
     with pytest.raises(ConfigError, match='config.train.rdrop_alpha'):
       schema.TrainConfig.from_config({**default.get_config().train.to_dict(), 'rdrop_alpha': bad})
-  from configs import show  # pylint: disable=import-outside-toplevel
-  config = default.get_config()
-  table = show.table(config, config, set(), 'configs/default.py')
+  from configs import resolve, show  # pylint: disable=import-outside-toplevel
+  table = show.table(*resolve.resolve('configs/default.py'), 'configs/default.py')
   for field in ('model.activation_dropout_rate', 'train.rdrop_alpha'):
     (line,) = [line for line in table.splitlines() if line.split()[:1] == [field]]
     assert len(line.split()) > 4, line  # value, origin and a doc

@@ -16,6 +16,7 @@ import pytest
 import test_train_synthetic as syn
 from mains import run_mains
 
+from configs import resolve
 from configs.sweeps import Sweep
 from experiments import launch, sweep_file
 from experiments.sweep_file import SweepError
@@ -59,8 +60,9 @@ def test_plan_rows_grid_and_seeds(tmp_path):
   assert run.workdir == str(tmp_path / 'post+learning_rate=1.0' / 'seed_7')
   assert '--config.optimizer.learning_rate=1.0' in run.args
   assert '--config.train.seed=7' in run.args and run.args[-1] == '--config.train.seed=7'
-  # The runs' command lines parse, through config_flags, to the values the file gave.
-  config, _ = sweep_file.parse_config(run.args[0].split('=', 1)[1], run.args[2:])
+  # The runs' command lines parse, as train.py parses them, to the values the file gave.
+  spec = run.args[0].split('=', 1)[1]
+  config, _ = resolve.resolve(spec, resolve.parse_command_line(spec, run.args[2:]))
   assert (config.model.norm_position, config.optimizer.learning_rate, config.train.seed) == (
       'post', 1.0, 7)
   only_grid = sweep_file.plan(Sweep(config=TINY, grid={'model.dropout_rate': [0.0, 0.3]}),

@@ -131,15 +131,20 @@ def test_the_config_is_echoed_against_its_preset(logged):
 
 
 def test_did_you_mean_ranks_by_the_last_component():
-  import train  # pylint: disable=import-outside-toplevel
-  argv = ['train.py', '--config=configs/default.py:tiny']
-  message = train._unknown_overrides(argv + ['--config.model.num_layers=2'])
-  assert message.startswith('unknown config field --config.model.num_layers; did you mean ')
-  assert 'config.model.num_encoder_layers' in message
-  assert 'config.model.num_decoder_layers' in message
-  assert 'scan_layers' not in message
-  assert train._unknown_overrides(argv + ['--config.trian.num_steps=2']) == (
-      'unknown config field --config.trian.num_steps; did you mean config.train.num_steps?')
+  from configs import resolve  # pylint: disable=import-outside-toplevel
+
+  def message(field):
+    with pytest.raises(resolve.UnknownField) as caught:
+      resolve.resolve('configs/default.py:tiny', {field: 2})
+    return str(caught.value)
+
+  found = message('model.num_layers')
+  assert found.startswith("unknown config field 'model.num_layers'; did you mean ")
+  assert 'config.model.num_encoder_layers' in found
+  assert 'config.model.num_decoder_layers' in found
+  assert 'scan_layers' not in found
+  assert message('trian.num_steps') == (
+      "unknown config field 'trian.num_steps'; did you mean config.train.num_steps?")
 
 
 def test_best_figures_survive_a_resume(logged, tmp_path):

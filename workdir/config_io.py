@@ -1,7 +1,7 @@
 """The resolved config in `DIR/config.json`: `save_config(config, workdir)` writes it (atomically),
-`load_config(workdir)` reads it back as an `ml_collections.ConfigDict`, a field the run predates
-at its schema's default. (What a config must satisfy to train, and to train in a workdir that
-holds a run: `training.config_check`.)"""
+`load_config(workdir)` reads it back as an `ml_collections.ConfigDict` through the resolver
+(`configs.resolve`), a field the run predates at its schema's default. (What a config must
+satisfy to train, and to train in a workdir that holds a run: `training.config_check`.)"""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import ml_collections
 
 from common.atomic_file import atomic_write
 from common.files import read_regular
-from configs import schema
+from configs import resolve, schema
 from model.config import ConfigError
 
 CONFIG_FILE = 'config.json'
@@ -55,6 +55,6 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   if not isinstance(values, dict) or not all(isinstance(v, dict) for v in values.values()):
     raise ConfigError(f'{path} is not a config: a JSON object of sections '
                       f'({", ".join(schema.SECTIONS)}), each an object, was expected')
-  for name, section in schema.SECTIONS.items():
-    values[name] = section.defaults() | values.get(name, {})
-  return ml_collections.ConfigDict(values)
+  # Not checked here: a workdir's own run passed the checks of its version (the model section
+  # is checked where it is built, `ModelConfig.from_config`).
+  return resolve.resolve(values, validate=False)[0]
