@@ -18,7 +18,7 @@ from model import build_model, layers
 from model.config import ConfigError, ModelConfig
 from model.dropout import hashed_bits, keep_threshold
 from training import steps
-from training.losses import smoothed_cross_entropy, symmetric_kl
+from training.losses import smoothed_cross_entropy, symmetric_kl, symmetric_kl_reference
 from training.state import TrainState
 
 # The trainer's runs (the resume test) share their compiled programs.
@@ -132,9 +132,17 @@ def test_symmetric_kl_equation():
   la, lb = log_softmax(a), log_softmax(b)
   kl_ab = (np.exp(la) * (la - lb)).sum(-1)
   kl_ba = (np.exp(lb) * (lb - la)).sum(-1)
-  got = symmetric_kl(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32))
-  np.testing.assert_allclose(got, kl_ab + kl_ba, rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(symmetric_kl(jnp.asarray(a), jnp.asarray(a)), 0.0, atol=1e-6)
+  a32, b32 = jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)
+  for kl in (symmetric_kl, symmetric_kl_reference):
+    np.testing.assert_allclose(kl(a32, b32), kl_ab + kl_ba, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(kl(a32, a32), 0.0, atol=1e-6)
+  # The fused gradient (closed form) is autodiff's of the formula, to both sides.
+  w = jnp.asarray(rng.rand(2, 3), jnp.float32)
+
+  def grads(kl):
+    return jax.grad(lambda x, y: (kl(x, y) * w).sum(), argnums=(0, 1))(a32, b32)
+  for fused, reference in zip(grads(symmetric_kl), grads(symmetric_kl_reference), strict=True):
+    np.testing.assert_allclose(fused, reference, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize('kind', ['encoder_decoder', 'decoder_only'])
