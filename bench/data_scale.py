@@ -236,6 +236,8 @@ def main() -> None:
   parser.add_argument('--warmup', type=int, default=5)
   parser.add_argument('--workers', default='0,1,2', help='Grain worker counts to measure')
   parser.add_argument('--half', action='store_true', help='also prepare half the corpus')
+  parser.add_argument('--stages', default='prepare,start,resume,throughput',
+                      help='which to measure (start and resume need a prepared root)')
   parser.add_argument('--stage', help=argparse.SUPPRESS)
   parser.add_argument('--files', help=argparse.SUPPRESS)
   parser.add_argument('--data_dir', help=argparse.SUPPRESS)
@@ -255,12 +257,17 @@ def main() -> None:
   runs = os.path.join(args.root, f'runs.{args.size}')
   results = {'corpus_s': round(corpus_s, 1),
              'corpus_bytes': sum(os.path.getsize(p) for p in args.corpus.values())}
-  results['prepare'] = _run_stage(args, 'prepare', os.path.join(runs, 'first'))
-  results['start'] = _run_stage(args, 'start', os.path.join(runs, 'second'))
-  results['resume'] = _run_stage(args, 'resume', os.path.join(runs, 'second'))
+  stages = args.stages.split(',')
+  if 'prepare' in stages:
+    results['prepare'] = _run_stage(args, 'prepare', os.path.join(runs, 'first'))
+  if 'start' in stages:
+    results['start'] = _run_stage(args, 'start', os.path.join(runs, 'second'))
+  if 'resume' in stages:
+    results['resume'] = _run_stage(args, 'resume', os.path.join(runs, 'second'))
   workers = [int(w) for w in args.workers.split(',') if w] if args.kind == 'translation' else [0]
-  results['throughput'] = {str(w): _run_stage(args, 'throughput', os.path.join(runs, 'second'), w)
-                           for w in workers}
+  if 'throughput' in stages:
+    results['throughput'] = {
+        str(w): _run_stage(args, 'throughput', os.path.join(runs, 'second'), w) for w in workers}
   if args.half:
     whole = args.corpus, args.size
     args.size //= 2
@@ -270,7 +277,7 @@ def main() -> None:
     args.corpus, args.size = whole
   print(json.dumps({
       'benchmark': 'data_scale', 'kind': args.kind, 'size': args.size,
-      'batch': results['throughput']['0'].get('batch_shape'),
+      'batch': results.get('throughput', {}).get('0', {}).get('batch_shape'),
       'machine': f'{platform.machine()}, {os.cpu_count()} CPU cores, {platform.python_version()}',
       'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
       'command': ' '.join(sys.argv), **results}, indent=2))
