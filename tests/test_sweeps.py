@@ -187,14 +187,18 @@ def _checkpoints(workdir) -> list[int]:
       directory) else []
 
 
-def _pending(pid: int) -> int:
-  """The signals sent to process `pid` and not yet delivered (bit N-1: signal N); 0 when the
-  process is gone."""
+def _proc_status(pid: int, field: str) -> str:
+  """A field of /proc/PID/status ('' when the process is gone)."""
   try:
     with open(f'/proc/{pid}/status', encoding='ascii') as f:
-      return next((int(line.split()[1], 16) for line in f if line.startswith('ShdPnd:')), 0)
+      return next((line.split()[1] for line in f if line.startswith(f'{field}:')), '')
   except OSError:
-    return 0
+    return ''
+
+
+def _pending(pid: int) -> int:
+  """The signals sent to process `pid` and not yet delivered (bit N-1: signal N)."""
+  return int(_proc_status(pid, 'ShdPnd') or '0', 16)
 
 
 def _gone(pid: int) -> bool:
@@ -223,6 +227,10 @@ def _stop_third_run(proc, root) -> list[int]:
   status = json.loads((root / '.sweep' / 'status' / 'pre.seed_0.json').read_text())
   train_pid = status['train_pid']
   os.kill(train_pid, signal.SIGSTOP)
+  # Stopped, not only sent SIGSTOP: a SIGINT that came before it stopped would be taken (the
+  # lower number first) and wait, unseen, for a Python handler that cannot run.
+  while _proc_status(train_pid, 'State') not in ('T', ''):
+    time.sleep(0.02)
   proc.send_signal(signal.SIGTERM)
   while proc.poll() is None and not _pending(train_pid) & (1 << (signal.SIGINT - 1)):
     time.sleep(0.02)
