@@ -69,8 +69,8 @@ class _Conversation:
   def ask(self, line: str) -> str:
     self.proc.stdin.write(line.encode() + b'\n')
     self.proc.stdin.flush()
-    try:
-      answer = self.lines.get()
+    try:  # a bound that is the check (an answer while the input stays open), not a guard
+      answer = self.lines.get(timeout=300)
     except queue.Empty:
       self.proc.kill()
       raise AssertionError(f'no answer to {line!r} while the input stays open') from None
