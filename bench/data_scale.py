@@ -10,8 +10,9 @@ start, its peak RSS from `wait4`), as a run would start:
 
   corpus      the synthetic files (not timed as preparation): `size` lines, words drawn with
               the bundled corpora's word frequencies (Multi30k's English for the source and
-              language-model text, its German for the target, with German-style compounds so
-              that the tokenizer meets a large vocabulary), lengths like WMT14 En-De's or
+              language-model text, its German for the target; the target and the language
+              model's text with compounds of two words, so that the tokenizer meets as many
+              word types as a real corpus offers its 32-37k pieces), lengths like WMT14 En-De's or
               LM1B's (below)
   prepare     a first `get_datasets` and its first batch: the files read into the prepared
               text store, sentencepiece trained on `tokenizer_max_sentences` sentences, the
@@ -96,7 +97,8 @@ def make_corpus(kind: str, size: int, root: str, seed: int = 0) -> dict[str, str
     for first in range(0, n, 100_000):
       m = min(100_000, n - first)
       src = np.clip(rng.lognormal(np.log(median), sigma, m), 1, _MAX_WORDS).astype(np.int64)
-      outs['en'].write('\n'.join(_sentences(rng, en, en_p, src)) + '\n')
+      # (the language model's text gets compounds too: LM1B's 32k pieces need the word types)
+      outs['en'].write('\n'.join(_sentences(rng, en, en_p, src, compounds=kind == 'lm')) + '\n')
       if kind == 'translation':
         ratio = rng.lognormal(np.log(_TARGET_RATIO[0]), _TARGET_RATIO[1], m)
         tgt = np.clip(np.round(src * ratio), 1, _MAX_WORDS).astype(np.int64)
