@@ -201,7 +201,12 @@ def _run_stage(args, stage: str, workdir: str, num_workers: int = 0, data_dir=No
     if code:
       raise SystemExit(f'data_scale: stage {stage} failed ({code}):\n'
                        f'{err.read().decode()[-3000:]}')
-    result = json.loads(out.read().decode().strip().splitlines()[-1])
+    lines = out.read().decode().strip().splitlines()
+    result = json.loads(lines[-1])
+    # The preparation's own lines: how long the text, the tokenizer and the ids each took.
+    said = [line for line in lines[:-1] if line.startswith(('prepared ', 'tokenized ', 'trained '))]
+    if said:
+      result['log'] = said
   # peak_rss_gib: the kernel's peak resident set (ru_maxrss), mapped file pages included;
   # peak_anon_gib: the process's own memory (sampled every 0.1 s): what cannot be evicted.
   result.update(wall_s=round(time.time() - start, 2),

@@ -382,7 +382,12 @@ def _shared(data_config, name: str) -> Tokenizer:
         return load_tokenizer(cache)
       except DataError as e:
         log.warning('Training the tokenizer again: the shared copy is unusable (%s)', e)
+    print(f'training the {name} tokenizer on the train split of {data_config.dataset!r} '
+          f'(kept in {cache}) ...', flush=True)
+    start = time.time()
     tokenizer = _train(data_config, name)
+    print(f'trained the {name} tokenizer ({tokenizer.vocab_size:,} ids) in '
+          f'{time.time() - start:.1f}s', flush=True)
     try:
       tokenizer.save(os.path.join(cache, TOKENIZER_DIR))
     except DataError as e:  # a cache: the run goes on with the tokenizer it trained
