@@ -31,7 +31,7 @@ class Datasets:
   config: Any  # the full ml_collections config
   process_index: int
   process_count: int
-  _streams: dict = dataclasses.field(default_factory=dict, repr=False)  # split -> TokenIds
+  _token_ids: dict = dataclasses.field(default_factory=dict, repr=False)  # split -> TokenIds
   layout: str = pipeline.SENTENCE_PAIRS
 
   @property
@@ -42,9 +42,9 @@ class Datasets:
     return split or self.config.data.eval_split
 
   def _ids(self, split: str) -> token_cache.TokenIds:
-    if split not in self._streams:
-      self._streams[split] = token_cache.token_ids(self.config.data, split, self.tokenizer)
-    return self._streams[split]
+    if split not in self._token_ids:
+      self._token_ids[split] = token_cache.token_ids(self.config.data, split, self.tokenizer)
+    return self._token_ids[split]
 
   def _stream(self, split: str):
     ids = self._ids(split)
@@ -152,7 +152,7 @@ def get_datasets(config, *, workdir: str | None, layout: str | None = None,
         num_workers=data.get('num_workers') or 0)
   return Datasets(tokenizer=tokenizer, train_iter=pipeline.TrainIterator(train, info),
                   batch_size=batch_size, config=config, process_index=process_index,
-                  process_count=process_count, _streams=streams, layout=layout)
+                  process_count=process_count, _token_ids=streams, layout=layout)
 
 
 def _check_sampling(tokenizer, layout: str, data) -> None:

@@ -215,9 +215,14 @@ def test_subword_sampling_is_a_function_of_seed_and_window(tmp_path, corpus):
 
 
 def test_subword_sampling_needs_sentencepiece_translation(tmp_path, corpus):
+  from common.errors import ConfigError
+  from configs import schema
   config = _lm_config(tmp_path / 'tfds', corpus, subword_sampling_alpha=0.1)
+  with pytest.raises(ConfigError, match="needs config.data.tokenizer='sentencepiece' and a "
+                     r"translation model \(tokenizer='sentencepiece', model.kind='decoder_only'"):
+    schema.check_across(schema.validate_sections(config))  # what train.py checks first
   with pytest.raises(ip.DataError, match='applies to translation'):
-    _datasets(config, tmp_path / 'wd')
+    _datasets(config, tmp_path / 'wd')  # and the pipeline, for a config made in Python
 
 
 # ----------------------------------------------------------------------------- preparation
