@@ -362,6 +362,13 @@ def check_across(sections: Mapping[str, Schema]) -> None:
   require(is_int(data.vocab_size) and 0 < data.vocab_size <= model.vocab_size,
           f'config.data.vocab_size={data.vocab_size!r} must be in [1, config.model.vocab_size='
           f'{model.vocab_size}]')
+  # Sampled segmentations: a sentencepiece model's, for translation's sentence pairs (a
+  # language model's stream is cut into blocks wherever the pieces fall).
+  require(not data.subword_sampling_alpha or (
+      data.tokenizer == 'sentencepiece' and adapter_of(model).batch_layout == 'sentence_pairs'),
+          f'config.data.subword_sampling_alpha={data.subword_sampling_alpha} needs '
+          f"config.data.tokenizer='sentencepiece' and a translation model (tokenizer="
+          f'{data.tokenizer!r}, model.kind={model.kind!r})')
 
 
 def check_numbers(values: Mapping[str, Any], prefix: str = 'config') -> None:
