@@ -32,9 +32,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax
 from absl import logging
 
+import optim
 from configs import wmt14_base, wmt14_big
 from model import ModelConfig
-from training import mesh as mesh_lib, optim, state as state_lib
+from training import mesh as mesh_lib, state as state_lib
 from workdir import checkpoint, checkpoint_files
 
 PRESETS = {'base': wmt14_base, 'big': wmt14_big}

@@ -40,9 +40,10 @@ def main():
   # (and the project's modules import JAX).
   import jax
 
+  import optim
   from configs import shakespeare_char
   from model import ModelConfig
-  from training import mesh as mesh_lib, optim, state as state_lib, steps
+  from training import mesh as mesh_lib, state as state_lib, steps
 
   config = shakespeare_char.get_config()
   config.model.scan_layers = args.scan_layers

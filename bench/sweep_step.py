@@ -32,10 +32,11 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+import optim  # noqa: E402
 from configs import resolve  # noqa: E402
 from experiments import sweep_file  # noqa: E402
 from model.kinds import adapter_of  # noqa: E402
-from training import config_check, mesh as mesh_lib, optim, state as state_lib, steps  # noqa: E402
+from training import config_check, mesh as mesh_lib, state as state_lib, steps  # noqa: E402
 
 
 def row_configs(path: str) -> tuple[dict, str]:

@@ -32,10 +32,8 @@ from common.tokens import PRETRAINED_TOKENIZERS, SENTENCEPIECE_MODEL_TYPES, TOKE
 from model.config import ModelConfig
 from model.kinds import adapter_of
 from model.partitioning import DEFAULT_RULES, LOGICAL_AXES, MESH_AXES, Rules
+from optim import OPTIMIZERS, SCHEDULES, WEIGHT_DECAY_MASKS  # the choices are the tables' rows
 
-OPTIMIZERS = ('adam', 'adamw', 'muon')  # training.optim.make_optimizer
-SCHEDULES = ('rsqrt', 'cosine', 'constant', 'wsd')  # training.optim.make_schedule
-WEIGHT_DECAY_MASKS = ('ndim', 'matrices')  # training.optim.decay_mask
 MIN_MAX_LENGTH = 2  # a token and its EOS
 UINT32 = 'uint32'  # field metadata: an int used as a uint32 (a PRNG seed), not an int32
 
@@ -120,7 +118,7 @@ class OptimizerConfig(Schema):
   """`config.optimizer`: Adam(W), its learning-rate schedule and gradient clipping."""
   SECTION = 'optimizer'
   name: str = documented('adam', 'Adam (the paper), AdamW (decoupled weight decay), or Muon '
-                         'for the layers\' matrices and Adam for the rest (training/optim.py)',
+                         'for the layers\' matrices and Adam for the rest (optim/optimizers.py)',
                          choices=OPTIMIZERS)
   learning_rate: float = documented(1.0, "the peak, or the factor of 'rsqrt' (the paper: 1)")
   schedule: str = documented('rsqrt', "'rsqrt': d_model^-0.5 * min(step^-0.5, "
@@ -131,7 +129,7 @@ class OptimizerConfig(Schema):
   eps: float = documented(1e-9, "Adam's epsilon (the paper: 1e-9)")
   weight_decay: float = documented(0.0, 'decoupled weight decay (needs name=adamw or muon)')
   weight_decay_mask: str = documented('ndim', "what decays: 'ndim' (>= 2-D) or 'matrices' "
-                                      '(training/optim.py)', choices=WEIGHT_DECAY_MASKS)
+                                      '(optim/optimizers.py)', choices=WEIGHT_DECAY_MASKS)
   grad_clip_norm: float = documented(0.0, 'clip the global gradient norm (0 = no clipping)')
   min_learning_rate_ratio: float = documented(0.1, 'cosine and wsd floor, as a fraction of '
                                               'the peak')

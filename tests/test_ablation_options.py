@@ -13,11 +13,13 @@ import pytest
 from flax import nnx
 from test_model import assert_cache_equals_full_forward
 
+import optim
 from configs import default
 from hf_export import ctranslate2 as ct2_export, targets
-from model import build_model, layers
+from model import build, build_model, layers
 from model.config import ModelConfig
-from training import optim, steps
+from optim import ema as ema_lib, schedules
+from training import steps
 from training.state import TrainState
 
 TINY = dict(kind='encoder_decoder', vocab_size=40, num_encoder_layers=2, num_decoder_layers=2,
@@ -141,7 +143,7 @@ def test_zero_init_out(init):
 # ----------------------------------------------------------------------------- training
 
 def test_wsd_schedule():
-  schedule = optim.wsd_schedule(2.0, warmup_steps=10, num_steps=100, decay_fraction=0.2,
+  schedule = schedules.wsd_schedule(2.0, warmup_steps=10, num_steps=100, decay_fraction=0.2,
                                 min_ratio=0.1)
   def reference(step):  # the update count from 0, as every schedule here
     if step < 10:
@@ -157,7 +159,7 @@ def test_wsd_schedule():
 def test_wsd_schedule_last_update_is_the_floor(num_steps, decay_fraction):
   """The run's last update (count num_steps - 1) takes min_ratio x the peak, and a decay of
   one update decays (it was one update short: the floor came at count num_steps, never run)."""
-  schedule = optim.wsd_schedule(2.0, warmup_steps=0, num_steps=num_steps,
+  schedule = schedules.wsd_schedule(2.0, warmup_steps=0, num_steps=num_steps,
                                 decay_fraction=decay_fraction, min_ratio=0.1)
   assert float(schedule(num_steps - 1)) == pytest.approx(0.2, rel=1e-6)
   if num_steps > 1:  # the update before the decay is at the peak
@@ -203,15 +205,15 @@ def test_muon_takes_the_layers_matrices_and_adam_the_rest(tmp_path):
   config = default.get_config('tiny')
   config.optimizer.name = 'muon'
   config.optimizer.schedule = 'wsd'
-  params = _params(build_model(ModelConfig.from_config({**TINY, 'activation': 'swiglu'})))
+  axes = build.logical_axes(ModelConfig.from_config({**TINY, 'activation': 'swiglu'}))
   is_spec = lambda x: x is None or isinstance(x, optax.contrib.MuonDimensionNumbers)  # noqa: E731
-  dims = _flat(jax.tree.map(lambda d: np.asarray(d is not None), optim.muon_dimensions(params),
+  dims = _flat(jax.tree.map(lambda d: np.asarray(d is not None), optim.muon_dimensions(axes),
                             is_leaf=is_spec))
   muon = sorted(k for k, v in dims.items() if v)
   # Per encoder layer qkv, out, wi, wo; per decoder layer those and the cross query, kv, out.
   assert all(k.endswith("['kernel']") for k in muon) and len(muon) == 2 * 4 + 2 * 7
   assert not dims["['embed']['embedding']"]
-  spec = optim.muon_dimensions(params)['encoder']['layers'][0]['self_attention']['qkv']['kernel']
+  spec = optim.muon_dimensions(axes)['encoder']['layers'][0]['self_attention']['qkv']['kernel']
   assert (spec.reduction_axis, spec.output_axis) == ((0,), (2, 3))  # Q, K, V apart
   tx = optim.make_optimizer(config)
   model_config = ModelConfig.from_config({**TINY, 'activation': 'swiglu'})
@@ -275,7 +277,7 @@ def test_show_config_lists_each_option_with_its_doc():
 # ----------------------------------------------------------------------------- EMA
 
 def test_ema_equation_and_off_is_the_plain_optimizer():
-  tx = optim.with_ema(optax.sgd(0.5), 0.9)
+  tx = ema_lib.with_ema(optax.sgd(0.5), 0.9)
   params = {'w': jnp.array([1.0, -2.0])}
   state = tx.init(params)
   ema, p = np.array([1.0, -2.0]), np.array([1.0, -2.0])
@@ -288,12 +290,12 @@ def test_ema_equation_and_off_is_the_plain_optimizer():
     ema = d * ema + (1 - d) * p
     np.testing.assert_allclose(state.ema['w'], ema, rtol=1e-6)
     np.testing.assert_allclose(params['w'], p, rtol=1e-6)
-  np.testing.assert_allclose(optim.evaluated_params(TrainState(0, params, state, None))['w'], ema,
+  np.testing.assert_allclose(ema_lib.weights(TrainState(0, params, state, None))['w'], ema,
                              rtol=1e-6)
   config = default.get_config('tiny')
-  assert not isinstance(optim.make_optimizer(config).init(params), optim.EmaState)
+  assert not isinstance(optim.make_optimizer(config).init(params), ema_lib.EmaState)
   config.train.ema_decay = 0.99
-  assert isinstance(optim.make_optimizer(config).init(params), optim.EmaState)
+  assert isinstance(optim.make_optimizer(config).init(params), ema_lib.EmaState)
 
 
 def test_ema_is_checkpointed_evaluated_and_decoded(tmp_path):
@@ -306,14 +308,14 @@ def test_ema_is_checkpointed_evaluated_and_decoded(tmp_path):
   import inference  # pylint: disable=import-outside-toplevel
   from input_pipeline import tokenizers  # pylint: disable=import-outside-toplevel
   from training import config_check  # pylint: disable=import-outside-toplevel
-  from workdir import checkpoint  # pylint: disable=import-outside-toplevel
+  from workdir import checkpoint, config_io  # pylint: disable=import-outside-toplevel
   workdir = str(tmp_path / 'ema')
   overrides = {'train.checkpoint_every_steps': 6, 'train.eval_every_steps': 6,
                'train.ema_decay': 0.5, 'data.tokenizer': 'char'}  # decoding's, saved below
   final = syn.run(workdir, 'encoder_decoder', overrides)['state']
   tokenizers.CharTokenizer(list(syn.ALPHABET)).save(os.path.join(workdir, 'tokenizer'))
-  assert isinstance(final.opt_state, optim.EmaState)
-  stored_ema, step = checkpoint.restore_params(workdir, ema=True)
+  assert isinstance(final.opt_state, ema_lib.EmaState)
+  stored_ema, step = checkpoint.restore_params(workdir, config=config_io.load_config(workdir))
   last, _ = checkpoint.restore_params(workdir)
   assert step == 6
   for a, b in zip(jax.tree.leaves(stored_ema), jax.tree.leaves(final.opt_state.ema),

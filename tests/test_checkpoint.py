@@ -53,8 +53,9 @@ def test_a_params_only_checkpoint_starts_a_run_as_a_full_step_0_state_did(straig
   """`save_params` (what an import writes): decode.py reads it as any checkpoint, the trainer's
   restore gives `ParamsOnly`, and a run started from it is bitwise the run started from a full
   step-0 train state holding those parameters (what imports wrote before)."""
+  import optim  # pylint: disable=import-outside-toplevel
   from model import ModelConfig  # pylint: disable=import-outside-toplevel
-  from training import mesh as mesh_lib, optim, state as state_lib  # pylint: disable=import-outside-toplevel
+  from training import mesh as mesh_lib, state as state_lib  # pylint: disable=import-outside-toplevel
   params, _ = checkpoint.restore_params(straight_run[0])  # trained: not the run's own init
   only, full = str(tmp_path / 'only'), str(tmp_path / 'full')
   checkpoint.save_params(only, params)

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import optim
 from common import scores
 from configs import shakespeare_char
 from model import build_model, params_of
 from model.build import with_options
 from model.config import ConfigError, ModelConfig
-from training import optim
 
 LAYERS = 3
 
@@ -96,8 +96,8 @@ def test_old_config_without_the_new_fields_loads_with_defaults():
 @pytest.mark.parametrize('scan', [False, True])
 def test_weight_decay_mask_matrices_skips_biases_and_norms(scan):
   params = _params(_config(scan_layers=scan))[1]
-  ndim = _flat(optim._decay_mask(params, 'ndim'))
-  matrices = _flat(optim._decay_mask(params, 'matrices'))
+  ndim = _flat(optim.WEIGHT_DECAY_MASKS['ndim'](params))
+  matrices = _flat(optim.WEIGHT_DECAY_MASKS['matrices'](params))
   for name, decayed in matrices.items():
     assert bool(decayed) == name.endswith(('kernel', 'embedding')), name
   # 'ndim' (the default) decays the fused [3, heads, head_dim] Q/K/V bias: 'matrices' does not.

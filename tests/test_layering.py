@@ -19,7 +19,8 @@ SKIP_DIRS = {'tests', 'data', 'docs', 'runs', '__pycache__'}
 LAYERS = (
     ('common',),
     ('model', 'input_pipeline'),
-    ('autoregressive',),  # the search over the KV cache: the trainer's BLEU uses it
+    ('autoregressive', 'optim'),  # the search over the KV cache (the trainer's BLEU uses it);
+    # the optimizer's and schedules' tables (config choices) and the weights' moving average
     ('configs',),  # config.decode's fields are the search's settings
     ('workdir',),  # config.json, checkpoints, the lock, restore: what every command reads
     ('training',),

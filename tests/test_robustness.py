@@ -223,8 +223,9 @@ def _as_before_checksums(step_dir):
 
 
 def syn_abstract_state(**overrides):
+  import optim  # pylint: disable=import-outside-toplevel
   from model import ModelConfig  # pylint: disable=import-outside-toplevel
-  from training import mesh as mesh_lib, optim, state as state_lib  # pylint: disable=import-outside-toplevel
+  from training import mesh as mesh_lib, state as state_lib  # pylint: disable=import-outside-toplevel
   config = syn.tiny_config('encoder_decoder', **overrides)
   return state_lib.abstract_train_state(ModelConfig.from_config(config.model),
                                         optim.make_optimizer(config), mesh_lib.make_mesh())

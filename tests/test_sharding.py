@@ -52,8 +52,9 @@ def _train(kind: str, mesh_shape) -> tuple[list[float], dict[str, int]]:
   """5 train steps on `mesh_shape` -> (losses, per-device and total bytes of the state)."""
   import jax  # pylint: disable=import-outside-toplevel
 
+  import optim  # pylint: disable=import-outside-toplevel
   from model import ModelConfig, partitioning  # pylint: disable=import-outside-toplevel
-  from training import memory, mesh as mesh_lib, optim, state as state_lib, steps  # pylint: disable=import-outside-toplevel
+  from training import memory, mesh as mesh_lib, state as state_lib, steps  # pylint: disable=import-outside-toplevel
   config = _config(kind)
   module, schedule = ModelConfig.from_config(config.model), optim.make_schedule(config)
   tx = optim.make_optimizer(config, schedule)

@@ -239,8 +239,9 @@ def restore_full_state(workdir: str, kind: str = 'encoder_decoder', overrides=No
                        mesh_config=None):
   """The whole TrainState of `workdir`'s newest checkpoint on a mesh of all devices here
   (`mesh_config`: {'data': .., 'fsdp': .., 'tensor': ..}; default: all on 'data')."""
+  import optim  # pylint: disable=import-outside-toplevel
   from model import ModelConfig  # pylint: disable=import-outside-toplevel
-  from training import mesh as mesh_lib, optim, state as state_lib  # pylint: disable=import-outside-toplevel
+  from training import mesh as mesh_lib, state as state_lib  # pylint: disable=import-outside-toplevel
   from workdir import checkpoint  # pylint: disable=import-outside-toplevel
   config = tiny_config(kind, **(overrides or {}))
   tx = optim.make_optimizer(config)

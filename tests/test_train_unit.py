@@ -10,10 +10,12 @@ import optax
 import pytest
 from test_train_synthetic import tiny_config
 
+import optim
 from model import build_model, params_of
 from model.build import count_params
 from model.config import ConfigError
-from training import config_check, losses, optim, steps
+from optim import schedules
+from training import config_check, losses, steps
 from training.state import TrainState
 from workdir import config_io
 
@@ -25,7 +27,7 @@ def paper_rate(step, d_model, warmup):
 
 @pytest.mark.parametrize('d_model,warmup', [(512, 4000), (1024, 4000), (256, 800)])
 def test_rsqrt_schedule_matches_paper(d_model, warmup):
-  schedule = optim.rsqrt_schedule(2.0, d_model, warmup)
+  schedule = schedules.rsqrt_schedule(2.0, d_model, warmup)
   for step in [1, 2, 10, warmup // 2, warmup - 1, warmup, warmup + 1, 3 * warmup, 100_000]:
     # Optax counts updates from 0: update `step - 1` uses the paper's step `step`.
     np.testing.assert_allclose(schedule(step - 1), 2.0 * paper_rate(step, d_model, warmup),
@@ -44,7 +46,7 @@ def test_rsqrt_schedule_from_config():
 
 
 def test_cosine_and_constant_schedules():
-  schedule = optim.cosine_schedule(1e-3, warmup_steps=10, num_steps=110, min_ratio=0.1)
+  schedule = schedules.cosine_schedule(1e-3, warmup_steps=10, num_steps=110, min_ratio=0.1)
   assert 0 < schedule(0) < schedule(5) < schedule(9)
   np.testing.assert_allclose(schedule(9), 1e-3, rtol=1e-6)
   np.testing.assert_allclose(schedule(10), 1e-3, rtol=1e-6)
@@ -52,7 +54,7 @@ def test_cosine_and_constant_schedules():
   np.testing.assert_allclose(schedule(110), 1e-4, rtol=1e-5)
   np.testing.assert_allclose(schedule(500), 1e-4, rtol=1e-5)
   assert all(schedule(s) >= schedule(s + 1) for s in range(10, 110, 7))
-  constant = optim.constant_schedule(3e-4, warmup_steps=0)
+  constant = schedules.constant_schedule(3e-4, warmup_steps=0)
   np.testing.assert_allclose([constant(0), constant(1000)], [3e-4, 3e-4], rtol=1e-6)
 
 

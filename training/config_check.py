@@ -84,8 +84,8 @@ def _layout_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
   list kept by hand: `final_logits_bias` adds a bias, `optimizer.name` another state."""
   import jax  # pylint: disable=import-outside-toplevel
 
+  import optim  # pylint: disable=import-outside-toplevel
   from model import build  # pylint: disable=import-outside-toplevel
-  from training import optim  # pylint: disable=import-outside-toplevel
 
   def layout(values):
     config = ml_collections.ConfigDict(values)

@@ -15,6 +15,7 @@ import shutil
 
 from common.errors import ConfigError
 from model.config import ModelConfig
+from optim import ema
 from training import config_check
 from workdir import config_io
 
@@ -162,8 +163,8 @@ def params(config):
   from workdir import checkpoint  # pylint: disable=import-outside-toplevel
   if source(config) is None:
     return None
-  ema = bool(config_io.load_config(source(config)).train.get('ema_decay', 0.0))
-  found, step = checkpoint.restore_params(source(config), ema=ema)
-  averaged = ' (their moving average)' if ema else ''
+  theirs = config_io.load_config(source(config))
+  found, step = checkpoint.restore_params(source(config), config=theirs)
+  averaged = ' (their moving average)' if ema.decay(theirs) else ''
   log(f'starting from the parameters{averaged} of {source(config)} (its step {step})')
   return found

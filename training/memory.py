@@ -14,10 +14,11 @@ from typing import Any
 import jax
 import numpy as np
 
+import optim
 from model import partitioning
 from model.build import count_params
 from model.kinds import adapter_of
-from training import config_check, mesh as mesh_lib, optim, state as state_lib, steps
+from training import config_check, mesh as mesh_lib, state as state_lib, steps
 
 GIB = 2 ** 30
 

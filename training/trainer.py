@@ -20,12 +20,14 @@ from typing import Any
 import jax
 import numpy as np
 
+import optim
 from autoregressive import strategies
 from autoregressive.session import Session
 from common import accelerator, interrupts, scores
 from model import bind
 from model.build import count_params
 from model.kinds import adapter_of
+from optim import ema
 from training import (
   config_check,
   evaluation,
@@ -33,7 +35,6 @@ from training import (
   memory,
   mesh as mesh_lib,
   metrics as metrics_lib,
-  optim,
   progress as progress_lib,
   state as state_lib,
   steps,
@@ -241,7 +242,7 @@ class _Run:
     cfg = self.config
     with self.progress.outside('eval'), telemetry.CompileTimer() as compiling:
       with self._compiling('the evaluation step') as timer:
-        results = evaluation.evaluate(eval_step, optim.evaluated_params(state),
+        results = evaluation.evaluate(eval_step, ema.weights(state),
                                       self.datasets.eval_batches(),
                                       self.mesh, cfg.train.num_eval_batches)
       self._compiled('the evaluation step', timer)
@@ -268,7 +269,7 @@ class _Run:
   def bleu(self, state) -> tuple[float | None, str]:
     """BLEU of the first `num_eval_sentences` validation sentences, computed on process 0
     (with the parameters as they are laid out on one process, else gathered to it)."""
-    params = optim.evaluated_params(state)
+    params = ema.weights(state)
     params = params if jax.process_count() == 1 else mesh_lib.to_host(params)
     if not metrics_lib.is_main_process():
       return None, ''

@@ -30,6 +30,7 @@ import orbax.checkpoint as ocp
 
 from common import waiting
 from common.messages import first_few
+from optim import ema
 from workdir import checkpoint_files as files, orbax_noise
 
 CHECKPOINT_SUBDIR = 'checkpoints'
@@ -238,7 +239,7 @@ class Checkpointer:
                                 'parameters only, which only a step-0 checkpoint may')
         first = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         return ParamsOnly(_restore_params_at(self._manager, self.workdir, step, first,
-                                             unverified)), None, step
+                                             unverified, ema.PARAMS)), None, step
       if no_data:
         self._no_data_state(step, allow_fresh_data)
       try:
@@ -331,13 +332,8 @@ class _Damaged(Exception):  # files failing their checksums (the message: the sh
   pass
 
 
-# Where a checkpoint keeps the parameters to restore: the trained ones, or their moving average
-# (`config.train.ema_decay`: `training.optim.EmaState`, the optimizer state's `ema`).
-PARAMS, EMA = ('params',), ('opt_state', 'ema')
-
-
 def _restore_params_at(manager: ocp.CheckpointManager, workdir: str, step: int, sharding,
-                       unverified: _Unverified, subtree: tuple[str, ...] = PARAMS) -> Any:
+                       unverified: _Unverified, subtree: tuple[str, ...]) -> Any:
   problem = files.verify_checksums(step_dir(workdir, step), skip=('data',))
   if problem is not None:  # found before Orbax starts reading: nothing is left pending
     raise _Damaged(problem)
@@ -363,8 +359,7 @@ def _restore_params_at(manager: ocp.CheckpointManager, workdir: str, step: int, 
 
 
 def _load_params(workdir: str, candidates: list[int], count: int, sharding,
-                 strict_step: int | None, subtree: tuple[str, ...] = PARAMS
-                 ) -> list[tuple[int, Any]]:
+                 strict_step: int | None, subtree: tuple[str, ...]) -> list[tuple[int, Any]]:
   """The params of up to `count` readable checkpoints among `candidates`, newest first; a
   damaged one is skipped with a warning, except `strict_step` (asked for by number)."""
   where = checkpoint_dir(workdir)
@@ -399,7 +394,7 @@ def save_params(workdir: str, params: Any, step: int = 0) -> None:
 
 
 def restore_params(workdir: str, step: int | None = None, average_last: int = 1,
-                   sharding: Any = None, ema: bool = False) -> tuple[Any, int]:
+                   sharding: Any = None, config: Any = None) -> tuple[Any, int]:
   """Parameters only (no optimizer state, no model code needed) -> (params, step).
 
   `step=None` takes the newest readable checkpoint (falling back past a damaged one with a
@@ -407,7 +402,8 @@ def restore_params(workdir: str, step: int | None = None, average_last: int = 1,
   Arrays are placed with `sharding` (default: the first local device), whatever mesh wrote
   them; a function `(key path, shape) -> Sharding` places each leaf by itself (its shards are
   read straight onto their devices: `workdir.restore` lays parameters out on a mesh so).
-  `ema`: the moving average of the parameters instead (a run with `config.train.ema_decay`).
+  `config` (the run's, its config.json's): the weights it evaluates with, which `optim.ema`
+  says (the moving average of the parameters when the run kept one); None: the parameters.
   Raises `CheckpointError` (one line) when there is nothing to restore.
   """
   if average_last < 1:
@@ -422,7 +418,7 @@ def restore_params(workdir: str, step: int | None = None, average_last: int = 1,
   candidates = [s for s in steps if step is None or s <= step]
   with orbax_noise.quiet_orbax_logs():
     loaded = _load_params(workdir, candidates, average_last, sharding, strict_step=step,
-                          subtree=EMA if ema else PARAMS)
+                          subtree=ema.stored_weights(config))
   if not loaded:
     raise CheckpointError(f'no readable checkpoint in {where} (tried steps {candidates})')
   if len(loaded) < average_last:

@@ -33,12 +33,6 @@ from workdir import checkpoint, checkpoint_files, config_io
 from workdir.cli import AVERAGE_LAST_MAX
 
 
-def uses_ema(config) -> bool:
-  """Whether a workdir's run kept a moving average of its parameters (`config.train.ema_decay`):
-  its evaluations used it, and so does decoding."""
-  return bool(config.get('train', {}).get('ema_decay', 0.0))
-
-
 class RestoreError(ValueError):
   """The workdir cannot be restored; the message says why, in one line."""
 
@@ -208,7 +202,7 @@ class Restored:
     try:
       params, self.step = checkpoint.restore_params(
           workdir, step=step, average_last=average_last,
-          sharding=_placement(model_config, self.config, self.mesh), ema=uses_ema(self.config))
+          sharding=_placement(model_config, self.config, self.mesh), config=self.config)
     except checkpoint.CheckpointError as e:
       raise RestoreError(str(e)) from None
     check_params(params, model_config, workdir)
