@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import importlib
 import json
 import os
 import platform
@@ -44,34 +43,28 @@ DEFAULT_PRESETS = 'wmt14_base,wmt14_big,lm_1b'
 DEFAULT_MESHES = {8: '8x1x1,1x8x1,2x1x4,1x2x4', 64: '64x1x1,1x64x1,8x8x1,16x1x4,2x8x4'}
 
 
-def load_config(spec: str):
-  """'wmt14_big', 'configs/wmt14_big.py' or 'configs/shakespeare_char.py:large' -> ConfigDict."""
+def load_config(spec: str, overrides: list[str]):
+  """'wmt14_big', 'configs/wmt14_big.py' or 'configs/shakespeare_char.py:large' (a preset of
+  configs/) with 'model.remat=False' overrides (values read as Python literals) -> the config
+  `configs.resolve` gives."""
+  from configs import resolve  # pylint: disable=import-outside-toplevel
   path, _, preset = spec.partition(':')
   name = os.path.splitext(os.path.basename(path))[0]
-  module = importlib.import_module(f'configs.{name}')
-  return module.get_config(preset) if preset else module.get_config()
-
-
-def apply_overrides(config, overrides: list[str]) -> None:
-  """'model.remat=False' -> config.model.remat = False (values parsed as Python literals)."""
+  values = {}
   for item in overrides:
     dotted, _, raw = item.partition('=')
-    *parents, leaf = dotted.split('.')
-    node = config
-    for key in parents:
-      node = node[key]
     try:
-      value = ast.literal_eval(raw)
+      values[dotted] = ast.literal_eval(raw)
     except (ValueError, SyntaxError):
-      value = raw
-    node[leaf] = value
+      values[dotted] = raw
+  file = os.path.join(ROOT, 'configs', f'{name}.py')
+  return resolve.resolve(f'{file}:{preset}' if preset else file, values, validate=False)[0]
 
 
 def measure(case: dict) -> dict:
   """Compiles one (preset, mesh) train step on this process's devices -> its figures."""
   from training import memory  # after main() set XLA_FLAGS (JAX reads them once, at import)
-  config = load_config(case['preset'])
-  apply_overrides(config, case['set'])
+  config = load_config(case['preset'], case['set'])
   data, fsdp, tensor = case['mesh']
   config.mesh.data, config.mesh.fsdp, config.mesh.tensor = data, fsdp, tensor
   shards = data * fsdp * config.train.grad_accum_steps

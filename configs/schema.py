@@ -32,7 +32,7 @@ from common.tokens import PRETRAINED_TOKENIZERS, SENTENCEPIECE_MODEL_TYPES, TOKE
 from model.config import ModelConfig
 from model.kinds import adapter_of
 from model.partitioning import DEFAULT_RULES, LOGICAL_AXES, MESH_AXES, Rules
-from optim import OPTIMIZERS, SCHEDULES, WEIGHT_DECAY_MASKS  # the choices are the tables' rows
+from optim import DECAYING, OPTIMIZERS, SCHEDULES, WEIGHT_DECAY_MASKS  # the tables' rows
 
 MIN_MAX_LENGTH = 2  # a token and its EOS
 UINT32 = 'uint32'  # field metadata: an int used as a uint32 (a PRNG seed), not an int32
@@ -127,7 +127,8 @@ class OptimizerConfig(Schema):
   b1: float = documented(0.9, "Adam's beta1")
   b2: float = documented(0.98, "Adam's beta2 (the paper: 0.98)")
   eps: float = documented(1e-9, "Adam's epsilon (the paper: 1e-9)")
-  weight_decay: float = documented(0.0, 'decoupled weight decay (needs name=adamw or muon)')
+  weight_decay: float = documented(0.0, 'decoupled weight decay (needs name='
+                                   f'{" or ".join(DECAYING)})')
   weight_decay_mask: str = documented('ndim', "what decays: 'ndim' (>= 2-D) or 'matrices' "
                                       '(optim/optimizers.py)', choices=WEIGHT_DECAY_MASKS)
   grad_clip_norm: float = documented(0.0, 'clip the global gradient norm (0 = no clipping)')
@@ -156,9 +157,9 @@ class OptimizerConfig(Schema):
       value = getattr(self, name)
       require(is_number(value) and value >= 0,
               f'config.optimizer.{name}={value!r} must be a number >= 0')
-    require(self.name in ('adamw', 'muon') or not self.weight_decay,
+    require(OPTIMIZERS[self.name].decays or not self.weight_decay,
             f'config.optimizer.weight_decay={self.weight_decay!r} needs '
-            'config.optimizer.name=adamw (or muon)')
+            f'config.optimizer.name={" or ".join(DECAYING)}')
     require(is_number(self.decay_fraction) and 0 < self.decay_fraction <= 1,
             f'config.optimizer.decay_fraction={self.decay_fraction!r} must be in (0, 1]')
     require(in_unit(self.min_learning_rate_ratio, closed=True),

@@ -10,8 +10,14 @@ schema lists the tables) and workdir/ (a checkpoint asks `ema` for the weights t
               train state or a checkpoint
 """
 
-from optim.optimizers import OPTIMIZERS, WEIGHT_DECAY_MASKS, make_optimizer, muon_dimensions
+from optim.optimizers import (
+  DECAYING,
+  OPTIMIZERS,
+  WEIGHT_DECAY_MASKS,
+  make_optimizer,
+  muon_dimensions,
+)
 from optim.schedules import SCHEDULES, make_schedule
 
-__all__ = ['OPTIMIZERS', 'SCHEDULES', 'WEIGHT_DECAY_MASKS', 'make_optimizer', 'make_schedule',
-           'muon_dimensions']
+__all__ = ['DECAYING', 'OPTIMIZERS', 'SCHEDULES', 'WEIGHT_DECAY_MASKS', 'make_optimizer',
+           'make_schedule', 'muon_dimensions']

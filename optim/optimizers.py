@@ -1,6 +1,7 @@
-"""The optimizer of `config.optimizer`: `OPTIMIZERS` maps its names to builders ((config,
-schedule) -> an Optax transformation) and `WEIGHT_DECAY_MASKS` the decay rules to masks; the
-config's choices are their keys (configs/schema.py). `make_optimizer` puts gradient clipping
+"""The optimizer of `config.optimizer`: `OPTIMIZERS` maps its names to rows (a builder,
+(config, schedule) -> an Optax transformation, and whether it applies weight decay) and
+`WEIGHT_DECAY_MASKS` the decay rules to masks; the config's choices are their keys
+(configs/schema.py). `make_optimizer` puts gradient clipping
 before the row's optimizer and the moving average of the weights (`optim.ema`) around it. A
 new optimizer is a builder and a row (and its fields in configs/schema.py, if it has any).
 """
@@ -8,7 +9,7 @@ new optimizer is a builder and a row (and its fields in configs/schema.py, if it
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import optax
@@ -103,12 +104,20 @@ def _muon(config, schedule: optax.Schedule) -> optax.GradientTransformation:
                             consistent_rms=0.2)
 
 
-# config.optimizer.name -> (config, schedule) -> the optimizer.
-OPTIMIZERS: dict[str, Callable[[Any, optax.Schedule], optax.GradientTransformation]] = {
-    'adam': _adam,  # the paper's
-    'adamw': _adamw,  # decoupled weight decay
-    'muon': _muon,
+class Optimizer(NamedTuple):
+  """A row of OPTIMIZERS: its builder, and whether it applies `config.optimizer.weight_decay`
+  (the schema refuses a decay that an optimizer would ignore)."""
+  build: Callable[[Any, optax.Schedule], optax.GradientTransformation]
+  decays: bool
+
+
+# config.optimizer.name -> its row.
+OPTIMIZERS: dict[str, Optimizer] = {
+    'adam': Optimizer(_adam, decays=False),  # the paper's
+    'adamw': Optimizer(_adamw, decays=True),  # decoupled weight decay
+    'muon': Optimizer(_muon, decays=True),
 }
+DECAYING = tuple(name for name, row in OPTIMIZERS.items() if row.decays)
 
 
 def make_optimizer(config, schedule: optax.Schedule | None = None) -> optax.GradientTransformation:
@@ -118,7 +127,7 @@ def make_optimizer(config, schedule: optax.Schedule | None = None) -> optax.Grad
   o = config.optimizer
   if o.name not in OPTIMIZERS:
     raise ValueError(f'config.optimizer.name={o.name!r} is not one of {list(OPTIMIZERS)}')
-  opt = OPTIMIZERS[o.name](config, schedule or make_schedule(config))
+  opt = OPTIMIZERS[o.name].build(config, schedule or make_schedule(config))
   if o.grad_clip_norm:
     opt = optax.chain(optax.clip_by_global_norm(o.grad_clip_norm), opt)
   return ema.wrap(opt, config)
