@@ -201,6 +201,23 @@ def test_z_loss_gradient():
     np.testing.assert_allclose(x, y, atol=2e-5)
 
 
+def test_muon_reads_a_new_layer_from_its_logical_axes():
+  """A layer optim/ has never seen is Muon's by the names of its axes alone: 'embed' first
+  (fan_in) or last (fan_out) beside another named axis; no 'vocab'; unnamed axes and 'layers'
+  are batch axes."""
+  P = jax.sharding.PartitionSpec
+  axes = {'router': {'kernel': P('embed', None, 'mlp')}, 'down': {'kernel': P('layers', 'mlp',
+          'embed')}, 'table': P('vocab', 'embed'), 'pos': P(None, 'embed'), 'bias': P('embed'),
+          'mixer': {'kernel': P('heads', 'embed', 'kv')}}
+  dims = optim.muon_dimensions(axes)
+  assert (dims['router']['kernel'].reduction_axis, dims['router']['kernel'].output_axis) == (
+      (0,), (2,))
+  assert (dims['down']['kernel'].reduction_axis, dims['down']['kernel'].output_axis) == (
+      (1,), (2,))
+  assert dims['table'] is None and dims['pos'] is None and dims['bias'] is None
+  assert dims['mixer']['kernel'] is None  # 'embed' inside: not a map from or to the stream
+
+
 def test_muon_takes_the_layers_matrices_and_adam_the_rest(tmp_path):
   config = default.get_config('tiny')
   config.optimizer.name = 'muon'

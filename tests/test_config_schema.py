@@ -86,6 +86,34 @@ def test_unknown_fields_and_sections_get_did_you_mean():
     config_check.validate_config(config)
 
 
+def test_the_resolver_takes_a_file_or_values_and_refuses_in_one_line(tmp_path):
+  """configs.resolve: a preset file and config.json's values (a field they lack at its
+  default) give the same config; the preset is not changed; a typo gets the one 'did you
+  mean', a value of the wrong type and a bad value one line each."""
+  preset = resolve.load('configs/default.py:tiny')
+  config, origins = resolve.resolve(preset, {'train.num_steps': 7})
+  assert (config.train.num_steps, preset.train.num_steps, origins['train.num_steps']) == (
+      7, 20, 'override')
+  values = config.to_dict()
+  del values['train']['z_loss']  # a run from before the field
+  again, _ = resolve.resolve(values, validate=False)
+  assert again.to_dict() == config.to_dict()
+  with pytest.raises(resolve.UnknownField, match=r"^unknown config field 'model.num_headz'; "
+                                                 r'did you mean config.model.num_heads\?$'):
+    resolve.resolve(preset, {'model.num_headz': 2})
+  with pytest.raises(ConfigError, match=r"^config.train.num_steps='ten': "):
+    resolve.resolve(preset, {'train.num_steps': 'ten'})
+  with pytest.raises(ConfigError, match=r'^config.train.num_steps=-1 must be a positive'):
+    resolve.resolve(preset, {'train.num_steps': -1})
+  resolve.resolve(preset, {'train.num_steps': -1}, validate=False)  # the trainer checks it
+  assert resolve.parse_command_line('configs/default.py:tiny', [
+      '--config.train.num_steps=7', '--config.optimizer.learning_rate=2']) == {
+          'train.num_steps': 7, 'optimizer.learning_rate': 2.0}
+  (tmp_path / 'broken.py').write_text('def get_config():\n  return None\n')
+  with pytest.raises(ConfigError, match='not a ConfigDict'):
+    resolve.load(str(tmp_path / 'broken.py'))
+
+
 def test_origins_of_a_preset_field_an_override_and_a_default():
   config, origins = resolve.resolve('configs/default.py:tiny',
                                     {'train.num_steps': 9, 'mesh.rules.vocab': ''})
