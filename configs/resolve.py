@@ -8,8 +8,8 @@ train.py (its run and --show_config), sweep.py's plan (every row goes through `r
 function train.py runs) and the reading of a workdir's config.json (`workdir.config_io`, which
 decode.py and export.py read) all come here. An override naming no field is refused here, with
 the 'did you mean' of `common.schema.did_you_mean`; a value is checked by the sections' schemas
-(`validate`). Turning a command line's text into Python values is `parse_command_line`'s
-(ml_collections' config_flags, as train.py's flags parse it).
+and the rules between them (`check`). Turning a command line's text into Python values is
+`parse_command_line`'s (ml_collections' config_flags, as train.py's flags parse it).
 """
 
 from __future__ import annotations
@@ -100,11 +100,12 @@ def check_fields(config, fields: Sequence[str]) -> None:
 
 def resolve(spec: str | Mapping[str, Any], overrides: Mapping[str, Any] | None = None, *,
             validate: bool = True) -> tuple[ml_collections.ConfigDict, dict[str, str]]:
-  """-> (config, origins): the preset `spec` (a `FILE.py[:preset]`, or a config's values such
-  as config.json's, a missing field at its default), `overrides` ({'section.field': value})
-  applied, checked by the schema unless `validate=False` (the trainer checks a config once
-  `train.init_from` filled its model section); `origins` maps every dotted field to a key of
-  ORIGINS. The preset is not changed. Raises `ConfigError` (`UnknownField` for a typo)."""
+  """-> (config, origins): the preset `spec` (a `FILE.py[:preset]`, a ConfigDict `load` gave,
+  or a config's values such as config.json's, a missing field at its default), `overrides`
+  ({'section.field': value}) applied, checked by the schema unless `validate=False` (the
+  trainer checks a config once `train.init_from` filled its model section); `origins` maps
+  every dotted field to a key of ORIGINS. The preset is not changed. Raises `ConfigError`
+  (`UnknownField` for a typo)."""
   overrides = dict(overrides or {})
   if isinstance(spec, str):
     preset = load(spec)
