@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import fcntl
 import json
 import math
@@ -25,9 +24,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from common import interrupts
-from common.errors import EXIT_FAILED, carried
+from common.errors import carried
 from experiments import evaluate, job as job_lib
-from experiments.sweep_file import Plan, Run, SweepError, config_differences, run_config, selected
+from experiments.runs import check_runs, eval_settings, evaluated, write_file
+from experiments.sweep_file import Plan, Run, SweepError, selected
 
 STATE_DIR = '.sweep'
 NEW, PARTIAL, TRAINED = 'new', 'partial', 'trained'  # besides job_lib's DONE and FAILED
@@ -47,10 +47,6 @@ def status_file(plan: Plan, run: Run) -> str:
 
 def log_file(plan: Plan, run: Run) -> str:
   return state_dir(plan.root, 'logs', f'{run.row}.seed_{run.seed}.log')
-
-
-def eval_settings(plan: Plan) -> dict[str, Any]:
-  return {evaluate.AVERAGE_LAST: 1, **plan.sweep.decode}
 
 
 def job_spec(plan: Plan, run: Run) -> dict[str, Any]:
@@ -75,40 +71,6 @@ def job_spec(plan: Plan, run: Run) -> dict[str, Any]:
 
 def _evaluated(plan: Plan, run: Run) -> bool:
   return evaluated(plan, run) is not None
-
-
-def evaluated(plan: Plan, run: Run) -> dict[str, Any] | None:
-  """The results of `run` if it is done: its results.json valid (`evaluate.check_results`),
-  of its last step, beside its config.json (which `check_runs` compares with the row's),
-  evaluated with this sweep's setting, its outputs whole (`evaluate.outputs_problem`); else
-  None. What the plan counts done is what the table shows."""
-  from workdir import config_io  # pylint: disable=import-outside-toplevel
-  results = evaluate.read_results(run.workdir)
-  if results is None or results.get('step') != run.num_steps:
-    return None
-  if not os.path.isfile(config_io.config_path(run.workdir)):  # nothing to check it against
-    return None
-  if not run.translates:
-    return results
-  if (results.get('decode') is None or not _same_decode(results, plan, run)
-      or results.get('eval_sentences') != plan.sweep.eval_sentences
-      or evaluate.outputs_problem(run.workdir, results) is not None):
-    return None
-  return results
-
-
-def _same_decode(results: dict, plan: Plan, run: Run) -> bool:
-  """The evaluation used the sweep's decoding setting (its average capped by the checkpoints
-  kept, as `evaluate` caps it)."""
-  wanted = eval_settings(plan)
-  if evaluate.is_grid(wanted):  # chosen on validation: the grid must be this sweep's
-    grid = results.get('decode_grid') or {}
-    return (grid.get('choices') == json.loads(json.dumps(wanted))
-            and grid.get('metric') == plan.sweep.metric)
-  recorded = dict(results['decode'])
-  average = recorded.pop(evaluate.AVERAGE_LAST, 1)
-  wanted_average = wanted.pop(evaluate.AVERAGE_LAST)
-  return recorded == wanted and average <= wanted_average
 
 
 def run_state(plan: Plan, run: Run) -> tuple[str, str]:
@@ -222,30 +184,6 @@ def check_manifest(plan: Plan, write: bool) -> None:
     write_file(path, (json.dumps(mine, indent=2) + '\n').encode())
 
 
-def check_runs(plan: Plan) -> None:
-  """Every run of `plan` that has started (its config.json) trained with its row's resolved
-  config, field by field (`sweep_file.config_differences`): a run restored from another
-  sweep's archive, or trained before its config file changed, is never counted as the row's.
-  `SweepError` (one line) names the first that did not and its fields."""
-  from workdir import config_io  # pylint: disable=import-outside-toplevel
-  for run in plan.runs:
-    path = config_io.config_path(run.workdir)
-    if not os.path.lexists(path):
-      continue
-    try:
-      saved = config_io.to_dict(config_io.load_config(run.workdir))
-    except ValueError as e:  # ConfigError: unreadable, not a config, a FIFO
-      raise SweepError(f'{run.name}: {e} (nothing was changed)') from None
-    overridden = [*plan.sweep.overrides, *plan.row_overrides[run.row]]
-    differences = config_differences(run_config(plan, run), saved, overridden)
-    if differences:
-      more = f' and {len(differences) - 3} more' if len(differences) > 3 else ''
-      raise SweepError(f'{run.workdir} was not trained with the config of row {run.row!r}: '
-                       f'{"; ".join(differences[:3])}{more} (another sweep\'s run, or its '
-                       'config file changed since): move it away or use another --root; '
-                       'its table would mix configs (nothing was changed)')
-
-
 def ignored(plan: Plan) -> list[str]:
   """One line for each file of the root that the sweep ignores as damaged (its type, its
   content): a results.json (the run is not counted) or a status file (read as none)."""
@@ -257,20 +195,6 @@ def ignored(plan: Plan) -> list[str]:
       if why:
         out.append(f'ignored {path}: {why}')
   return out
-
-
-def write_file(path: str, data: bytes) -> None:
-  """The sweep's own file `path` written whole (`atomic_write`), its directory made; a failure
-  (a full disk) is one `SweepError` line naming the file, with exit status 1."""
-  from common.atomic_file import atomic_write  # pylint: disable=import-outside-toplevel
-  try:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    atomic_write(path, data)
-  except OSError as e:
-    reason = 'no space left on device' if e.errno == errno.ENOSPC else e.strerror or str(e)
-    error = carried(SweepError(f'cannot write {path}: {reason}'), e)
-    error.exit_code = EXIT_FAILED
-    raise error from None
 
 
 @contextlib.contextmanager

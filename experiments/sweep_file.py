@@ -238,8 +238,9 @@ def plan(sweep: Sweep, root: str, path: str = '') -> Plan:
   rows = expand_rows(sweep)
   try:
     base = resolve.load(config_arg)
-  except ConfigError as e:
-    raise SweepError(f'config {sweep.config!r}: {e}') from None
+  except ConfigError as e:  # (its text names the file already: once is enough)
+    raise SweepError(f'config {sweep.config!r}: {str(e).removeprefix(config_arg + ": ")}'
+                     ) from None
   _check_fields(base, sweep.overrides, 'the sweep\'s overrides')
   baseline = sweep.baseline if sweep.baseline is not None else next(iter(rows))
   if baseline not in rows:
