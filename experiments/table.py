@@ -18,7 +18,8 @@ import statistics
 import time
 from typing import Any
 
-from experiments import evaluate, runs, significance
+from experiments import evaluate, significance
+from experiments.runs import check_runs, evaluated, write_file
 from experiments.sweep_file import Plan, Run
 
 SUMMARY, CURVES = 'summary.md', 'curves.png'
@@ -46,16 +47,16 @@ class RowResults:
 
 
 def collect(plan: Plan) -> list[RowResults]:
-  """The runs each row counts: those the plan counts done (`runs.evaluated`: its last step,
+  """The runs each row counts: those the plan counts done (`evaluated`: its last step,
   this sweep's evaluation setting, its outputs whole). Refuses (`SweepError`, one line) a
-  root where a run was trained with another config than its row's (`runs.check_runs`)."""
-  runs.check_runs(plan)  # SweepError: a run of another config is never merged into a row
+  root where a run was trained with another config than its row's (`check_runs`)."""
+  check_runs(plan)  # SweepError: a run of another config is never merged into a row
   rows = []
   for name in plan.rows:
     planned = [r for r in plan.runs if r.row == name]
     finished, results, outputs, references = [], [], [], None
     for run in planned:
-      found = runs.evaluated(plan, run)
+      found = evaluated(plan, run)
       if found is None:
         continue
       if run.translates:
@@ -288,16 +289,16 @@ def plot(plan: Plan, path: str) -> str | None:
   png = io.BytesIO()
   fig.savefig(png, format='png', dpi=110)
   plt.close(fig)
-  runs.write_file(path, png.getvalue())
+  write_file(path, png.getvalue())
   return path
 
 
 def write(plan: Plan) -> dict[str, str | None]:
   """Writes ROOT/summary.md (also returned as 'table') and ROOT/curves.png. Refuses
   (`SweepError`) a root whose runs were not trained with their rows' configs
-  (`runs.check_runs`); a full disk is one `SweepError` line (exit status 1)."""
+  (`check_runs`); a full disk is one `SweepError` line (exit status 1)."""
   text = markdown(plan, collect(plan))
   summary = os.path.join(plan.root, SUMMARY)
-  runs.write_file(summary, text.encode())
+  write_file(summary, text.encode())
   return {'summary': summary, 'curves': plot(plan, os.path.join(plan.root, CURVES)),
           'table': text}

@@ -67,12 +67,15 @@ def test_marian_equals_transformers(built):
     ids = ours.encode(t, target=True)
     assert ours.to_theirs(ids) + [eos] == theirs(text_target=t).input_ids
     assert ours.decode(ids) == theirs.decode(ours.to_theirs(ids), skip_special_tokens=True)
-  # The training pipeline segments each side with its own model (as does scoring).
-  from input_pipeline.pipeline import EncodeTranslation  # pylint: disable=import-outside-toplevel
-  rows = EncodeTranslation(ours, ('en', 'de'), 256)([{'en': s, 'de': t} for s, t in
-                                                     zip(src[:20], tgt[:20], strict=True)])
-  assert [r['targets'].tolist() for r in rows] == [ours.encode(t, target=True) for t in tgt[:20]]
-  assert [r['inputs'].tolist() for r in rows] == [ours.encode(s) for s in src[:20]]
+  # The token cache segments each side with its own model (as does scoring): it encodes a
+  # pair's second feature with target=True.
+  from input_pipeline import tokenizers  # pylint: disable=import-outside-toplevel
+  assert tokenizers.encode_all(ours, tgt[:20], target=True) == [ours.encode(t, target=True)
+                                                                for t in tgt[:20]]
+  assert tokenizers.encode_all(ours, src[:20]) == [ours.encode(s) for s in src[:20]]
+  other = type(ours)(ours.files['source.spm'], ours.files['source.spm'], ours.vocab,
+                     ours.order, ours.specials)  # the source model on both sides
+  assert tokenizers.fingerprint(ours) != tokenizers.fingerprint(other)  # other cached ids
   model = transformers.MarianMTModel.from_pretrained(source).eval()
   assert session.module.config.final_logits_bias and session.module.config.activation == 'silu'
   inputs = _padded([ours.encode(s) for s in src[:6]])
