@@ -43,6 +43,24 @@ def enable(directory: str | None) -> None:
   _state['directory'] = None if not directory else os.path.expanduser(directory)
 
 
+def enable_compilation_cache(directory: str | None) -> str | None:
+  """JAX's persistent compilation cache in `directory` (None or '': off), so that a second run
+  with the same shapes skips compiling, and the exported programs beside it (`enable`), so that
+  it skips tracing them too. Returns why it could not (a cache is only an optimisation), or
+  None."""
+  if not directory:
+    return None
+  try:
+    path = os.path.expanduser(directory)
+    os.makedirs(path, exist_ok=True)
+    jax.config.update('jax_compilation_cache_dir', path)
+    jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)
+    enable(os.path.join(path, 'programs'))
+  except Exception as e:  # noqa: BLE001  # any failure leaves decoding as it is, uncached
+    return str(e)
+  return None
+
+
 def call(fn, config, *args, **static):
   """`fn(config, *args, **static)`: `fn` a `jax.jit` function whose static arguments are
   `config` (a `ModelConfig`) and `static`, run through its exported program when enabled."""

@@ -15,8 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from autoregressive.decodable import decoding_model
 from autoregressive.strategies.base import default_workers, in_order, padded_length
-from autoregressive.strategies.loop import decoding_model, log_normalizer, prompt_lengths
+from autoregressive.strategies.loop import log_normalizer, prompt_lengths
 from common.tokens import EOS_ID, PAD_ID
 from model.build import bind
 from model.kinds import adapter_of

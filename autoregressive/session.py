@@ -30,10 +30,10 @@ import jax
 import numpy as np
 
 from autoregressive import strategies
+from autoregressive.decodable import Decodable, decoding_model
 from autoregressive.scoring import score_references
 from autoregressive.strategies import Hypothesis
 from autoregressive.strategies.base import search_in_batches, until_eos
-from autoregressive.strategies.loop import Decodable, decoding_model
 from autoregressive.strategies.sampling import sample
 from common.dtype_limits import UINT32_MAX
 from common.schema import is_int

@@ -66,11 +66,11 @@ EOS = 1
 def _ours(job):
   """decode.py's code path: `inference.load` and the session's search over token ids."""
   import inference  # pylint: disable=import-outside-toplevel
-  from inference import decode_cli  # pylint: disable=import-outside-toplevel
+  from autoregressive import program_cache  # pylint: disable=import-outside-toplevel
 
   # decode.py's persistent compilation cache (its default is on): empty in the first
   # repetition, so that cold run compiles every shape; later repetitions load them.
-  decode_cli.enable_compilation_cache(job['xla_cache'])
+  program_cache.enable_compilation_cache(job['xla_cache'])
   session = inference.load(job['workdir'], step=job['step'])
   settings = dict(beam_size=job['beam'], alpha=None if job['beam'] == 1 else 0.0,
                   max_new_tokens=job['max_new_tokens'], batch_size=job['batch_size'])

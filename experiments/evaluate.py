@@ -255,7 +255,7 @@ def _as_json(decode: Mapping[str, Any]) -> dict[str, Any]:
 def _decode_split(session, point: Mapping[str, Any], examples) -> dict[str, Any]:
   """The split's hypotheses with the setting `point` (its average_last is the session's) and
   their scores, empty and cut lines, and the decoding's wall time."""
-  from inference.decode_runs import stopped_at_limit  # pylint: disable=import-outside-toplevel
+  from autoregressive.strategies.base import stopped_at_limit  # pylint: disable=import-outside-toplevel
   settings = {k: v for k, v in point.items() if k != AVERAGE_LAST}
   limits = session.settings(**settings)[1]
   started = time.perf_counter()

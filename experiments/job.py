@@ -233,9 +233,9 @@ def _train_and_evaluate(spec: dict[str, Any], forward: _ForwardOnce, started: fl
   phase[0] = 'evaluate'
   write_status(status_file, state=RUNNING, phase='evaluate', job_pid=os.getpid(),
                started=started)
-  if cache:  # decode.py's: the programs and their compiled code
-    from inference.decode_cli import enable_compilation_cache  # pylint: disable=import-outside-toplevel
-    enable_compilation_cache(cache)
+  if cache:  # decode.py's: the programs and their compiled code (a failure: uncached)
+    from autoregressive import program_cache  # pylint: disable=import-outside-toplevel
+    program_cache.enable_compilation_cache(cache)
   try:
     results = evaluate.evaluate(workdir, spec['decode'], translates=spec['translates'],
                                 sentences=spec.get('eval_sentences'),

@@ -262,7 +262,10 @@ def run(F) -> None:
   lines, references = _inputs(F, the_plan)
   session = restore(F.workdir, F.step, F.average_last, mesh)
   with _matmul_precision(session.config):
-    enable_compilation_cache(F.compilation_cache)
+    from autoregressive import program_cache  # pylint: disable=import-outside-toplevel
+    problem = program_cache.enable_compilation_cache(F.compilation_cache)
+    if problem:  # a cache is only an optimisation
+      _warn(f'no compilation cache ({problem})')
     try:
       if the_plan.mode == 'generate':
         from inference.decode_runs import generate  # pylint: disable=import-outside-toplevel
@@ -287,19 +290,3 @@ def _matmul_precision(config):
     raise cli.UsageError(str(e)) from None
 
 
-def enable_compilation_cache(directory: str) -> None:
-  """JAX's persistent compilation cache: a second run with the same shapes skips compiling;
-  with the decoding programs kept exported beside it (`autoregressive.program_cache`), it
-  skips tracing them too."""
-  if not directory:
-    return
-  import jax  # pylint: disable=import-outside-toplevel
-  try:
-    path = os.path.expanduser(directory)
-    os.makedirs(path, exist_ok=True)
-    jax.config.update('jax_compilation_cache_dir', path)
-    jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.5)
-    from autoregressive import program_cache  # pylint: disable=import-outside-toplevel
-    program_cache.enable(os.path.join(path, 'programs'))  # and skips tracing them
-  except Exception as e:  # noqa: BLE001  # a cache is only an optimisation
-    _warn(f'no compilation cache ({e})')

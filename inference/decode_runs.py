@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 import time
 
+from autoregressive.strategies.base import stopped_at_limit
 from common import interrupts
 from inference import streaming
 from workdir import cli
@@ -76,11 +77,6 @@ def translate(F, session, plan, lines, references) -> None:
       _info(line)
   if F.attention_plot:
     plot(F, session, plotted)
-
-
-def stopped_at_limit(tokens, max_new_tokens: int, eos_id: int | None) -> bool:
-  """Whether an output stopped at the token limit, not at EOS (likely a repetition loop)."""
-  return len(tokens) >= max_new_tokens and (eos_id is None or tokens[-1] != eos_id)
 
 
 def score(F, session, lines, references) -> None:

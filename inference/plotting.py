@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from autoregressive.strategies.loop import decoding_model
+from autoregressive.decodable import decoding_model
 from common.atomic_file import OutputError, make_output_dir, write_output
 from common.errors import carried
 from inference.streaming import InputError

@@ -201,6 +201,20 @@ def test_only_the_training_command_imports_training():
   assert importers == set(TRAINING_IMPORTERS)
 
 
+def test_rooms_borrow_nothing_from_command_lines_or_a_rows_insides():
+  """What decoding owns (the compilation cache, the cut-line count, the decoding model) is
+  imported from autoregressive/'s own modules: no room imports decode.py's modules
+  (inference.decode_cli, inference.decode_runs) but inference itself, and nothing outside
+  autoregressive/ reaches into a strategy row's shared loop."""
+  edges, _, _ = import_graph()
+  borrowed = sorted(f'{m} -> {t}' for m, targets in edges.items() for t in targets
+                    if (t.startswith(('inference.decode_cli', 'inference.decode_runs'))
+                        and not m.startswith(('inference', 'decode')))
+                    or (t == 'autoregressive.strategies.loop'
+                        and not m.startswith('autoregressive')))
+  assert borrowed == []
+
+
 def test_bottom_layers_hide_no_import_in_a_function():
   """In `common`, `model` and `input_pipeline`, an import inside a function is there only to
   keep a heavy dependency off the import path, and says so on its line."""

@@ -8,7 +8,8 @@
   list_steps(workdir) -> [int]. A checkpoint of version 0.1 (Linen names) is refused.
 
 `state` is the TrainState (params, opt_state, step, rng), or `{'params': ...}` alone (an
-import, which trains nothing); `data` every process's JSON iterator state. Orbax writes a step to a temporary directory renamed when complete (a kill mid-write
+import, which trains nothing); `data` every process's JSON iterator state. Orbax writes a step
+to a temporary directory renamed when complete (a kill mid-write
 leaves the earlier checkpoints intact); single-process runs add `checksums.json` (sha256 of
 every file) before that rename. A step failing it, or unreadable, is "damaged": skipped with a
 warning. A failed save raises `CheckpointWriteError` naming the step; arrays restore onto any mesh.

@@ -21,8 +21,8 @@ import time
 
 import jax
 
+from autoregressive.decodable import decoding_model
 from autoregressive.session import Session
-from autoregressive.strategies.loop import decoding_model
 from common.dtype_limits import INT32_MAX
 from common.schema import is_int
 from configs.schema import DecodeConfig, MeshConfig

@@ -170,6 +170,12 @@ class Strategy(Settings):
             for r in range(len(ids))]
 
 
+def stopped_at_limit(tokens, max_new_tokens: int, eos_id: int | None) -> bool:
+  """Whether an output stopped at the token limit (`Limits.max_new_tokens`), not at EOS: likely
+  a repetition loop. decode.py's and a sweep's evaluation count these "cut" lines."""
+  return len(tokens) >= max_new_tokens and (eos_id is None or tokens[-1] != eos_id)
+
+
 @dataclasses.dataclass(frozen=True)
 class Limits(Settings):
   """What every strategy takes: how long an output is, how many sentences share a batch and

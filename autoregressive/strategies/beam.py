@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from autoregressive import program_cache
+from autoregressive.decodable import decoding_model
 from autoregressive.strategies.base import NBEST_MAX, Limits, Strategy, setting
 from autoregressive.strategies.loop import (
   FIRST_WINDOW,
@@ -41,7 +42,6 @@ from autoregressive.strategies.loop import (
   block_size,
   checked_min_new_tokens,
   compact_sizes,
-  decoding_model,
   forced_tokens,
   left_out,
   left_out_blocks,

@@ -1,6 +1,5 @@
 """What the searches share (the rows greedy.py, sampling.py and beam.py): the model to decode
-with (`decoding_model`: the one place a `scan_layers` model is unrolled, and an NNX module split
-into the (config, params) that the jitted programs take), argument checks, the first decoder
+with (`autoregressive.decodable`), argument checks, the first decoder
 call outside the loop, forced prompt tokens, the length penalty, the loop's windows and row
 compaction, and `draw_tokens`: the one-token-at-a-time program of greedy decoding and sampling.
 
@@ -37,7 +36,7 @@ of what is generated (a decoder-only model's prompt, an encoder-decoder's target
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -45,7 +44,7 @@ import numpy as np
 
 from autoregressive.strategies.base import check_token_ids
 from common.tokens import PAD_ID
-from model.build import bind, params_of, unrolled
+from model.build import bind
 from model.config import ModelConfig
 from model.kinds import adapter_of
 
@@ -88,28 +87,6 @@ def left_out_blocks(size: int, exclude: int | None = PAD_ID, eos_banned: Array |
   """The indices of the blocks of `size` tokens that hold a token `left_out` may mask."""
   ids = [exclude, eos_id if eos_banned is not None else None]
   return sorted({i // size for i in ids if i is not None})
-
-
-class Decodable(NamedTuple):
-  """A model as the decoding programs take it: `config` (static: a program is compiled per
-  config) and `params` (the pure dict of its parameters, traced), unrolled. Callers that decode
-  many batches (a `Session`) keep this form, so that the module is split once; it never
-  appears in a public signature (the NNX model is the one public form)."""
-  config: ModelConfig
-  params: dict[str, Any]
-
-
-def decoding_model(model) -> Decodable:
-  """The (config, params) to decode or plot with, of an NNX model (`model.build_model`) or of a
-  `Decodable` (returned as it is). A `scan_layers` model runs unrolled, so that every layer has
-  its own KV cache and its own kept attention weights (same weights, same results). Every
-  inference path goes through here. Internal: the public functions take the NNX model; a
-  `Session` splits once and passes its split down (a split costs ~10 ms), where the decoding
-  functions' own call is then a no-op."""
-  if isinstance(model, Decodable):
-    return model
-  model = unrolled(model)
-  return Decodable(model.config, params_of(model))
 
 
 def prompt_lengths(prompt):

@@ -14,11 +14,11 @@ import numpy as np
 
 # scoring as a module, not its names: scoring imports this package back (base, loop)
 from autoregressive import program_cache, scoring
+from autoregressive.decodable import decoding_model
 from autoregressive.strategies.base import Limits, Strategy, setting
 from autoregressive.strategies.loop import (
   checked_min_new_tokens,
   compact_sizes,
-  decoding_model,
   draw_tokens,
   prepare,
   token_batch,
