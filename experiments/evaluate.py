@@ -122,8 +122,9 @@ def check_results(found: Any) -> str | None:
   return None
 
 
-def results_problem(path: str) -> str | None:
-  """Why the results.json at `path` is not read (a FIFO, not JSON, `check_results`), or None."""
+def json_file_problem(path: str, check) -> str | None:
+  """Why the JSON file at `path` is not read (a FIFO, not JSON, or what `check` of its value
+  says), or None (also when it does not exist)."""
   from common.files import read_regular  # pylint: disable=import-outside-toplevel
   try:
     found = json.loads(read_regular(path))
@@ -131,7 +132,12 @@ def results_problem(path: str) -> str | None:
     return None
   except (OSError, ValueError) as e:
     return ' '.join(str(e).split())
-  return check_results(found)
+  return check(found)
+
+
+def results_problem(path: str) -> str | None:
+  """Why the results.json at `path` is not read (a FIFO, not JSON, `check_results`), or None."""
+  return json_file_problem(path, check_results)
 
 
 def read_lines(path: str) -> list[str] | None:

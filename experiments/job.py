@@ -68,14 +68,7 @@ def check_status(found: Any) -> str | None:
 
 def status_problem(path: str) -> str | None:
   """Why the status file at `path` is not read (a FIFO, not JSON, `check_status`), or None."""
-  from common.files import read_regular  # pylint: disable=import-outside-toplevel
-  try:
-    found = json.loads(read_regular(path))
-  except FileNotFoundError:
-    return None
-  except (OSError, ValueError) as e:
-    return ' '.join(str(e).split())
-  return check_status(found)
+  return evaluate.json_file_problem(path, check_status)
 
 
 def open_log(path: str):

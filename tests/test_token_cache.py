@@ -2,12 +2,12 @@
 (text_store.py, ragged.py), the exact packer, sampled segmentations, and the bad inputs."""
 
 import errno
-import gzip
 import logging
 import threading
 
 import numpy as np
 import pytest
+from test_input_files import _write
 from test_input_pipeline import BATCH, _mt_config
 
 import input_pipeline as ip
@@ -17,16 +17,6 @@ from input_pipeline import packing, pipeline, ragged, sources, text_store, textf
 
 WORDS = ('the cat sat on a mat while dogs ran far away under blue skies and green trees '
          'near old houses').split()
-
-
-def _write(path, lines, gz=False):
-  data = ''.join(line + '\n' for line in lines).encode()
-  if gz:
-    with gzip.open(path, 'wb') as f:
-      f.write(data)
-  else:
-    path.write_bytes(data)
-  return str(path)
 
 
 def _sentences(n, seed):
