@@ -27,15 +27,18 @@ def rsqrt_schedule(learning_rate: float, d_model: int, warmup_steps: int) -> opt
 
 def cosine_schedule(learning_rate: float, warmup_steps: int, num_steps: int,
                     min_ratio: float) -> optax.Schedule:
-  """Linear warmup to `learning_rate` (reached at update `warmup_steps`), then cosine decay to
-  `min_ratio * learning_rate` at `num_steps` (and constant after)."""
+  """Linear warmup to `learning_rate` (reached at update `warmup_steps`, counting from 1), then
+  a cosine decay over the remaining `decay_steps = num_steps - warmup_steps` updates whose last
+  one (update `num_steps`, the run's last) takes `min_ratio * learning_rate` (constant after).
+  As in `wsd_schedule`, the decay counts its updates from 1: its k-th update is at
+  `floor + (peak - floor) * (1 + cos(pi * k / decay_steps)) / 2`."""
   floor = learning_rate * min_ratio
   decay_steps = max(1, num_steps - warmup_steps)
 
   def schedule(step):
     s = jnp.asarray(step, jnp.float32)
     warm = learning_rate * (s + 1.0) / max(1, warmup_steps)
-    progress = jnp.clip((s - warmup_steps) / decay_steps, 0.0, 1.0)
+    progress = jnp.clip((s + 1.0 - warmup_steps) / decay_steps, 0.0, 1.0)  # k / decay_steps
     cos = floor + 0.5 * (1.0 + jnp.cos(math.pi * progress)) * (learning_rate - floor)
     return jnp.where(s < warmup_steps, warm, cos)
   return schedule

@@ -48,12 +48,16 @@ def test_rsqrt_schedule_from_config():
 def test_cosine_and_constant_schedules():
   schedule = schedules.cosine_schedule(1e-3, warmup_steps=10, num_steps=110, min_ratio=0.1)
   assert 0 < schedule(0) < schedule(5) < schedule(9)
-  np.testing.assert_allclose(schedule(9), 1e-3, rtol=1e-6)
-  np.testing.assert_allclose(schedule(10), 1e-3, rtol=1e-6)
-  np.testing.assert_allclose(schedule(60), 0.55e-3, rtol=1e-5)  # half way down
-  np.testing.assert_allclose(schedule(110), 1e-4, rtol=1e-5)
+  np.testing.assert_allclose(schedule(9), 1e-3, rtol=1e-6)  # the 10th update: the peak
+  k = 1  # the decay's k-th update (count 9 + k) is at floor + (peak - floor)(1 + cos(pi k/100))/2
+  np.testing.assert_allclose(schedule(9 + k), 1e-4 + 0.9e-3 * (1 + np.cos(np.pi * k / 100)) / 2,
+                             rtol=1e-5)
+  np.testing.assert_allclose(schedule(59), 0.55e-3, rtol=1e-5)  # half way down
+  # The run's last update (count num_steps - 1) takes the floor (it came one update later).
+  np.testing.assert_allclose(schedule(109), 1e-4, rtol=1e-5)
+  assert schedule(108) > 1e-4 * (1 + 1e-4)
   np.testing.assert_allclose(schedule(500), 1e-4, rtol=1e-5)
-  assert all(schedule(s) >= schedule(s + 1) for s in range(10, 110, 7))
+  assert all(schedule(s) > schedule(s + 1) for s in range(9, 109, 7))
   constant = schedules.constant_schedule(3e-4, warmup_steps=0)
   np.testing.assert_allclose([constant(0), constant(1000)], [3e-4, 3e-4], rtol=1e-6)
 
