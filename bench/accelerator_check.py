@@ -7,7 +7,7 @@ sizes, decoding speed and the default run end to end, as one table (and a JSON f
 Parts, in order of importance, each a subprocess with its own time limit; together they fit
 `--budget_s` (default 9 minutes): a part that would not fit is reported as not run.
 
-  cudnn tests  tests/test_attention_impls.py -k cudnn, one process, -x: the GPU-only kernels
+  cudnn tests  tests/model/test_attention_impls.py -k cudnn, one process, -x: the GPU-only kernels
   tests        python -m pytest -n N (xdist workers sized to the machine), no GPU memory
                preallocation; the suite itself runs at the highest matmul precision
   resume       bench/resume_check.py: train.py with deterministic=True, straight and resumed
@@ -161,7 +161,7 @@ def plan(args, info: dict, out_dir: str) -> list[tuple[str, list[str], float]]:
   # traceback is printed within the part's limit (on 2026-11-27 four failed and the limit
   # cut the report).
   cudnn = [*tests[:-1], '-n', '0', '-x', '--tb=short', '-k', 'cudnn',
-           'tests/test_attention_impls.py']
+           'tests/model/test_attention_impls.py']
   if workers > 1 and _has_xdist():
     tests += ['-n', str(workers)]
   run_dir = os.path.join(out_dir, 'default_run')

@@ -6,8 +6,8 @@ script's method: Koehn 2004) extended to several seeds per system: each resample
 same sentence indices for every output; a system's score on a resample is the mean over its
 seeds of the corpus score of their resampled outputs (from sacreBLEU's own sufficient
 statistics). With one seed a side it is sacreBLEU's test, resamples, interval and p-value (but for
-exact ties: `paired_bootstrap`)
-(tests/test_sweep_significance.py checks it against `sacrebleu.significance.PairedTest`).
+exact ties: `paired_bootstrap`) (tests/experiments/test_sweep_significance.py checks it against
+`sacrebleu.significance.PairedTest`).
 The bootstrap measures the test set's sampling noise around the seed-averaged systems; the
 seed spread is reported beside it, not folded in.
 """

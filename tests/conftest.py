@@ -6,7 +6,7 @@ on GPUs and TPUs a float32 matmul runs by default with TF32/bf16 inputs (relativ
 ~1e-3), and scatter-add gradients are non-deterministic. So the whole suite (and every
 subprocess it starts, which inherits the environment) runs float32 matmuls at full precision
 and deterministic GPU ops. Reduced-precision behaviour has its own tests
-(tests/test_precision.py), which ask for it explicitly.
+(tests/model/test_precision.py), which ask for it explicitly.
 
 XLA compiles are most of the suite's time, and many tests and subprocesses compile the same
 small programs. One persistent compilation cache, new for each test run, is shared by the test
@@ -17,10 +17,10 @@ The suite's programs are tiny, so XLA:CPU spends far longer optimising them than
 the suite compiles without LLVM's optimisation passes, with the classic fusion emitters and
 with each program's machine code generated in one piece (XLA splits it to compile the parts on
 several threads, which costs more than it saves for programs this small when both cores are
-busy anyway) (`SUITE_XLA_FLAGS`; about 3x less CPU time on tests/test_decode_speed.py for the
-first two, 14% less again for the third). Every comparison
-in a test is between computations compiled with the same flags; the benchmarks in bench/ and
-users' runs keep XLA's defaults.
+busy anyway) (`SUITE_XLA_FLAGS`; about 3x less CPU time on
+tests/decoding/test_decode_speed.py for the first two, 14% less again for the third). Every
+comparison in a test is between computations compiled with the same flags; the benchmarks in
+bench/ and users' runs keep XLA's defaults.
 """
 
 import atexit
@@ -32,9 +32,10 @@ import sys
 import tempfile
 
 import pytest  # (no JAX: nothing imported here may import it before the settings below)
-from shared_dirs import built_once
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests import REPO
+from tests.shared_dirs import built_once
+
 # Tests import the project from the checkout, installed or not.
 sys.path.insert(0, REPO)
 
@@ -138,7 +139,7 @@ def pytest_collection_modifyitems(items) -> None:
 def train_py(workdir, config: str, *overrides: str, devices: int | None = None):
   """`python train.py --config=CONFIG --workdir=WORKDIR OVERRIDES` started (not waited for), on
   `devices` simulated CPU devices (None: the host's), output (both streams) on its stdout."""
-  import test_train_synthetic as syn  # pylint: disable=import-outside-toplevel
+  from tests.training import test_train_synthetic as syn  # pylint: disable=import-outside-toplevel
   env = dict(os.environ, XLA_FLAGS=syn.xla_flags(devices),
              PYTHONPATH=os.pathsep.join([REPO, os.environ.get('PYTHONPATH', '')]))
   env.setdefault('JAX_PLATFORMS', 'cpu')

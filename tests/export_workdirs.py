@@ -11,11 +11,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from shared_dirs import built_once
 
 from model import bind, build_model, params_of
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests import REPO
+from tests.shared_dirs import built_once
 
 # A small Multi30k model trained to write real (EOS-ended) sentences, 2 checkpoints (~20 s).
 MT = ('configs/default.py:tiny', '--config.model.d_model=64', '--config.model.d_ff=256',
@@ -34,7 +33,7 @@ QUICK_COMPILE_FLAGS = ('--xla_backend_optimization_level', '--xla_cpu_use_fusion
 def env(optimized: bool = False) -> dict:
   """The suite's environment for a subprocess; `optimized`: XLA's default optimisations."""
   environ = dict(os.environ)
-  environ['PYTHONPATH'] = ROOT + os.pathsep + environ.get('PYTHONPATH', '')
+  environ['PYTHONPATH'] = REPO + os.pathsep + environ.get('PYTHONPATH', '')
   environ.setdefault('JAX_PLATFORMS', 'cpu')
   if optimized:
     environ['XLA_FLAGS'] = ' '.join(f for f in environ.get('XLA_FLAGS', '').split()
@@ -48,9 +47,9 @@ def trained(tmp_path_factory, name: str, recipe=MT) -> str:
   def build(root) -> dict:
     workdir = root / 'workdir'
     config, *overrides = recipe
-    cmd = [sys.executable, os.path.join(ROOT, 'train.py'), f'--config={config}',
+    cmd = [sys.executable, os.path.join(REPO, 'train.py'), f'--config={config}',
            f'--workdir={workdir}', *overrides]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env(optimized=True), capture_output=True, text=True,
+    proc = subprocess.run(cmd, cwd=REPO, env=env(optimized=True), capture_output=True, text=True,
                           check=False)
     assert proc.returncode == 0, f'training failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}'
     return {'workdir': str(workdir)}

@@ -12,17 +12,17 @@ import os
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests import REPO
 
 
 def multi30k(split: str, lang: str, count: int | None = None) -> list[str]:
-  with gzip.open(os.path.join(ROOT, 'data', 'multi30k', f'{split}.{lang}.gz'), 'rt') as f:
+  with gzip.open(os.path.join(REPO, 'data', 'multi30k', f'{split}.{lang}.gz'), 'rt') as f:
     lines = [line.rstrip('\n') for line in f]
   return lines[:count] if count else lines
 
 
 def shakespeare() -> str:
-  with open(os.path.join(ROOT, 'data', 'tinyshakespeare', 'input.txt')) as f:
+  with open(os.path.join(REPO, 'data', 'tinyshakespeare', 'input.txt')) as f:
     return f.read()
 
 

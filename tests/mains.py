@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 
-import test_train_synthetic as syn
+from tests.training import test_train_synthetic as syn
 
 _MAIN_PER_ARGS = """
 import contextlib, importlib, io, json, sys
