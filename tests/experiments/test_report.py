@@ -75,27 +75,32 @@ def test_report_writes_curves_and_a_table_of_several_runs(resumed, tmp_path):
 
 
 def test_cli_prints_the_table_and_refuses_bad_input_in_one_line(resumed, tmp_path):
-  def cli(*args):
-    return subprocess.run([sys.executable, '-m', 'experiments.report', *args], cwd=REPO,
-                          capture_output=True, text=True)
-
+  """The command lines run in one interpreter, each through report's main (`tests.mains`),
+  the last refusal also as `python -m experiments.report` (its exit status and stderr as a
+  process: the module's own entry point)."""
+  from tests.mains import run_mains  # pylint: disable=import-outside-toplevel
   out_dir = tmp_path / 'out'
-  proc = cli(f'--workdir={resumed}', f'--output_dir={out_dir}')
-  assert proc.returncode == 0, proc.stderr
-  assert '| resumed | 12 | 7.0 min |' in proc.stdout
+  refusals = [((f'--workdir={tmp_path / "none"}', f'--output_dir={out_dir}'),
+               'no TensorBoard events in'),
+              ((f'--workdir={resumed}',), '--output_dir=DIR'),
+              ((f'--workdir={resumed}', f'--output_dir={resumed}/checkpoints'),
+               "checkpoints/, a workdir's own folder"),
+              ((f'--workdir={resumed}', f'--output_dir={out_dir}', '--names=a,b'),
+               '--names has 2 names for 1 workdirs')]
+  (code, out, err), *refused = run_mains(
+      [[f'--workdir={resumed}', f'--output_dir={out_dir}'],
+       *(list(args) for args, _ in refusals)], script='experiments.report')
+  assert code == 0, err
+  assert '| resumed | 12 | 7.0 min |' in out
   assert sorted(os.listdir(out_dir)) == ['curves.png', 'summary.md']
-  for args, message in [((f'--workdir={tmp_path / "none"}', f'--output_dir={out_dir}'),
-                         'no TensorBoard events in'),
-                        ((f'--workdir={resumed}',), '--output_dir=DIR'),
-                        ((f'--workdir={resumed}', f'--output_dir={out_dir}', '--names=a,b'),
-                         '--names has 2 names for 1 workdirs'),
-                        ((f'--workdir={resumed}', f'--output_dir={resumed}/checkpoints'),
-                         "checkpoints/, a workdir's own folder")]:
-    proc = cli(*args)
-    assert proc.returncode == 2
-    assert proc.stderr.startswith('python -m experiments.report: error: ')
-    assert message in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+  proc = subprocess.run([sys.executable, '-m', 'experiments.report', *refusals[-1][0]],
+                        cwd=REPO, capture_output=True, text=True, check=False)
+  refused.append((proc.returncode, proc.stdout, proc.stderr))
+  for (code, _, err), (_, message) in zip(refused, [*refusals, refusals[-1]], strict=True):
+    assert code == 2, err
+    assert err.startswith('python -m experiments.report: error: ')
+    assert message in err
+    assert len(err.strip().splitlines()) == 1, err
 
 
 def test_outputs_never_follow_a_planted_link_nor_replace_a_workdirs_file(resumed, tmp_path):
