@@ -61,20 +61,30 @@ def test_a_refused_run_writes_no_config_and_a_missing_split_is_found_at_start(te
                                                                              tmp_path):
   """Issue 27 item 12: refused after taking the lock (in the tokenizer's training, then after
   it was trained and saved), a run leaves the filesystem as it found it: no DIR/, no
-  train.lock, no tokenizer/ (a tokenizer trained on the refused setup is not kept)."""
-  workdir = str(tmp_path / 'w')
-  proc = _run_cli('train.py', *_text_args(text_files, workdir, '--config.data.vocab_size=3'))
-  assert 'config.data.vocab_size=3 is too small' in _one_error_line(proc, 'train.py: error: ')
-  assert os.listdir(tmp_path) == []
-  proc = _run_cli('train.py', *_text_args(text_files, workdir, eval_files=False))
-  line = _one_error_line(proc, 'train.py: error: ')
+  train.lock, no tokenizer/ (a tokenizer trained on the refused setup is not kept). The three
+  command lines run in one interpreter (`tests.mains`), each in a parent folder of its own."""
+  import types  # pylint: disable=import-outside-toplevel
+
+  from tests.mains import run_mains  # pylint: disable=import-outside-toplevel
+  parents = [tmp_path / name for name in ('small_vocab', 'no_split', 'users_folder')]
+  for parent in parents:
+    parent.mkdir()
+  workdirs = [str(parent / 'w') for parent in parents]
+  os.makedirs(os.path.join(workdirs[2], 'tokenizer'))  # a folder of the user's: kept, as it was
+  results = run_mains([_text_args(text_files, workdirs[0], '--config.data.vocab_size=3'),
+                       _text_args(text_files, workdirs[1], eval_files=False),
+                       _text_args(text_files, workdirs[2], eval_files=False)], 'train.py',
+                      devices=1)
+  small, no_split, users = (types.SimpleNamespace(returncode=code, stderr=err)
+                            for code, _, err in results)
+  assert 'config.data.vocab_size=3 is too small' in _one_error_line(small, 'train.py: error: ')
+  assert os.listdir(parents[0]) == []
+  line = _one_error_line(no_split, 'train.py: error: ')
   assert "has no split 'validation'" in line and 'eval_files' in line
-  assert os.listdir(tmp_path) == []
-  os.makedirs(os.path.join(workdir, 'tokenizer'))  # a folder of the user's: kept, as it was
-  proc = _run_cli('train.py', *_text_args(text_files, workdir, eval_files=False))
-  assert "has no split 'validation'" in _one_error_line(proc, 'train.py: error: ')
-  assert os.listdir(workdir) == ['tokenizer']
-  assert os.listdir(os.path.join(workdir, 'tokenizer')) == []
+  assert os.listdir(parents[1]) == []
+  assert "has no split 'validation'" in _one_error_line(users, 'train.py: error: ')
+  assert os.listdir(workdirs[2]) == ['tokenizer']
+  assert os.listdir(os.path.join(workdirs[2], 'tokenizer')) == []
 
 
 _FILLS_UP = """
