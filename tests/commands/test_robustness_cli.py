@@ -57,34 +57,57 @@ def _text_args(files, workdir, *extra, eval_files=True):
   return [*args, *extra]
 
 
-def test_a_refused_run_writes_no_config_and_a_missing_split_is_found_at_start(text_files,
-                                                                             tmp_path):
-  """Issue 27 item 12: refused after taking the lock (in the tokenizer's training, then after
-  it was trained and saved), a run leaves the filesystem as it found it: no DIR/, no
-  train.lock, no tokenizer/ (a tokenizer trained on the refused setup is not kept). The three
-  command lines run in one interpreter (`tests.mains`), each in a parent folder of its own."""
+@pytest.fixture(scope='module')
+def refused(text_files, tmp_path_factory):
+  """The refused train.py runs of the two tests below, in one interpreter (`tests.mains`), each
+  in a folder of its own: name -> (workdir, an object with .returncode and .stderr)."""
   import types  # pylint: disable=import-outside-toplevel
 
+  from input_pipeline import tokenizers  # pylint: disable=import-outside-toplevel
   from tests.mains import run_mains  # pylint: disable=import-outside-toplevel
-  parents = [tmp_path / name for name in ('small_vocab', 'no_split', 'users_folder')]
-  for parent in parents:
-    parent.mkdir()
-  workdirs = [str(parent / 'w') for parent in parents]
-  os.makedirs(os.path.join(workdirs[2], 'tokenizer'))  # a folder of the user's: kept, as it was
-  results = run_mains([_text_args(text_files, workdirs[0], '--config.data.vocab_size=3'),
-                       _text_args(text_files, workdirs[1], eval_files=False),
-                       _text_args(text_files, workdirs[2], eval_files=False)], 'train.py',
-                      devices=1)
-  small, no_split, users = (types.SimpleNamespace(returncode=code, stderr=err)
-                            for code, _, err in results)
-  assert 'config.data.vocab_size=3 is too small' in _one_error_line(small, 'train.py: error: ')
-  assert os.listdir(parents[0]) == []
-  line = _one_error_line(no_split, 'train.py: error: ')
+  root = tmp_path_factory.mktemp('refused')
+  workdirs = {name: root / name / 'w' for name in ('small_vocab', 'no_split', 'users_folder',
+                                                   'damaged_tokenizer')}
+  for workdir in workdirs.values():
+    workdir.parent.mkdir()
+  os.makedirs(workdirs['users_folder'] / 'tokenizer')  # a folder of the user's: kept, as it was
+  # A flipped bit in a tokenizer the run trained before.
+  texts = ['A man is riding a bike.', 'Two dogs play in the snow.'] * 20
+  damaged = workdirs['damaged_tokenizer']
+  tokenizers.train_sentencepiece(texts, 300).save(str(damaged / 'tokenizer'))
+  model = damaged / 'tokenizer' / 'spm.model'
+  data = bytearray(model.read_bytes())
+  data[len(data) // 2] ^= 1
+  model.write_bytes(bytes(data))
+  args = {'small_vocab': ('--config.data.vocab_size=3',), 'no_split': (),
+          'users_folder': (), 'damaged_tokenizer': ()}
+  eval_files = {'small_vocab': True, 'no_split': False, 'users_folder': False,
+                'damaged_tokenizer': True}
+  before = {p.name: p.read_bytes() for p in (damaged / 'tokenizer').iterdir()}
+  results = run_mains([_text_args(text_files, str(workdirs[name]), *args[name],
+                                  eval_files=eval_files[name]) for name in workdirs],
+                      'train.py', devices=1)
+  found = {name: (workdirs[name], types.SimpleNamespace(returncode=code, stderr=err))
+           for name, (code, _, err) in zip(workdirs, results, strict=True)}
+  found['damaged_before'] = before
+  return found
+
+
+def test_a_refused_run_writes_no_config_and_a_missing_split_is_found_at_start(refused):
+  """Issue 27 item 12: refused after taking the lock (in the tokenizer's training, then after
+  it was trained and saved), a run leaves the filesystem as it found it: no DIR/, no
+  train.lock, no tokenizer/ (a tokenizer trained on the refused setup is not kept)."""
+  workdir, proc = refused['small_vocab']
+  assert 'config.data.vocab_size=3 is too small' in _one_error_line(proc, 'train.py: error: ')
+  assert os.listdir(workdir.parent) == []
+  workdir, proc = refused['no_split']
+  line = _one_error_line(proc, 'train.py: error: ')
   assert "has no split 'validation'" in line and 'eval_files' in line
-  assert os.listdir(parents[1]) == []
-  assert "has no split 'validation'" in _one_error_line(users, 'train.py: error: ')
-  assert os.listdir(workdirs[2]) == ['tokenizer']
-  assert os.listdir(os.path.join(workdirs[2], 'tokenizer')) == []
+  assert os.listdir(workdir.parent) == []
+  workdir, proc = refused['users_folder']
+  assert "has no split 'validation'" in _one_error_line(proc, 'train.py: error: ')
+  assert os.listdir(workdir) == ['tokenizer']
+  assert os.listdir(workdir / 'tokenizer') == []
 
 
 _FILLS_UP = """
@@ -258,24 +281,17 @@ def test_a_ctrl_c_that_python_drops_during_the_set_up_still_stops_the_run(text_f
   assert not checkpoint.list_steps(workdir)
 
 
-def test_a_damaged_tokenizer_stops_train_py_in_one_line(text_files, tmp_path):
+def test_a_damaged_tokenizer_stops_train_py_in_one_line(refused):
   """Issue 27 item 3: a flipped bit in tokenizer/spm.model would change how every sentence is
   tokenised; the run stops in one line naming the file (exit 1) and leaves the workdir as it
-  was (the tokenizer is kept for the user to restore)."""
-  from input_pipeline import tokenizers  # pylint: disable=import-outside-toplevel
-  workdir = tmp_path / 'w'
-  texts = ['A man is riding a bike.', 'Two dogs play in the snow.'] * 20
-  tokenizers.train_sentencepiece(texts, 300).save(str(workdir / 'tokenizer'))
+  was (the tokenizer is kept for the user to restore). (The run: `refused`'s.)"""
+  workdir, proc = refused['damaged_tokenizer']
   model = workdir / 'tokenizer' / 'spm.model'
-  data = bytearray(model.read_bytes())
-  data[len(data) // 2] ^= 1
-  model.write_bytes(bytes(data))
-  before = {p.name: p.read_bytes() for p in (workdir / 'tokenizer').iterdir()}
-  proc = _run_cli('train.py', *_text_args(text_files, str(workdir)))
   line = _one_error_line(proc, 'train.py: error: ', code=1)
   assert line.startswith(f'train.py: error: tokenizer file {model} does not match its checksum')
   assert os.listdir(workdir) == ['tokenizer']
-  assert {p.name: p.read_bytes() for p in (workdir / 'tokenizer').iterdir()} == before
+  assert {p.name: p.read_bytes() for p in (workdir / 'tokenizer').iterdir()} == (
+      refused['damaged_before'])
 
 
 _FAILING_SAVE = '''
