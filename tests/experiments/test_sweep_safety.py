@@ -108,13 +108,37 @@ def _planted_roots(tmp) -> dict:
   return {'linked': linked, 'folder': folder, 'exits': exits}
 
 
+def _full_disk_root(tmp) -> dict | str:
+  """A root of finished runs and a table on a full 1 MB tmpfs at tmp/small (its sweep file
+  beside it) -> {'sweep', 'plan', 'summary'}; where this user cannot mount, the reason."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+  small = tmp / 'small'
+  small.mkdir()
+  proc = subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=1m', 'tmpfs', str(small)],
+                        capture_output=True, check=False)
+  if proc.returncode != 0:
+    return f'cannot mount here: {proc.stderr.decode().strip()}'
+  sweep = _sweep_file(tmp, name='full')
+  plan = sweep_file.plan(sweep_file.load(sweep), os.path.join(small, 'root'), sweep)
+  for run in plan.runs:
+    _fake_run(plan, run)
+  summary = os.path.join(plan.root, 'summary.md')
+  with open(summary, 'w') as f:
+    f.write('the table so far\n')
+  with open(os.path.join(small, 'filler'), 'wb', buffering=0) as f, pytest.raises(OSError):
+    while True:
+      f.write(b'x' * 4096)
+  return {'sweep': sweep, 'plan': plan, 'summary': summary}
+
+
 @pytest.fixture(scope='module')
-def cli(tmp_path_factory) -> dict:
+def cli(tmp_path_factory):
   """The roots of the tests below that run sweep.py, and its command lines over them, all in
   one interpreter (`run_mains`, from the directory `tmp`): name -> (status, stdout, stderr)."""
+  import subprocess  # pylint: disable=import-outside-toplevel
   tmp = tmp_path_factory.mktemp('cli')
   found = {'tmp': tmp, 'another': _another_sweeps_root(tmp), 'damaged': _damaged_root(tmp),
-           'planted': _planted_roots(tmp)}
+           'planted': _planted_roots(tmp), 'full_disk': _full_disk_root(tmp)}
   another, damaged, planted = found['another'], found['damaged'], found['planted']
   sweep = _sweep_file(tmp, name='plain')
   commands = {
@@ -130,9 +154,19 @@ def cli(tmp_path_factory) -> dict:
       'linked_lock': [f'--sweep={sweep}', f'--root={planted["linked"]}', '--executor=local'],
       'folder_lock': [f'--sweep={sweep}', f'--root={planted["folder"]}', '--executor=local'],
       'exits': [f'--sweep={planted["exits"]}', f'--root={tmp / "x"}']}
-  results = run_mains(list(commands.values()), script='sweep.py', cwd=str(tmp))
-  found.update(zip(commands, results, strict=True))
-  return found
+  full = found['full_disk']
+  if isinstance(full, dict):
+    commands['full_report'] = [f'--sweep={full["sweep"]}', f'--root={full["plan"].root}',
+                               '--report']
+    commands['full_run'] = [f'--sweep={full["sweep"]}', f'--root={full["plan"].root}',
+                            '--executor=local']
+  try:
+    results = run_mains(list(commands.values()), script='sweep.py', cwd=str(tmp))
+    found.update(zip(commands, results, strict=True))
+    yield found
+  finally:
+    if isinstance(full, dict):
+      subprocess.run(['umount', '-l', str(tmp / 'small')], check=False)
 
 
 # ----------------------------------------------------------------------------- cause 5
@@ -291,27 +325,19 @@ def test_a_full_disk_is_one_line_with_exit_status_1(tmp_path, monkeypatch):
     assert 'no space left on device' in str(e.value) and errors.exit_code(e.value) == 1
 
 
-def test_sweep_py_on_a_real_full_disk_is_one_line_exit_1_and_keeps_its_table(tmp_path):
-  from tests.common.test_output_files import mounted
-  with mounted('-t', 'tmpfs', '-o', 'size=1m', 'tmpfs', str(tmp_path / 'small')) as small:
-    sweep = _sweep_file(tmp_path)
-    plan = sweep_file.plan(sweep_file.load(sweep), os.path.join(small, 'root'), sweep)
-    for run in plan.runs:
-      _fake_run(plan, run)
-    summary = os.path.join(plan.root, 'summary.md')
-    with open(summary, 'w') as f:
-      f.write('the table so far\n')
-    with open(os.path.join(small, 'filler'), 'wb', buffering=0) as f, pytest.raises(OSError):
-      while True:
-        f.write(b'x' * 4096)
-    results = run_mains([[f'--sweep={sweep}', f'--root={plan.root}', '--report'],
-                         [f'--sweep={sweep}', f'--root={plan.root}', '--executor=local']],
-                        script='sweep.py')
-    for (code, _, err), name in zip(results, ('summary.md', 'sweep.json'), strict=True):
-      assert code == 1 and err.count('\n') == 1, err
-      assert f'cannot write {plan.root}' in err and name in err and 'no space left' in err, err
-    with open(summary) as f:
-      assert f.read() == 'the table so far\n'
+def test_sweep_py_on_a_real_full_disk_is_one_line_exit_1_and_keeps_its_table(cli):
+  """--report and a run on a root whose disk is full (the runs and table made before it filled;
+  `cli`'s tmpfs): one line each, exit 1, the table as it was."""
+  full = cli['full_disk']
+  if not isinstance(full, dict):
+    pytest.skip(full)
+  for name, file in (('full_report', 'summary.md'), ('full_run', 'sweep.json')):
+    code, _, err = cli[name]
+    assert code == 1 and err.count('\n') == 1, err
+    assert f'cannot write {full["plan"].root}' in err and file in err and 'no space left' in err, (
+        err)
+  with open(full['summary']) as f:
+    assert f.read() == 'the table so far\n'
 
 
 # ----------------------------------------------------------------------------- causes 14, 24
