@@ -256,10 +256,11 @@ def swept(tmp_path_factory):
                  'digests': {name: _digest(root / name) for name in ('post/seed_0',
                                                                      'post/seed_1')}}
   with_typo = _sweep_file(tmp, {**rows, 'typo': {'data.dataset': 'multi31k'}}, name='exp2')
-  rerun = _sweep(f'--sweep={with_typo}', f'--root={root}')
-  # Two more that start no job: in one interpreter.
-  again, dry = ((code, out + err) for code, out, err in run_mains(
+  # The rerun, then two more that start no job: in one interpreter (the interrupted sweep
+  # above is the process a signal stops).
+  rerun, again, dry = ((code, out + err) for code, out, err in run_mains(
       [[f'--sweep={with_typo}', f'--root={root}', '--executor=local'],
+       [f'--sweep={with_typo}', f'--root={root}', '--executor=local'],
        [f'--sweep={with_typo}', f'--root={root}', '--executor=local', '--dry_run']],
       script='sweep.py'))
   return {'root': root, 'first': first, 'interrupted': interrupted, 'rerun': rerun,
