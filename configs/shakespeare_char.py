@@ -4,12 +4,21 @@ Presets:
   (none)  nanoGPT's small-CPU settings: 4 layers, 4 heads, d_model 128, block 64, batch 12,
           2000 steps, no dropout, lr 1e-3 cosine to 1e-4 with 100 warmup steps, AdamW
           (0.9, 0.99), weight decay 0.1, grad clip 1.0, pre-norm, GELU, learned positions.
+  modern  the same budget with what the language model's ladder kept (`MODERN`; issue 76):
+          the warmup-stable-decay schedule, Muon for the layers' matrices and the squared ReLU
+          (its figures: bench/results/sweeps.md, "The language model's ladder")
   large   nanoGPT's GPU settings: 6 layers, 6 heads, 384 wide, block 256, batch 64, dropout 0.2,
           5000 steps, and nanoGPT's model choices (see the comment in the preset).
   tiny    seconds-long, for tests.
 """
 
 from configs.base import base_config
+
+# What the ladder kept (configs/sweeps/ladder_shakespeare.py, 3 seeds): WSD at the cosine's
+# peak, decaying to a tenth over the last fifth of the steps; Muon; ReLU². Dropout and R-Drop
+# on top cost more than they gave at ~1.5 passes over the data.
+MODERN = {'optimizer.schedule': 'wsd', 'optimizer.name': 'muon', 'model.activation': 'relu2'}
+OVERRIDES = {'modern': MODERN}  # the presets that are sweep overrides
 
 
 def get_config(preset=None):
@@ -60,8 +69,13 @@ def get_config(preset=None):
     _large(config)
   elif preset == 'tiny':
     _tiny(config)
+  elif preset in OVERRIDES:
+    for path, value in OVERRIDES[preset].items():
+      section, field = path.split('.')
+      config[section][field] = value
   elif preset is not None:
-    raise ValueError(f'configs/shakespeare_char.py: unknown preset {preset!r}; known: large, tiny')
+    raise ValueError(f'configs/shakespeare_char.py: unknown preset {preset!r}; known: large, '
+                     f'tiny, {", ".join(OVERRIDES)}')
   return config
 
 

@@ -127,3 +127,19 @@ def test_origins_of_a_preset_field_an_override_and_a_default():
   assert found['optimizer.name'][3].endswith('[adam | adamw | muon]')
   fields = sum(len(dataclasses.fields(cls)) for cls in schema.SECTIONS.values())
   assert len(found) == fields - 1 + len(config.mesh.rules)  # a row per rule, not one for all
+
+
+@pytest.mark.parametrize('module', ['multi30k', 'shakespeare_char'])
+def test_a_preset_of_overrides_differs_from_its_base_in_those_fields_only(module):
+  """`configs/NAME.py:PRESET` for each PRESET of its OVERRIDES (the presets a sweep row can
+  restate, so that a sweep's runs and a preset's are one config) is the base config with
+  exactly those fields changed."""
+  import importlib  # pylint: disable=import-outside-toplevel
+  configs = importlib.import_module(f'configs.{module}')
+  base = configs.get_config().to_dict()
+  for preset, overrides in configs.OVERRIDES.items():
+    got = configs.get_config(preset).to_dict()
+    changed = {f'{s}.{f}' for s in base for f in base[s] if base[s][f] != got[s][f]}
+    assert changed == {k for k, v in overrides.items() if base[k.split('.')[0]][k.split('.')[1]]
+                       != v}, preset
+    assert all(got[k.split('.')[0]][k.split('.')[1]] == v for k, v in overrides.items()), preset
