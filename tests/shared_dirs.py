@@ -25,3 +25,22 @@ def built_once(tmp_path_factory, name: str, build) -> dict:
       os.replace(result.with_suffix('.tmp'), result)
     with open(result) as f:
       return json.load(f)
+
+
+def tree_digest(root) -> dict:
+  """{relative path: 'dir', 'link:TARGET' (never followed) or the sha256 of the file} of
+  everything under `root`: equal before and after shows that nothing in it was touched."""
+  import hashlib  # pylint: disable=import-outside-toplevel
+  out = {}
+  for base, dirs, files in os.walk(root):
+    for name in dirs + files:
+      path = os.path.join(base, name)
+      rel = os.path.relpath(path, root)
+      if os.path.islink(path):
+        out[rel] = 'link:' + os.readlink(path)
+      elif os.path.isdir(path):
+        out[rel] = 'dir'
+      else:
+        with open(path, 'rb') as f:
+          out[rel] = hashlib.sha256(f.read()).hexdigest()
+  return out

@@ -3,7 +3,6 @@ directory is never the workdir, inside it or above it (symlinks resolved), --ove
 replaces only a previous export, bad flags exit 2, a missing optional package names its extra.
 """
 
-import hashlib
 import json
 import os
 import subprocess
@@ -16,28 +15,12 @@ import pytest
 from common import atomic_file, interrupts
 from hf_export import ExportError, output_dir, writer
 from tests import REPO, export_workdirs
+from tests.shared_dirs import tree_digest
 
 
 @pytest.fixture(scope='module')
 def workdir(tmp_path_factory):
   return export_workdirs.trained(tmp_path_factory, 'mt')
-
-
-def _tree_hash(root) -> dict:
-  """{relative path: sha256 of the content, or the link target} of everything under `root`."""
-  out = {}
-  for base, dirs, files in os.walk(root):
-    for name in dirs + files:
-      path = os.path.join(base, name)
-      rel = os.path.relpath(path, root)
-      if os.path.islink(path):
-        out[rel] = 'link:' + os.readlink(path)
-      elif os.path.isfile(path):
-        with open(path, 'rb') as f:
-          out[rel] = hashlib.sha256(f.read()).hexdigest()
-      else:
-        out[rel] = 'dir'
-  return out
 
 
 def _export(*args, prelude=''):
@@ -61,7 +44,7 @@ def test_inside_above_and_through_symlinks_are_refused(workdir, tmp_path):
   """The workdir itself too (`..` and a link), changing nothing and making no staging directory
   beside it. (export.py turned it into one line, exit 2, in a process of its own: the same
   `except` as --step=99999999999999999999's in test_bad_flags_are_one_line_exit_2.)"""
-  before = _tree_hash(workdir)
+  before = tree_digest(workdir)
   (tmp_path / 'to_workdir').symlink_to(workdir)
   (tmp_path / 'to_checkpoints').symlink_to(os.path.join(workdir, 'checkpoints'))
   cases = [(os.path.join(workdir, 'checkpoints'), 'is inside'),
@@ -78,7 +61,7 @@ def test_inside_above_and_through_symlinks_are_refused(workdir, tmp_path):
   with pytest.raises(ExportError, match='contains'):
     writer.export_workdir(str(tmp_path / 'to_workdir'), os.path.dirname(workdir),
                           overwrite=True)
-  assert _tree_hash(workdir) == before
+  assert tree_digest(workdir) == before
   assert not os.path.exists(os.path.join(workdir, 'new_export'))
   staging = [n for n in os.listdir(os.path.dirname(workdir)) if n.startswith('.')]
   assert not staging  # no temporary directory was made beside it
@@ -88,11 +71,11 @@ def test_overwrite_replaces_only_a_previous_export(workdir, tmp_path):
   out = tmp_path / 'out'
   writer.export_workdir(workdir, str(out), format='ctranslate2')
   assert output_dir.is_previous_export(str(out))
-  first = _tree_hash(out)
+  first = tree_digest(out)
   with pytest.raises(ExportError, match='not empty'):  # no --overwrite: refused
     writer.export_workdir(workdir, str(out), format='ctranslate2')
   writer.export_workdir(workdir, str(out), step=125, overwrite=True)  # an export: replaced
-  assert output_dir.is_previous_export(str(out)) and _tree_hash(out) != first
+  assert output_dir.is_previous_export(str(out)) and tree_digest(out) != first
   assert sorted(os.listdir(tmp_path)) == ['out']  # the old copy is gone, no staging left
 
   # A directory that is not an export, or an export someone added files to, is never replaced.
@@ -104,10 +87,10 @@ def test_overwrite_replaces_only_a_previous_export(workdir, tmp_path):
     victim.mkdir()
     for file, data in files.items():
       (victim / file).write_bytes(data)
-    before = _tree_hash(victim)
+    before = tree_digest(victim)
     with pytest.raises(ExportError, match='not a previous export'):
       writer.export_workdir(workdir, str(victim), overwrite=True, format='ctranslate2')
-    assert _tree_hash(victim) == before
+    assert tree_digest(victim) == before
   link = tmp_path / 'link'
   link.symlink_to(out)
   with pytest.raises(ExportError, match='symbolic link'):

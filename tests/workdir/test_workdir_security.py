@@ -11,6 +11,7 @@ import pytest
 
 from common.lock_file import UnsafeLockFileError
 from input_pipeline import tokenizers
+from tests.shared_dirs import tree_digest
 from tests.training import test_train_synthetic as syn
 from training import config_check
 from workdir import checkpoint_files, config_io, train_lock
@@ -62,22 +63,6 @@ def _hashes(*paths):
   return out
 
 
-def _tree(root):
-  """Every path under `root` with its type and contents (links as their targets)."""
-  out = {}
-  for directory, dirs, names in os.walk(root):
-    for name in dirs + names:
-      path = os.path.join(directory, name)
-      rel = os.path.relpath(path, root)
-      if os.path.islink(path):
-        out[rel] = ('link', os.readlink(path))
-      elif os.path.isdir(path):
-        out[rel] = ('dir',)
-      else:
-        out[rel] = ('file', _hashes(path)[0])
-  return out
-
-
 @pytest.fixture
 def victims(tmp_path):
   """A file outside the workdir that a planted symlink points to, and a path that must not
@@ -92,11 +77,11 @@ def test_a_symlinked_train_lock_is_refused_and_not_followed(tmp_path, victims, t
   workdir = tmp_path / 'w'
   workdir.mkdir()
   (workdir / 'train.lock').symlink_to(victims[target])
-  before, tree = _hashes(*victims), _tree(workdir)
+  before, tree = _hashes(*victims), tree_digest(workdir)
   with pytest.raises(UnsafeLockFileError,
                      match=r'train.lock is a symbolic link .*refusing to follow it'):
     train_lock.acquire(str(workdir))
-  assert _hashes(*victims) == before and _tree(workdir) == tree
+  assert _hashes(*victims) == before and tree_digest(workdir) == tree
 
 
 @pytest.mark.parametrize('target', [0, 1])
@@ -104,11 +89,11 @@ def test_a_symlinked_tokenizer_lock_is_refused_and_not_followed(tmp_path, victim
   workdir = tmp_path / 'w'
   (workdir / 'tokenizer').mkdir(parents=True)
   (workdir / 'tokenizer' / '.lock').symlink_to(victims[target])
-  before, tree = _hashes(*victims), _tree(workdir)
+  before, tree = _hashes(*victims), tree_digest(workdir)
   with pytest.raises(UnsafeLockFileError, match=r'tokenizer/.lock is a symbolic'):
     with tokenizers.workdir_lock(str(workdir)):
       pass
-  assert _hashes(*victims) == before and _tree(workdir) == tree
+  assert _hashes(*victims) == before and tree_digest(workdir) == tree
 
 
 def test_a_planted_fifo_lock_is_refused(tmp_path):
@@ -161,7 +146,7 @@ def test_a_refused_run_leaves_the_workdir_as_it_found_it(tmp_path, monkeypatch, 
   if existing:  # a user's folder with a file of theirs and an empty tokenizer/ folder
     (workdir / 'tokenizer').mkdir(parents=True)
     (workdir / 'notes.txt').write_text('mine\n')
-  tree = _tree(tmp_path)
+  tree = tree_digest(tmp_path)
   config = syn.tiny_config()
 
   def refuse_after_saving_a_tokenizer(*_):  # as a refused split check would, after training it
@@ -171,11 +156,11 @@ def test_a_refused_run_leaves_the_workdir_as_it_found_it(tmp_path, monkeypatch, 
 
   with pytest.raises(config_io.ConfigError, match='the tokenizer has 320 ids'):
     trainer.train_and_evaluate(config, str(workdir), datasets=_WrongVocab(config))
-  assert _tree(tmp_path) == tree
+  assert tree_digest(tmp_path) == tree
   monkeypatch.setattr(config_check, 'check_compatible', refuse_after_saving_a_tokenizer)
   with pytest.raises(config_io.ConfigError, match='refused'):
     trainer.train_and_evaluate(config, str(workdir), datasets=_WrongVocab(config))
-  assert _tree(tmp_path) == tree
+  assert tree_digest(tmp_path) == tree
 
 
 def _flip(path, at=None):
