@@ -42,3 +42,11 @@ def section_config(schema) -> ml_collections.ConfigDict:
     else:
       section[field.name] = value
   return section
+
+
+def set_fields(config: ml_collections.ConfigDict, overrides: Mapping[str, object]) -> None:
+  """Sets `config`'s 'section.field' entries of `overrides` (a preset that is a sweep row's
+  overrides, e.g. `configs/multi30k.py`'s MODERN), in place."""
+  for path, value in overrides.items():
+    section, field = path.split('.')
+    config[section][field] = value

@@ -35,6 +35,7 @@ bench/RESULTS.md):
 """
 
 from configs import default
+from configs.base import set_fields
 
 # The rsqrt schedule's peak in this preset: 1.25 * 128^-0.5 * 1000^-0.5 = 3.5e-3 at step 1000.
 PEAK = 1.25 * 128 ** -0.5 * 1000 ** -0.5
@@ -81,9 +82,7 @@ def get_config(preset=None):
     t.checkpoint_every_steps = 200
     config.data.num_workers = 4
   elif preset in OVERRIDES:
-    for path, value in OVERRIDES[preset].items():
-      section, field = path.split('.')
-      config[section][field] = value
+    set_fields(config, OVERRIDES[preset])
   elif preset is not None:
     raise ValueError(f'configs/multi30k.py: unknown preset {preset!r}; known: gpu, '
                      f'{", ".join(OVERRIDES)}')

@@ -12,7 +12,7 @@ Presets:
   tiny    seconds-long, for tests.
 """
 
-from configs.base import base_config
+from configs.base import base_config, set_fields
 
 # What the ladder kept (configs/sweeps/ladder_shakespeare.py, 3 seeds): WSD at the cosine's
 # peak, decaying to a tenth over the last fifth of the steps; Muon; ReLU². Dropout and R-Drop
@@ -70,9 +70,7 @@ def get_config(preset=None):
   elif preset == 'tiny':
     _tiny(config)
   elif preset in OVERRIDES:
-    for path, value in OVERRIDES[preset].items():
-      section, field = path.split('.')
-      config[section][field] = value
+    set_fields(config, OVERRIDES[preset])
   elif preset is not None:
     raise ValueError(f'configs/shakespeare_char.py: unknown preset {preset!r}; known: large, '
                      f'tiny, {", ".join(OVERRIDES)}')
