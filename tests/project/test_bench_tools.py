@@ -73,3 +73,13 @@ def test_sweep_step_times_each_rows_own_config():
   assert {k: (v.shape, v.dtype) for k, v in batch.items()} == shapes
   assert int(batch['targets'].min()) >= 3 and int(batch['targets'].max()) < config.model.vocab_size
   assert list(batch['inputs_position'][0]) == list(range(batch['inputs'].shape[1]))
+
+
+def test_startup_times_a_command_and_names_one_that_fails():
+  """bench/startup.py: a command's CPU and wall seconds; a failing one ends the bench naming
+  the command and its last error line (a figure of a failed start would mean nothing)."""
+  from bench import startup
+  cpu, wall = startup.timed(sys.executable, ['-c', 'sum(range(10**6))'])
+  assert cpu > 0 and wall > 0
+  with pytest.raises(SystemExit, match=r"-c import nothing_here exited 1: .*No module named"):
+    startup.timed(sys.executable, ['-c', 'import nothing_here'])
