@@ -15,7 +15,3 @@ Modules:
   report        `python -m experiments.report`: curves and a table of any runs, from their
                 TensorBoard event files
 """
-
-from experiments.sweep_file import SweepError
-
-__all__ = ['SweepError']
