@@ -41,6 +41,7 @@ COMMANDS = {
     'train.py --help': ['train.py', '--help'],
     'decode.py --help': ['decode.py', '--help'],
     'sweep.py --help': ['sweep.py', '--help'],
+    'experiments.report --help': ['-m', 'experiments.report', '--help'],
 }
 REFERENCE = 'bare'
 
