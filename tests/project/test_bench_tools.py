@@ -1,6 +1,7 @@
 """bench/'s tools: gpu_targets.py's subprocess runner (what a stopped device call's log still
 holds) and sweep_step.py's rows (each row's config as train.py resolves it)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -83,3 +84,46 @@ def test_startup_times_a_command_and_names_one_that_fails():
   assert cpu > 0 and wall > 0
   with pytest.raises(SystemExit, match=r"-c import nothing_here exited 1: .*No module named"):
     startup.timed(sys.executable, ['-c', 'import nothing_here'])
+
+
+def test_time_to_quality_crossings_and_training_minutes():
+  """bench/time_to_quality.py: a threshold's minutes interpolate between the checkpoints
+  around it ('by' the first when already there, 'never' when not reached), and a step's
+  minutes leave out the evaluations and saves before it."""
+  from bench import time_to_quality as ttq
+  from experiments.report import Point
+  points = [(10.0, 30.0), (20.0, 38.0), (30.0, 40.0)]
+  assert ttq.crossing(points, 39.0) == {'minutes': 25.0, 'how': 'interpolated'}
+  assert ttq.crossing(points, 29.0) == {'minutes': 10.0, 'how': 'by'}
+  assert ttq.crossing(points, 41.0) == {'minutes': None, 'how': 'never'}
+  scalars = {'train/step_ms': [Point(50, 1.0, 0.0), Point(100, 3.0, 0.0), Point(150, 6.0, 0.0)],
+             'eval/seconds': [Point(100, 3.5, 30.0), Point(150, 7.0, 60.0)],
+             'checkpoint/seconds': [Point(50, 1.1, 6.0)]}
+  assert ttq.training_minutes(scalars, 100) == pytest.approx(3.0 - 0.1)  # the save at 50
+  assert ttq.training_minutes(scalars, 125) == pytest.approx(4.5 - 0.1 - 0.5)  # + the eval at 100
+  with pytest.raises(ValueError, match='no training log at or before step 10'):
+    ttq.training_minutes(scalars, 10)
+  assert ttq.recipe_of('/r/sweep/modern_b64/seed_2/') == 'modern_b64'
+  assert ttq.recipe_of('/r/my_run') == 'my_run'
+  summary = ttq.summarize({'a': {'recipe': 'x', 'points': [
+      {'minutes': m, 'bleu_lowercased': b} for m, b in points]}}, [39.0, 41.0])
+  assert summary['x']['39.0']['mean_minutes'] == 25.0
+  assert summary['x']['41.0']['mean_minutes'] is None
+  assert '| x | 25.0 (1 runs) | never |' in ttq.table(summary, [39.0, 41.0])
+
+
+def test_time_to_quality_scores_every_kept_checkpoint(workdirs, tmp_path):
+  """End to end on the suite's tiny translation run: one point per kept checkpoint, in step
+  and time order, scored on the validation sentences asked for; the JSON and plot written."""
+  from bench import time_to_quality as ttq
+  from workdir import checkpoint
+  found = ttq.main([f'--workdir={workdirs["mt"]}', f'--output_dir={tmp_path}', '--sentences=3',
+                    '--beam_size=2', '--max_new_tokens=6', '--thresholds=0,1000'])
+  points = found['runs'][workdirs['mt']]['points']
+  assert [p['step'] for p in points] == checkpoint.list_steps(workdirs['mt'])
+  assert len(points) >= 2 and 0 < points[0]['minutes'] < points[-1]['minutes']
+  crossings = found['summary']['mt']
+  assert crossings['0.0']['runs'][0]['how'] == 'by'
+  assert crossings['1000.0']['runs'][0]['how'] == 'never'
+  assert (tmp_path / 'time_to_quality.png').stat().st_size > 0
+  assert json.loads((tmp_path / 'time_to_quality.json').read_text())['sentences'] == 3
