@@ -195,9 +195,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
     decode['max_new_tokens'] = args.max_new_tokens
   if args.beam_size == 1:
     decode.pop('alpha')
-  runs = {workdir: {'recipe': name,
-                    'points': run_points(workdir, decode, args.average_last, args.sentences)}
-          for workdir, name in zip(args.workdir, names, strict=True)}
+  runs = {}
+  for workdir, name in zip(args.workdir, names, strict=True):
+    try:
+      points = run_points(workdir, decode, args.average_last, args.sentences)
+    except (OSError, ValueError, RuntimeError) as e:  # not a run, no checkpoint, no events
+      print(f'time_to_quality.py: error: --workdir={workdir}: {e}', file=sys.stderr)
+      raise SystemExit(2) from None
+    runs[workdir] = {'recipe': name, 'points': points}
   summary = summarize(runs, thresholds)
   found = {'command': ' '.join(['python', 'bench/time_to_quality.py',
                                 *(argv if argv is not None else sys.argv[1:])]),

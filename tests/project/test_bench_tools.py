@@ -127,3 +127,6 @@ def test_time_to_quality_scores_every_kept_checkpoint(workdirs, tmp_path):
   assert crossings['1000.0']['runs'][0]['how'] == 'never'
   assert (tmp_path / 'time_to_quality.png').stat().st_size > 0
   assert json.loads((tmp_path / 'time_to_quality.json').read_text())['sentences'] == 3
+  with pytest.raises(SystemExit) as stopped:  # not a run: one line, exit 2
+    ttq.main([f'--workdir={tmp_path}', f'--output_dir={tmp_path / "out"}'])
+  assert stopped.value.code == 2 and not (tmp_path / 'out').exists()
