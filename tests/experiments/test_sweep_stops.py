@@ -90,19 +90,19 @@ def test_a_stop_during_the_evaluation_ends_it(tmp_path, mode):
 
 # train.py's stand-in: writes its pid to the FIFO (argv[1]), then waits for a signal and writes
 # its name there: SIGTERM (what the job's death sends), or SIGWINCH (the test's own, after it).
+# Unbuffered writes (os.write): a handler that wrote through the buffered file while the pid's
+# flush was still returning (a job that dies at once) raised "reentrant call" and lost the line.
 _WAITING_TRAIN_PY = '''
 import os, signal, sys
-said = open(sys.argv[1], 'w')
+said = os.open(sys.argv[1], os.O_WRONLY)
 
 def say(signum, frame):
-  said.write(signal.Signals(signum).name + '\\n')
-  said.flush()
+  os.write(said, (signal.Signals(signum).name + '\\n').encode())
   os._exit(0)
 
 signal.signal(signal.SIGTERM, say)
 signal.signal(signal.SIGWINCH, say)
-said.write(f'{os.getpid()}\\n')
-said.flush()
+os.write(said, f'{os.getpid()}\\n'.encode())
 while True:
   signal.pause()
 '''
