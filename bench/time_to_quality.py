@@ -87,7 +87,6 @@ def run_points(workdir: str, decode: dict, average_last: int, sentences: int | N
   scalars = report.load_run(workdir).scalars
   data = load_config(workdir).data
   examples = sources.split_texts(data, data.eval_split)[:sentences]
-  references = [e['target'] for e in examples]
   steps = checkpoint.list_steps(workdir)
   if not steps:
     raise ValueError(f'{workdir}: no checkpoint')
@@ -95,8 +94,7 @@ def run_points(workdir: str, decode: dict, average_last: int, sentences: int | N
   for i, step in enumerate(steps):
     session = inference.load(workdir, step=step, average_last=min(average_last, i + 1),
                              warn=lambda message: None)
-    found = session.hypotheses([e['source'] for e in examples], **decode)
-    scores = evaluate.scores([h[0].text if h else '' for h in found], references)
+    scores = evaluate._decode_split(session, decode, examples)  # the sweeps' decode and scores
     points.append({'step': step, 'minutes': round(training_minutes(scalars, step), 3),
                    **{name: scores[name] for name in (*METRICS, 'chrf2')}})
     log(f'{workdir} step {step}: {points[-1]["minutes"]:.1f} min, BLEU (lowercased) '
