@@ -67,17 +67,19 @@ def step_dir(workdir: str, step: int) -> str:
 def _manager(workdir: str, *, max_to_keep: int | None = None, async_save: bool = False,
              read_only: bool = False, before_commit=None) -> ocp.CheckpointManager:
   """`before_commit()` (async saves) runs once every file of a step is written, before the
-  step's temporary directory is renamed into place. A reader (`read_only`) creates, cleans
-  and deletes nothing and reads no step's metadata until asked; Orbax's own `read_only`
-  option is not used, as it only adds a misleading 'Given directory is read only' warning."""
+  step's temporary directory is renamed into place. A reader (`read_only`) creates and
+  deletes nothing and reads no step's metadata until asked; Orbax's own `read_only` option is
+  not used, as it only adds a misleading 'Given directory is read only' warning. Orbax's
+  `cleanup_tmp_directories` is not used either: its background thread is not awaited by
+  `close()`, and at a quick exit it dies printing a traceback (`Checkpointer` removes the
+  leftovers itself, before this)."""
   directory = checkpoint_dir(workdir)
   async_options = None
   if async_save and before_commit is not None:
     async_options = ocp.AsyncOptions(post_finalization_callback=before_commit)
   options = ocp.CheckpointManagerOptions(
       max_to_keep=max_to_keep, create=not read_only, lightweight_initialize=read_only,
-      enable_async_checkpointing=async_save, async_options=async_options,
-      cleanup_tmp_directories=not read_only)  # leftovers of a save killed mid-write
+      enable_async_checkpointing=async_save, async_options=async_options)
   handlers = {'state': ocp.PyTreeCheckpointHandler(), 'data': ocp.JsonCheckpointHandler()}
   return ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
 
@@ -118,6 +120,9 @@ class Checkpointer:
           f'{os.path.join(checkpoint_dir(workdir), linked[0])} is a symbolic link: train.py '
           'neither writes nor deletes checkpoints through links (replace it with the folder it '
           'points to, or remove it)')
+    if jax.process_index() == 0:  # the leftovers of a save killed mid-write
+      for path in glob.glob(os.path.join(checkpoint_dir(workdir), '*.orbax-checkpoint-tmp*')):
+        files.remove(path)
     self._quiet = contextlib.ExitStack()
     self._quiet.enter_context(orbax_noise.quiet_orbax_logs())
     self._manager = _manager(workdir, max_to_keep=max_to_keep, async_save=async_save,
