@@ -191,8 +191,7 @@ def _preamble(plan: Plan, rows: list[RowResults], translation: bool) -> list[str
     out += [sweep.description, '']
   out += [f'- sweep file: `{plan.path}`; config `{sweep.config}`'
           + (f' with {dict(sweep.overrides)}' if sweep.overrides else ''),
-          '- rows: ' + '; '.join(f'`{name}` {dict(o) or "(the config as is)"}'
-                                  for name, o in plan.row_overrides.items()),
+          '- rows: ' + '; '.join(_row_overrides(plan, name) for name in plan.rows),
           f'- {finished} of {len(plan.runs)} runs finished; written '
           f'{time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}',
           '- each run counted was checked: its config.json is its row\'s resolved config, field '
@@ -221,6 +220,22 @@ def _preamble(plan: Plan, rows: list[RowResults], translation: bool) -> list[str
                  f'(the sweep\'s decode={dict(sweep.decode)}, else the config\'s decode '
                  f'section); BLEU `{first.get("test", {}).get("bleu_signature")}`')
   return out
+
+
+def _row_overrides(plan: Plan, name: str) -> str:
+  """A row's overrides, as what it changes in the row it is compared with when that is
+  shorter (a screen's rows repeat the preset's fields: each row then reads as its one option)."""
+  overrides = dict(plan.row_overrides[name])
+  whole = f'`{name}` {overrides or "(the config as is)"}'
+  reference = plan.reference(name)
+  if reference is None:
+    return whole
+  theirs = dict(plan.row_overrides[reference])
+  changed = {k: v for k, v in overrides.items() if k not in theirs or theirs[k] != v}
+  dropped = [k for k in theirs if k not in overrides]
+  relative = ' '.join([f'`{name}` = `{reference}`', *([f'+ {changed}'] if changed else []),
+                       *([f'less {dropped}'] if dropped else [])])
+  return relative if len(relative) < len(whole) else whole
 
 
 def _notes(plan: Plan, translation: bool) -> str:

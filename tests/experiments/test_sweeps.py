@@ -76,6 +76,27 @@ def test_plan_rows_grid_and_seeds(tmp_path):
   assert sorted(by_seed.runs, key=lambda r: r.name) == sorted(plan.runs, key=lambda r: r.name)
 
 
+def test_the_tables_rows_read_as_what_each_changes_in_the_row_it_is_compared_with(tmp_path):
+  """A screen's rows repeat the preset's fields: the table lists each as the baseline plus its
+  own option (the previous row, in a ladder), and in full where that is not shorter."""
+  from experiments import table  # pylint: disable=import-outside-toplevel
+  preset = {'model.dropout_rate': 0.2, 'train.num_steps': 30, 'train.batch_size': 8}
+  short = {'model.dropout_rate': 0.2, 'train.batch_size': 8}
+  sweep = Sweep(config=TINY, rows={'base': preset, 'pre': {**preset, 'model.norm_position': 'pre'},
+                                   'short': short, 'none': {}})
+
+  def rows_line(plan):
+    return next(line for line in table.markdown(plan, table.collect(plan)).splitlines()
+                if line.startswith('- rows: '))
+  assert rows_line(sweep_file.plan(sweep, str(tmp_path))) == (
+      f"- rows: `base` {preset}; `pre` = `base` + {{'model.norm_position': 'pre'}}; "
+      "`short` = `base` less ['train.num_steps']; `none` (the config as is)")
+  ladder = sweep_file.plan(dataclasses.replace(sweep, compare='previous'), str(tmp_path))
+  assert rows_line(ladder).endswith(
+      f"`pre` = `base` + {{'model.norm_position': 'pre'}}; `short` {short}; "
+      "`none` (the config as is)")
+
+
 @pytest.mark.parametrize('fields, message', [
     ({'rows': {'a': {}, 'b': {'model.nrm_position': 'pre'}}},
      "row 'b': unknown config field 'model.nrm_position'; did you mean "
