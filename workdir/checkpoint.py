@@ -18,7 +18,6 @@ warning. A failed save raises `CheckpointWriteError` naming the step; arrays res
 from __future__ import annotations
 
 import contextlib
-import glob
 import os
 import shutil
 import sys
@@ -121,7 +120,7 @@ class Checkpointer:
           'neither writes nor deletes checkpoints through links (replace it with the folder it '
           'points to, or remove it)')
     if jax.process_index() == 0:  # the leftovers of a save killed mid-write
-      for path in glob.glob(os.path.join(checkpoint_dir(workdir), '*.orbax-checkpoint-tmp*')):
+      for path in files.temporary_folders(checkpoint_dir(workdir)):
         files.remove(path)
     self._quiet = contextlib.ExitStack()
     self._quiet.enter_context(orbax_noise.quiet_orbax_logs())
@@ -159,8 +158,8 @@ class Checkpointer:
   def _checksum_pending(self) -> None:
     """Orbax's background thread, once every file of the pending step is written: checksums
     into its temporary directory, so that they are renamed into place with it."""
-    pattern = os.path.join(checkpoint_dir(self.workdir), f'{self._pending}.orbax-checkpoint-tmp*')
-    found = [p for p in glob.glob(pattern) if os.path.isdir(p)]
+    found = [p for p in files.temporary_folders(checkpoint_dir(self.workdir), self._pending)
+             if os.path.isdir(p)]
     if len(found) != 1:
       _warn(f'checkpoint {self._pending} is saved without checksums (Orbax wrote it to '
             f'{len(found)} temporary directories)')
@@ -204,7 +203,7 @@ class Checkpointer:
     with contextlib.suppress(Exception):
       self._manager.close()
     where = checkpoint_dir(self.workdir)
-    for path in glob.glob(os.path.join(where, f'{step}.orbax-checkpoint-tmp*')):
+    for path in files.temporary_folders(where, step):
       files.remove(path)
     self._quiet.close()
     intact = [s for s in files.committed_steps(where) if s != step]

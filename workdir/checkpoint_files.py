@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import hashlib
 import json
 import os
@@ -115,13 +116,24 @@ def verify_checksums(step_dir: str, skip: tuple[str, ...] = ()) -> str | None:
   return None
 
 
+# Orbax writes step N into `N.orbax-checkpoint-tmp-<time>` and renames it to `N` when complete.
+TEMPORARY = '.orbax-checkpoint-tmp'
+
+
+def temporary_folders(checkpoint_dir: str, step: int | None = None) -> list[str]:
+  """Paths of Orbax's temporary step folders in `checkpoint_dir` (of `step` only, if given):
+  a save still writing, or one killed mid-write."""
+  name = f'*{TEMPORARY}*' if step is None else f'{step}{TEMPORARY}*'
+  return sorted(glob.glob(os.path.join(checkpoint_dir, name)))
+
+
 def linked_entries(checkpoint_dir: str, step: int | None = None) -> list[str]:
   """Names of the steps and Orbax temporary folders in `checkpoint_dir` (of `step` only, if
   given) that are symlinks: Orbax would write or delete (rmtree) through them."""
   names = os.listdir(checkpoint_dir) if os.path.isdir(checkpoint_dir) else []
-  ours = [n for n in names if n.isdigit() or '.orbax-checkpoint-tmp' in n]
+  ours = [n for n in names if n.isdigit() or TEMPORARY in n]
   if step is not None:
-    ours = [n for n in ours if n == str(step) or n.startswith(f'{step}.orbax-checkpoint-tmp')]
+    ours = [n for n in ours if n == str(step) or n.startswith(f'{step}{TEMPORARY}')]
   return sorted(n for n in ours if os.path.islink(os.path.join(checkpoint_dir, n)))
 
 
