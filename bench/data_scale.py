@@ -22,6 +22,8 @@ start, its peak RSS from `wait4`), as a run would start:
   resume      the same workdir again, its iterator state restored: time to the first batch
   throughput  (translation) packed batches of `--batch_size` x `--max_length` per second
               with 0, 1 and 2 Grain worker processes, after a warm-up; (lm) random blocks
+  sampled     (translation, with `--subword_alpha=A`) the same with segmentations sampled
+              from the text at every reading (`config.data.subword_sampling_alpha=A`)
 
 `--half` also prepares a corpus of half the size, for the "memory does not grow with the
 corpus" comparison. The first-step time of a real run adds the model's compilation, which
@@ -111,7 +113,8 @@ def make_corpus(kind: str, size: int, root: str, seed: int = 0) -> dict[str, str
 
 
 def _config(kind: str, files: dict[str, str], data_dir: str, batch_size: int | None,
-            max_length: int | None, vocab_size: int | None, num_workers: int = 0):
+            max_length: int | None, vocab_size: int | None, num_workers: int = 0,
+            subword_alpha: float = 0.0):
   if kind == 'translation':
     from configs import wmt14_base
     config = wmt14_base.get_config()
@@ -130,6 +133,7 @@ def _config(kind: str, files: dict[str, str], data_dir: str, batch_size: int | N
   if vocab_size:
     config.data.vocab_size = config.model.vocab_size = vocab_size
   config.data.num_workers = num_workers
+  config.data.subword_sampling_alpha = subword_alpha
   return config
 
 
@@ -139,7 +143,7 @@ def _stage(args) -> dict:
   from model.kinds import adapter_of
   files = json.loads(args.files)
   config = _config(args.kind, files, args.data_dir, args.batch_size, args.max_length,
-                   args.vocab_size, args.num_workers)
+                   args.vocab_size, args.num_workers, args.subword_alpha)
   layout = adapter_of(config.model).batch_layout
   ds = input_pipeline.get_datasets(config, workdir=args.workdir, layout=layout,
                                    process_index=0, process_count=1)
@@ -175,11 +179,13 @@ def _stage(args) -> dict:
   return out
 
 
-def _run_stage(args, stage: str, workdir: str, num_workers: int = 0, data_dir=None) -> dict:
+def _run_stage(args, stage: str, workdir: str, num_workers: int = 0, data_dir=None,
+               subword_alpha: float = 0.0) -> dict:
   """Runs `stage` in a new process: its JSON, its wall time and its peak RSS (GiB)."""
   command = [sys.executable, os.path.abspath(__file__), f'--stage={stage}', f'--kind={args.kind}',
              f'--files={json.dumps(args.corpus)}', f'--data_dir={data_dir or args.data_dir}',
              f'--workdir={workdir}', f'--num_workers={num_workers}',
+             f'--subword_alpha={subword_alpha}',
              *(f'--{k}={getattr(args, k)}' for k in ('batch_size', 'max_length', 'vocab_size')
                if getattr(args, k)),
              f'--num_batches={args.num_batches}', f'--warmup={args.warmup}',
@@ -242,6 +248,8 @@ def main() -> None:
   parser.add_argument('--num_batches', type=int, default=100)
   parser.add_argument('--warmup', type=int, default=5)
   parser.add_argument('--workers', default='0,1,2', help='Grain worker counts to measure')
+  parser.add_argument('--subword_alpha', type=float, default=0.0,
+                      help='also measure the throughput with segmentations sampled at this alpha')
   parser.add_argument('--half', action='store_true', help='also prepare half the corpus')
   parser.add_argument('--stages', default='prepare,start,resume,throughput',
                       help='which to measure (start and resume need a prepared root)')
@@ -275,6 +283,10 @@ def main() -> None:
   if 'throughput' in stages:
     results['throughput'] = {
         str(w): _run_stage(args, 'throughput', os.path.join(runs, 'second'), w) for w in workers}
+  if 'throughput' in stages and args.subword_alpha and args.kind == 'translation':
+    results['sampled'] = {
+        str(w): _run_stage(args, 'throughput', os.path.join(runs, f'sampled{w}'), w,
+                           subword_alpha=args.subword_alpha) for w in workers}
   if args.half:
     whole = args.corpus, args.size
     args.size //= 2

@@ -26,7 +26,6 @@ import logging
 import math
 import os
 import re
-import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -35,14 +34,13 @@ import sentencepiece as spm
 
 from common.files import read_regular
 from common.tokens import EOS_ID, PAD_ID, PRETRAINED_TOKENIZERS, TOKENIZERS, UNK_ID
-from input_pipeline import pretrained_tokenizers, tokenizer_files
+from input_pipeline import pretrained_tokenizers, subword_sampling, tokenizer_files
 from input_pipeline.errors import DataError, DataFileError
 from input_pipeline.tokenizer_files import TokenizerChecksumError  # noqa: F401  (public)
 
 log = logging.getLogger(__name__)
 
 TOKENIZER_DIR = 'tokenizer'
-_SAMPLING = threading.Lock()  # sentencepiece's sampling seed is process-wide
 _SPM_MODEL = 'spm.model'
 # `check_vocabulary`'s advice where a workdir is restored (decode.py, export.py, inference.load).
 NOT_THE_MODELS = "it is not the tokenizer this model was trained with (restore the workdir's own)"
@@ -60,6 +58,7 @@ class SentencePieceTokenizer:
     self.model_proto = model_proto
     self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
     self.vocab_size = int(self._sp.get_piece_size())
+    self._sampler = None  # built on the first sample_batch
 
   def encode(self, text: str, target: bool = False) -> list[int]:
     del target  # one model for both sides
@@ -72,16 +71,14 @@ class SentencePieceTokenizer:
   def sample_batch(self, texts: Sequence[str], *, alpha: float, nbest_size: int, seed: int
                    ) -> list[list[int]]:
     """`encode_batch` with a segmentation sampled for each text (subword regularisation; for a
-    BPE model, BPE-dropout with merge-dropout probability `alpha`), decided by `seed` alone.
-
-    sentencepiece's sampler has one process-wide seed, read at each call (checked by the
-    tests): setting it and encoding on one thread, under a lock, makes the result a function
-    of (`seed`, texts) whichever thread or process runs it."""
-    with _SAMPLING:
-      spm.set_random_generator_seed(seed)
-      ids = self._sp.encode(list(texts), enable_sampling=True, alpha=alpha,
-                            nbest_size=nbest_size, num_threads=1)
-    return [i + [EOS_ID] for i in ids]
+    BPE model, BPE-dropout with merge-dropout probability `alpha`), decided by `seed` alone,
+    in any process (input_pipeline.subword_sampling: not sentencepiece's own sampler, whose
+    seed does not carry across processes)."""
+    if self._sampler is None:
+      self._sampler = subword_sampling.Sampler(self.model_proto)
+    normalized = [self._sp.normalize(t) for t in texts]
+    return [ids + [EOS_ID] for ids in subword_sampling.sample_batch(
+        self._sampler, normalized, seed, alpha, nbest_size)]
 
   def decode(self, ids: Iterable[int]) -> str:
     out = []

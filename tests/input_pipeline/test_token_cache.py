@@ -386,11 +386,12 @@ def test_data_scale_benchmark_runs_at_a_small_size(tmp_path):
   out = subprocess.run(
       [sys.executable, 'bench/data_scale.py', '--kind=translation', '--size=2000',
        f'--root={tmp_path}', '--vocab_size=1000', '--batch_size=8', '--max_length=64',
-       '--workers=0', '--num_batches=3', '--warmup=1'],
+       '--workers=0', '--num_batches=3', '--warmup=1', '--subword_alpha=0.1'],
       cwd=REPO, capture_output=True, text=True, check=True).stdout
   report = json.loads(out)
   assert report['batch'] == [8, 64] and report['size'] == 2000
   assert report['prepare']['peak_rss_gib'] > 0 and report['throughput']['0']['batches_per_s'] > 0
+  assert report['sampled']['0']['batches_per_s'] > 0
   for stage in ('start', 'resume'):
     assert report[stage]['first_batch_s'] < report[stage]['wall_s']
   assert 'tokenizing' not in out  # the stages' own output stays in their processes
