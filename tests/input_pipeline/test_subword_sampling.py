@@ -122,3 +122,13 @@ def test_bpe_dropout_skips_each_merge_with_probability_alpha(texts):
   ids = sampler.sample(sp.normalize(text), rng, 1.0, -1)
   assert sp.decode(ids) == text
   assert len(ids) == len(sp.normalize(text)) - 1 + len('☃'.encode())  # the snowman is bytes
+
+
+def test_the_benchmark_runs_at_a_small_size():
+  """bench/subword_sampling.py (its figures: bench/results/input_pipeline.md)."""
+  out = subprocess.run([sys.executable, 'bench/subword_sampling.py', '--sentences=300',
+                        '--repeats=1', '--vocab_size=500'], cwd=REPO, capture_output=True,
+                       text=True, check=True).stdout
+  report = json.loads(out)
+  for kind in ('bpe', 'unigram'):
+    assert report[kind]['us_per_sentence']['ours'] > 0
