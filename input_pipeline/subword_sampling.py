@@ -26,6 +26,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+import re
 from collections.abc import Sequence
 
 from sentencepiece import sentencepiece_model_pb2
@@ -33,6 +34,8 @@ from sentencepiece import sentencepiece_model_pb2
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
 _BPE, _UNIGRAM = 2, 1  # TrainerSpec.ModelType
 _UNK_PENALTY = 10.0  # sentencepiece's kUnkPenalty: an unknown character's score below the least
+_WORD = re.compile('[^\u2581]+|\u2581[^\u2581]*')  # split before each ▁ (a word's start)
+_WORD_CACHE = 1 << 18  # words whose deterministic segmentation is kept (cleared when full)
 
 
 class Sampler:
@@ -65,6 +68,12 @@ class Sampler:
     self.min_score, self.max_score = min(normal), max(normal)
     self.max_chars = max(len(p) for p in self.scores)
     self.max_user_defined = max((len(p) for p in self.user_defined), default=0)
+    # No piece holds a ▁ past its start (split_by_whitespace, whitespace as prefix): merges
+    # never cross a word's start, so BPE runs word by word, the words' results cached.
+    # The same holds for the unigram lattice: every path passes through each word's start,
+    # so a path is drawn word by word, each word's lattice and forward sums cached.
+    self.by_word = all('\u2581' not in p[1:] for p in self.scores)
+    self._words: dict = {}
 
   # ---------------------------------------------------------------------------- common
 
@@ -102,14 +111,44 @@ class Sampler:
   # ---------------------------------------------------------------------------- BPE
 
   def _bpe_dropout(self, text: str, rng: random.Random, alpha: float) -> list[str]:
+    if not self.by_word:
+      return self._bpe(text, _dropper([], rng, alpha))[0]
+    out: list[str] = []
+    for word in _WORD.findall(text):
+      out.extend(self._bpe_word(word, rng, alpha))
+    return out
+
+  def _bpe_word(self, word: str, rng: random.Random, alpha: float) -> list[str]:
+    """BPE-dropout of one word. A word whose first `merges` draws drop nothing is its
+    deterministic segmentation (the loop pops the same pairs in the same order until a merge
+    is dropped), so that is cached per word; otherwise the loop replays those draws."""
+    cached = self._words.get(word)
+    if cached is None:
+      if len(self._words) >= _WORD_CACHE:
+        self._words.clear()
+      cached = self._words[word] = self._bpe(word, None)
+    pieces, merges = cached
+    if alpha <= 0:
+      return pieces
+    draws = [rng.random() for _ in range(merges)] if alpha < 1 else []
+    if alpha < 1 and all(u >= alpha for u in draws):
+      return pieces
+    return self._bpe(word, _dropper(draws, rng, alpha))[0]
+
+  def _bpe(self, text: str, drop) -> tuple[list[str], int]:
+    """sentencepiece's BPE merge loop over `text`, each merge skipped where `drop()` says so
+    (None: never): (pieces, merges made)."""
     # Symbols: characters, or whole user-defined symbols (never merged: frozen).
-    pieces, frozen = [], []
-    pos = 0
-    while pos < len(text):
-      n = self._user_defined_at(text, pos)
-      pieces.append(text[pos:pos + (n or 1)])
-      frozen.append(n > 0)
-      pos += n or 1
+    if not self.user_defined:
+      pieces, frozen = list(text), [False] * len(text)
+    else:
+      pieces, frozen = [], []
+      pos = 0
+      while pos < len(text):
+        n = self._user_defined_at(text, pos)
+        pieces.append(text[pos:pos + (n or 1)])
+        frozen.append(n > 0)
+        pos += n or 1
     count = len(pieces)
     prev = list(range(-1, count - 1))
     nxt = list(range(1, count + 1))
@@ -117,25 +156,30 @@ class Sampler:
     agenda: list[tuple[float, int, int, int]] = []  # (-score, left, right, merged length)
     rev_merge: dict[str, tuple[str, str]] = {}  # an unused piece -> the two it was merged from
 
+    scores, push, unused = self.scores, heapq.heappush, self.unused
+
     def add(left: int, right: int) -> None:
       if left < 0 or right < 0 or frozen[left] or frozen[right]:
         return
       merged = pieces[left] + pieces[right]
-      score = self.scores.get(merged)
+      score = scores.get(merged)
       if score is None:
         return
-      heapq.heappush(agenda, (-score, left, right, len(merged)))
-      if merged in self.unused:
+      push(agenda, (-score, left, right, len(merged)))
+      if unused and merged in unused:
         rev_merge[merged] = (pieces[left], pieces[right])
 
     for i in range(1, count):
       add(i - 1, i)
+    merges = 0
+    pop = heapq.heappop
     while agenda:
-      _, left, right, size = heapq.heappop(agenda)
+      _, left, right, size = pop(agenda)
       if not pieces[left] or not pieces[right] or len(pieces[left]) + len(pieces[right]) != size:
         continue  # stale: one side was merged elsewhere since
-      if alpha > 0 and (alpha >= 1 or rng.random() < alpha):
+      if drop is not None and drop():
         continue  # dropped: this pair is tried again only if a neighbour changes
+      merges += 1
       pieces[left] += pieces[right]
       pieces[right] = ''
       nxt[left] = nxt[right]
@@ -157,7 +201,7 @@ class Sampler:
     while i != -1:
       resegment(pieces[i])
       i = nxt[i]
-    return out
+    return out, merges
 
   # ---------------------------------------------------------------------------- unigram
 
@@ -184,10 +228,22 @@ class Sampler:
 
   def _unigram(self, text: str, rng: random.Random, alpha: float, nbest_size: int
                ) -> list[str]:
-    ends = self._lattice(text)
     if nbest_size < 0 and alpha > 0:
-      return _ffbs(ends, rng, alpha)
-    paths = _nbest(ends, max(nbest_size, 1))
+      if not self.by_word:
+        ends = self._lattice(text)
+        return _backward(ends, _forward(ends, alpha), rng, alpha)
+      out: list[str] = []
+      for word in _WORD.findall(text):
+        key = (word, alpha)
+        cached = self._words.get(key)
+        if cached is None:
+          if len(self._words) >= _WORD_CACHE:
+            self._words.clear()
+          ends = self._lattice(word)
+          cached = self._words[key] = ends, _forward(ends, alpha)
+        out.extend(_backward(*cached, rng, alpha))
+      return out
+    paths = _nbest(self._lattice(text), max(nbest_size, 1))
     if len(paths) == 1 or alpha == 0:
       return paths[0][1]
     top = paths[0][0]
@@ -195,14 +251,31 @@ class Sampler:
     return rng.choices(paths, weights=weights)[0][1]
 
 
-def _ffbs(ends, rng: random.Random, theta: float) -> list[str]:
-  """Forward-filtering backward-sampling: a path drawn with P proportional to
-  exp(theta * sum of its scores)."""
-  forward = [0.0] + [-math.inf] * (len(ends) - 1)  # log-sum over the paths reaching pos
+def _dropper(draws: list[float], rng: random.Random, alpha: float):
+  """drop() for the merge loop: True with probability alpha, replaying `draws` first."""
+  replay = iter(draws)
+
+  def drop() -> bool:
+    if alpha >= 1:
+      return True
+    u = next(replay, None)
+    return (rng.random() if u is None else u) < alpha
+  return drop
+
+
+def _forward(ends, theta: float) -> list[float]:
+  """forward[pos]: log of the summed exp(theta * score) of the paths reaching `pos`."""
+  forward = [0.0] + [-math.inf] * (len(ends) - 1)
   for pos in range(1, len(ends)):
     terms = [forward[b] + theta * s for b, _, s in ends[pos]]
     top = max(terms)
     forward[pos] = top + math.log(sum(math.exp(t - top) for t in terms))
+  return forward
+
+
+def _backward(ends, forward: list[float], rng: random.Random, theta: float) -> list[str]:
+  """Backward sampling (forward-filtering backward-sampling): a path drawn with probability
+  proportional to exp(theta * the sum of its scores)."""
   out: list[str] = []
   pos = len(ends) - 1
   while pos > 0:
