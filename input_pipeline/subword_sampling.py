@@ -23,7 +23,9 @@ does.
 
 from __future__ import annotations
 
+import bisect
 import heapq
+import itertools
 import math
 import random
 import re
@@ -31,11 +33,14 @@ from collections.abc import Sequence
 
 from sentencepiece import sentencepiece_model_pb2
 
-_NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
+_NORMAL, _UNKNOWN, _USER_DEFINED, _UNUSED = 1, 2, 4, 5  # ModelProto.SentencePiece.Type
 _BPE, _UNIGRAM = 2, 1  # TrainerSpec.ModelType
 _UNK_PENALTY = 10.0  # sentencepiece's kUnkPenalty: an unknown character's score below the least
 _WORD = re.compile('[^\u2581]+|\u2581[^\u2581]*')  # split before each ▁ (a word's start)
-_WORD_CACHE = 1 << 18  # words whose deterministic segmentation is kept (cleared when full)
+# Words whose segmentation (BPE: ~0.4 KB each) or sampling table (unigram: ~3.4 KB) is kept,
+# cleared when full: at most ~14 / ~110 MB. Multi30k has ~25k word types (measured); a larger
+# corpus refills it with its frequent words.
+_WORD_CACHE = 1 << 15
 
 
 class Sampler:
@@ -73,6 +78,7 @@ class Sampler:
     # The same holds for the unigram lattice: every path passes through each word's start,
     # so a path is drawn word by word, each word's lattice and forward sums cached.
     self.by_word = all('\u2581' not in p[1:] for p in self.scores)
+    self.pieces = {p: p for p in self.scores}  # one string object per piece (the caches hold it)
     self._words: dict = {}
 
   # ---------------------------------------------------------------------------- common
@@ -220,7 +226,7 @@ class Sampler:
           continue
         if piece in self.user_defined:
           score = n * self.max_score - 0.1
-        ends[begin + n].append((begin, piece, score))
+        ends[begin + n].append((begin, self.pieces[piece], score))
         single = single or n == 1
       if not single:
         ends[begin + 1].append((begin, text[begin], unk_score))
@@ -230,18 +236,16 @@ class Sampler:
                ) -> list[str]:
     if nbest_size < 0 and alpha > 0:
       if not self.by_word:
-        ends = self._lattice(text)
-        return _backward(ends, _forward(ends, alpha), rng, alpha)
+        return _backward(_sampling_table(self._lattice(text), alpha), rng)
       out: list[str] = []
       for word in _WORD.findall(text):
         key = (word, alpha)
-        cached = self._words.get(key)
-        if cached is None:
+        table = self._words.get(key)
+        if table is None:
           if len(self._words) >= _WORD_CACHE:
             self._words.clear()
-          ends = self._lattice(word)
-          cached = self._words[key] = ends, _forward(ends, alpha)
-        out.extend(_backward(*cached, rng, alpha))
+          table = self._words[key] = _sampling_table(self._lattice(word), alpha)
+        out.extend(_backward(table, rng))
       return out
     paths = _nbest(self._lattice(text), max(nbest_size, 1))
     if len(paths) == 1 or alpha == 0:
@@ -263,26 +267,32 @@ def _dropper(draws: list[float], rng: random.Random, alpha: float):
   return drop
 
 
-def _forward(ends, theta: float) -> list[float]:
-  """forward[pos]: log of the summed exp(theta * score) of the paths reaching `pos`."""
-  forward = [0.0] + [-math.inf] * (len(ends) - 1)
+def _sampling_table(ends, theta: float) -> list[tuple[tuple, tuple, tuple]]:
+  """Forward filtering: for each position, the pieces ending there (their begins, the pieces)
+  and the cumulative weights of drawing each when walking back from it: exp(theta * score)
+  times the summed weight of the paths reaching its begin."""
+  forward = [0.0] + [-math.inf] * (len(ends) - 1)  # log of the paths' summed weight to pos
+  table = [((), (), ())]
   for pos in range(1, len(ends)):
     terms = [forward[b] + theta * s for b, _, s in ends[pos]]
     top = max(terms)
-    forward[pos] = top + math.log(sum(math.exp(t - top) for t in terms))
-  return forward
+    weights = [math.exp(t - top) for t in terms]
+    forward[pos] = top + math.log(sum(weights))
+    table.append((tuple(b for b, _, _ in ends[pos]), tuple(p for _, p, _ in ends[pos]),
+                  tuple(itertools.accumulate(weights))))
+  return table
 
 
-def _backward(ends, forward: list[float], rng: random.Random, theta: float) -> list[str]:
-  """Backward sampling (forward-filtering backward-sampling): a path drawn with probability
-  proportional to exp(theta * the sum of its scores)."""
+def _backward(table, rng: random.Random) -> list[str]:
+  """Backward sampling: a path drawn with probability proportional to exp(theta * the sum of
+  its scores) (forward-filtering backward-sampling)."""
   out: list[str] = []
-  pos = len(ends) - 1
+  pos = len(table) - 1
   while pos > 0:
-    weights = [math.exp(forward[b] + theta * s - forward[pos]) for b, _, s in ends[pos]]
-    begin, piece, _ = rng.choices(ends[pos], weights=weights)[0]
-    out.append(piece)
-    pos = begin
+    begins, pieces, cumulative = table[pos]
+    k = bisect.bisect_right(cumulative, rng.random() * cumulative[-1])
+    out.append(pieces[k])
+    pos = begins[k]
   return out[::-1]
 
 

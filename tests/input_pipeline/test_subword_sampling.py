@@ -132,3 +132,17 @@ def test_the_benchmark_runs_at_a_small_size():
   report = json.loads(out)
   for kind in ('bpe', 'unigram'):
     assert report[kind]['us_per_sentence']['ours'] > 0
+
+
+def test_the_word_caches_change_no_sample_and_stay_bounded(model, texts, monkeypatch):
+  """A word's cached result (BPE: its segmentation when no merge is dropped; unigram: its
+  sampling table) gives what computing it again gives, and the cache is cleared when full."""
+  tok, sp, _ = model
+  normalized = [sp.normalize(t) for t in texts[:300]]
+  warm = subword_sampling.Sampler(tok.model_proto)
+  subword_sampling.sample_batch(warm, normalized, 1, 0.2, -1)  # every word cached
+  monkeypatch.setattr(subword_sampling, '_WORD_CACHE', 2)
+  cold = subword_sampling.Sampler(tok.model_proto)
+  assert subword_sampling.sample_batch(warm, normalized, 3, 0.2, -1) == \
+      subword_sampling.sample_batch(cold, normalized, 3, 0.2, -1)
+  assert len(cold._words) <= 2 < len(warm._words)  # pylint: disable=protected-access
