@@ -26,8 +26,9 @@ order they run (every row's seed 0 first; the two R-Drop rows that outlast the h
   smoothing_0.2     label smoothing 0.2 (the preset's 0.1)
   dropout_0.4       P_drop 0.4 (the preset's 0.3)
   qk_norm           round 1's open lead (+0.37 at 1,500 steps, 3 seeds; validation loss -0.039)
-  subword_0.1       sentencepiece sampling (Kudo 2018), alpha 0.1 over all segmentations,
-                    on the training split only
+  subword_0.1       subword regularisation at alpha 0.1: for the preset's BPE tokenizer,
+                    BPE-dropout (Provilkov et al. 2020), each merge dropped with probability
+                    0.1; the training split only (input_pipeline/subword_sampling.py)
   rdrop_1, rdrop_5  R-Drop at the preset's 3,500 steps: two passes a step, RDROP_STEP_COST x
                     the step's time, so a run outlasts the hour (~2 hours): the gain per step
 """
