@@ -83,7 +83,8 @@ def contender(name: str, c: dict, batch: dict, args):
   if old:
     mesh = mesh_lib.make_mesh()  # every device on 'data'
     replicated = mesh_lib.replicated(mesh)
-    state = jax.jit(state_lib.make_init_fn(config, tx, 0), out_shardings=replicated)()
+    state = jax.jit(state_lib.make_init_fn(config, tx),
+                    out_shardings=replicated)(state_lib.seed_key(0))
     step = jax.jit(steps.make_train_step(config, tx, schedule, label_smoothing=0.1),
                    in_shardings=(replicated, mesh_lib.batch_sharding(mesh)),
                    out_shardings=(replicated, replicated), donate_argnums=0)

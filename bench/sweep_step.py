@@ -79,7 +79,7 @@ def step_runner(config):
   mesh = mesh_lib.make_mesh(1)
   schedule = optim.make_schedule(config)
   tx = optim.make_optimizer(config, schedule)
-  state = jax.jit(state_lib.make_init_fn(model_config, tx, 0))()
+  state = jax.jit(state_lib.make_init_fn(model_config, tx))(state_lib.seed_key(0))
   step = steps.jit_train_step(model_config, tx, schedule, mesh,
                               label_smoothing=config.train.label_smoothing,
                               grad_accum_steps=config.train.grad_accum_steps,

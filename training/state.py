@@ -7,6 +7,7 @@ from typing import Any
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import Mesh
@@ -33,10 +34,19 @@ def init_params(config: ModelConfig, seed_key: jax.Array) -> Any:
   return build.params_of(build.build_model(config, rngs=nnx.Rngs(params=seed_key)))
 
 
-def make_init_fn(config: ModelConfig, tx: optax.GradientTransformation, seed: int):
-  """() -> TrainState, deterministic in `seed` (params key and dropout key split from it)."""
-  def init():
-    params_key, dropout_key = jax.random.split(jax.random.PRNGKey(seed))
+def seed_key(seed: int) -> np.ndarray:
+  """The run's base key, uint32[2] (`jax.random.PRNGKey(seed)`, as NumPy: the same on every
+  process of a multi-host run)."""
+  return np.asarray(jax.random.PRNGKey(seed))
+
+
+def make_init_fn(config: ModelConfig, tx: optax.GradientTransformation):
+  """(key `seed_key(seed)`) -> TrainState, deterministic in the key (params key and dropout key
+  split from it). The key is an argument, not a constant of the program: one compiled
+  initialisation starts every seed (a sweep's later seeds read it from the compilation cache
+  instead of compiling it again: seconds a start on CPU, more on accelerators)."""
+  def init(key):
+    params_key, dropout_key = jax.random.split(key)
     params = init_params(config, params_key)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                       rng=dropout_key)
@@ -81,13 +91,13 @@ def create_train_state(config: ModelConfig, tx: optax.GradientTransformation, se
   config.train.init_from) start it instead of an initialisation; the dropout key is the
   seed's either way."""
   shardings = state_shardings(config, tx, mesh, rules)
-  init = make_init_fn(config, tx, seed)
+  init, key = make_init_fn(config, tx), seed_key(seed)
   if params is None:
-    return jax.jit(init, out_shardings=shardings)()
+    return jax.jit(init, out_shardings=shardings)(key)
 
-  def start(params):
-    return init().replace(params=params, opt_state=tx.init(params))
-  return jax.jit(start, out_shardings=shardings)(params)
+  def start(key, params):
+    return init(key).replace(params=params, opt_state=tx.init(params))
+  return jax.jit(start, out_shardings=shardings)(key, params)
 
 
 def abstract_train_state(config: ModelConfig, tx: optax.GradientTransformation, mesh: Mesh,

@@ -15,7 +15,7 @@ from model.build import count_params
 from model.config import ConfigError
 from optim import schedules
 from tests.training.test_train_synthetic import tiny_config
-from training import config_check, losses, steps
+from training import config_check, losses, mesh as mesh_lib, state as state_lib, steps
 from training.state import TrainState
 from workdir import config_io
 
@@ -124,7 +124,8 @@ def test_lm_1b_preset_has_about_1b_parameters_and_fits_8_and_64_devices():
   from training import state as state_lib
   config = lm_1b.get_config()
   model_config = config_check.validate_config(config)
-  shapes = jax.eval_shape(state_lib.make_init_fn(model_config, optax.identity(), 0))
+  shapes = jax.eval_shape(state_lib.make_init_fn(model_config, optax.identity()),
+                          state_lib.seed_key(0))
   assert 0.95e9 < count_params(shapes.params) < 1.05e9
   for data, fsdp, tensor in [(8, 1, 1), (1, 8, 1), (2, 1, 4), (1, 64, 1), (8, 8, 1), (16, 1, 4),
                              (2, 8, 4)]:
@@ -227,6 +228,37 @@ def test_train_step_skips_a_non_finite_gradient():
   for new, old in zip(jax.tree.leaves(bad), jax.tree.leaves(poisoned), strict=True):
     np.testing.assert_array_equal(new, old)
   np.testing.assert_allclose(steps.parameter_norm(params), optax.tree.norm(params), rtol=1e-6)
+
+
+def test_one_compiled_initialisation_starts_every_seed(monkeypatch):
+  """The seed's key is the initialisation's argument, not a constant of its program: seeds 0
+  and 1 compile one program (a sweep's later seeds read it from the compilation cache), and
+  each gives the parameters and dropout key of its own `PRNGKey(seed)`."""
+  config = build_model(dict(kind='decoder_only', vocab_size=11, num_decoder_layers=1, d_model=8,
+                            num_heads=2, d_ff=16, max_len=8)).config
+  tx, programs, jit = optax.adam(1e-3), [], jax.jit
+
+  def recording_jit(fn, **kwargs):
+    compiled = jit(fn, **kwargs)
+
+    def call(*args):
+      programs.append(compiled.lower(*args).as_text())
+      return compiled(*args)
+    return call
+  monkeypatch.setattr(jax, 'jit', recording_jit)
+  states = [state_lib.create_train_state(config, tx, seed, mesh_lib.make_mesh(1))
+            for seed in (0, 1)]
+  monkeypatch.undo()
+  assert len(programs) == 2 and programs[0] == programs[1]
+  init_params = jax.jit(lambda key: state_lib.init_params(config, key))
+  for seed, state in zip((0, 1), states, strict=True):
+    params_key, dropout_key = jax.random.split(jax.random.PRNGKey(seed))
+    np.testing.assert_array_equal(state.rng, dropout_key)
+    for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(init_params(params_key)),
+                         strict=True):
+      np.testing.assert_array_equal(got, want)
+  assert not np.array_equal(jax.tree.leaves(states[0].params)[-1],
+                            jax.tree.leaves(states[1].params)[-1])
 
 
 def test_evaluate_keeps_one_eval_program_in_flight():
