@@ -1,6 +1,6 @@
 """decode.py end to end on the suite's tiny trained workdirs (`workdirs`, conftest.py): files
-with BLEU, attention plots and averaging; 8 -> 1 devices; a `scan_layers` model; a language
-model past its context; streaming stdin (each line answered before the next is written);
+with BLEU, attention plots and averaging; a `scan_layers` model; a language model past its
+context; streaming stdin (each line answered before the next is written);
 n-best and jsonl; forced decoding of references; sampled translations; every row of the
 strategy table; and what it refuses (bad input, flags out of range or not applying), in one
 line, exit 2, the workdir untouched. The command lines that need no process of their own run in
@@ -35,7 +35,7 @@ def _env():
   return env
 
 
-# `workdirs` (the tiny trained runs: mt, lm, mt8, scan) is a session fixture of conftest.py.
+# `workdirs` (the tiny trained runs: mt, lm, scan) is a session fixture of conftest.py.
 
 # decode.py with SIGINT as a terminal delivers it: a pytest-xdist worker ignores SIGINT, a child
 # inherits that, and Python then installs no KeyboardInterrupt handler.
@@ -130,7 +130,7 @@ def _mode_runs(workdirs, folder) -> dict:
 
 def _file_runs(workdirs, folder) -> dict:
   """name -> decode.py's command line of the runs that translate files (BLEU, plots,
-  averaging; 8 -> 1 devices; a scanned model) and of the language model's."""
+  averaging; a scanned model) and of the language model's."""
   src, ref = _test_lines(4)
   long_line = ' '.join(['a very long sentence'] * 40)
   src = [src[0], '', src[1], long_line, src[2]]  # an empty and an over-long line
@@ -138,7 +138,6 @@ def _file_runs(workdirs, folder) -> dict:
   (folder / 'src.txt').write_text('\n'.join(src) + '\n', encoding='utf-8')
   with gzip.open(folder / 'ref.txt.gz', 'wt', encoding='utf-8') as f:  # .gz is read too
     f.write('\n'.join(ref) + '\n')
-  (folder / 'two.txt').write_text('A man rides a bike.\nTwo dogs play in the snow.\n')
   (folder / 'two_short.txt').write_text('A man rides a bike.\nTwo dogs.\n')
   lm = (f'--workdir={workdirs["lm"]}', '--prompt=ROMEO:', '--num_tokens=40', '--top_k=5',
         '--temperature=0.8', '--seed=3', f'--compilation_cache={folder / "xla_cache"}')
@@ -149,8 +148,6 @@ def _file_runs(workdirs, folder) -> dict:
                     '--max_new_tokens=12', '--average_last=2', '--batch_size=2',
                     f'--attention_plot={folder / "plots"}', '--attention_plot_max=1',
                     '--lowercase_bleu', '--compilation_cache='],
-      'mt8': [f'--workdir={workdirs["mt8"]}', '--beam_size=2', '--max_new_tokens=6',
-              f'--input_file={folder / "two.txt"}', '--compilation_cache='],
       'scan': [f'--workdir={workdirs["scan"]}', '--beam_size=2', '--max_new_tokens=6',
                f'--attention_plot={folder / "scan_plots"}', '--attention_plot_heads=average',
                f'--input_file={folder / "two_short.txt"}', '--compilation_cache='],
@@ -220,18 +217,6 @@ def test_translate_file_with_bleu_plots_and_averaging(workdirs, runs):
   with open(tmp_path / 'plots' / 'line_00001' / pngs[0], 'rb') as f:
     assert f.read(8) == b'\x89PNG\r\n\x1a\n'
   assert _snapshot(workdirs['mt']) == before  # nothing in the workdir was modified
-
-
-def test_checkpoint_from_8_devices_decodes_on_1(workdirs, runs):
-  """A checkpoint written by an 8-device run restores on 1 device and translates. That
-  decode.py on 8 devices gives 1 device's translations (its own process here before) is
-  test_sharded_decoding's test_decode_py_with_mesh_decodes_a_2x4x1_checkpoint_as_one_device
-  (a checkpoint of an 8-device run decoded on 1 device and sharded over 8; without --mesh
-  decode.py puts the parameters on one device, as on a 1-device host: workdir/restore.py)."""
-  assert 'over 8 cpu device(s)' in workdirs['mt8_log'], workdirs['mt8_log'][-2000:]
-  code, out, err = runs.results['mt8']
-  assert code == 0, err
-  assert len(out.splitlines()) == 2 and all(line.strip() for line in out.splitlines()), out
 
 
 def test_scan_layers_model_trains_evaluates_and_decodes(workdirs, runs):
