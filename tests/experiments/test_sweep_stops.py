@@ -90,21 +90,16 @@ def test_a_stop_during_the_evaluation_ends_it(tmp_path, mode):
 
 # train.py's stand-in: writes its pid to the FIFO (argv[1]), then waits for a signal and writes
 # its name there: SIGTERM (what the job's death sends), or SIGWINCH (the test's own, after it).
-# Unbuffered writes (os.write): a handler that wrote through the buffered file while the pid's
-# flush was still returning (a job that dies at once) raised "reentrant call" and lost the line.
+# Both are blocked and taken by sigwait, which takes the lowest-numbered pending signal: were both
+# pending, SIGTERM. (With Python handlers a loaded full-suite run read SIGWINCH once,
+# 2026-12-03: the order was Python's; sigwait's is the kernel's.) Unbuffered writes.
 _WAITING_TRAIN_PY = '''
 import os, signal, sys
 said = os.open(sys.argv[1], os.O_WRONLY)
-
-def say(signum, frame):
-  os.write(said, (signal.Signals(signum).name + '\\n').encode())
-  os._exit(0)
-
-signal.signal(signal.SIGTERM, say)
-signal.signal(signal.SIGWINCH, say)
+signals = {signal.SIGTERM, signal.SIGWINCH}
+signal.pthread_sigmask(signal.SIG_BLOCK, signals)
 os.write(said, f'{os.getpid()}\\n'.encode())
-while True:
-  signal.pause()
+os.write(said, (signal.Signals(signal.sigwait(signals)).name + '\\n').encode())
 '''
 
 
