@@ -50,7 +50,10 @@ def get_config(preset=None):
 
   if preset == 'tiny':
     m.vocab_size = d.vocab_size = 512
-    m.num_encoder_layers = m.num_decoder_layers = 2
+    # One layer each: a smoke run's train.py takes ~2/3 the CPU of two layers' (its train
+    # step, initialisation and beam search compile faster). Stacking has its own tests
+    # (tests/model/test_model.py's 2+2 model; the suite's scan_layers workdir trains 2+2).
+    m.num_encoder_layers = m.num_decoder_layers = 1
     m.d_model, m.d_ff, m.num_heads = 32, 64, 4
     m.max_len = 64
     d.max_length = 32

@@ -159,7 +159,9 @@ def _train_workdirs(root) -> dict:
       'mt': train_py(dirs['mt'], 'configs/default.py:tiny', *quick),
       'lm': train_py(dirs['lm'], 'configs/shakespeare_char.py:tiny', *quick),
       # BLEU on 2 validation sentences at the end: the trainer decodes the scanned model.
+      # Two layers each (the preset has one): a scan over one layer would stack nothing.
       'scan': train_py(dirs['scan'], 'configs/default.py:tiny', '--config.model.scan_layers=True',
+                       '--config.model.num_encoder_layers=2', '--config.model.num_decoder_layers=2',
                        '--config.train.num_steps=4', '--config.decode.num_eval_sentences=2',
                        '--config.train.num_eval_batches=1'),
   }

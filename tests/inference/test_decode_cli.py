@@ -209,11 +209,11 @@ def test_translate_file_with_bleu_plots_and_averaging(workdirs, runs):
     line = f'{printed} = {found[name]:.2f}  {found[f"{name}_signature"]}'
     assert line in err, (line, err)
   pngs = sorted(p.name for p in (tmp_path / 'plots' / 'line_00001').iterdir())
-  for kind in ('encoder_layer_1_self_attention', 'decoder_layer_0_self_attention',
-               'decoder_layer_1_cross_attention'):
+  for kind in ('encoder_layer_0_self_attention', 'decoder_layer_0_self_attention',
+               'decoder_layer_0_cross_attention'):
     assert f'{kind}_average.png' in pngs and f'{kind}_head_3.png' in pngs, pngs
-  # 2 layers x (enc self, dec self, cross) x (4 heads + average), and the overview grid.
-  assert 'overview.png' in pngs and len(pngs) == 2 * 3 * 5 + 1
+  # 1 layer x (enc self, dec self, cross) x (4 heads + average), and the overview grid.
+  assert 'overview.png' in pngs and len(pngs) == 3 * 5 + 1
   with open(tmp_path / 'plots' / 'line_00001' / pngs[0], 'rb') as f:
     assert f.read(8) == b'\x89PNG\r\n\x1a\n'
   assert _snapshot(workdirs['mt']) == before  # nothing in the workdir was modified

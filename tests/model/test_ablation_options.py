@@ -22,7 +22,7 @@ from tests.model.test_model import assert_cache_equals_full_forward
 from training import steps
 from training.state import TrainState
 
-TINY = dict(kind='encoder_decoder', vocab_size=40, num_encoder_layers=2, num_decoder_layers=2,
+TINY = dict(kind='encoder_decoder', vocab_size=40, num_encoder_layers=1, num_decoder_layers=1,
             d_model=32, num_heads=4, d_ff=64, dropout_rate=0.0, max_len=32)
 OFF = {'norm': 'layer_norm', 'qk_norm': False, 'zero_init_out': False, 'activation': 'relu'}
 
@@ -227,8 +227,8 @@ def test_muon_takes_the_layers_matrices_and_adam_the_rest(tmp_path):
   dims = _flat(jax.tree.map(lambda d: np.asarray(d is not None), optim.muon_dimensions(axes),
                             is_leaf=is_spec))
   muon = sorted(k for k, v in dims.items() if v)
-  # Per encoder layer qkv, out, wi, wo; per decoder layer those and the cross query, kv, out.
-  assert all(k.endswith("['kernel']") for k in muon) and len(muon) == 2 * 4 + 2 * 7
+  # The encoder layer's qkv, out, wi, wo; the decoder layer's those and the cross query, kv, out.
+  assert all(k.endswith("['kernel']") for k in muon) and len(muon) == 4 + 7
   assert not dims["['embed']['embedding']"]
   spec = optim.muon_dimensions(axes)['encoder']['layers'][0]['self_attention']['qkv']['kernel']
   assert (spec.reduction_axis, spec.output_axis) == ((0,), (2, 3))  # Q, K, V apart
