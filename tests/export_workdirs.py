@@ -70,6 +70,15 @@ def exported_hf(tmp_path_factory) -> tuple[str, str]:
   return built['dir'], built['summary']
 
 
+def two_layer_translation_config():
+  """configs/default.py:tiny's model with 2 encoder and 2 decoder layers (the preset has 1):
+  an export's layer numbering is checked beyond layer 0."""
+  from configs import default  # pylint: disable=import-outside-toplevel
+  config = default.get_config('tiny').model
+  config.num_encoder_layers = config.num_decoder_layers = 2
+  return config
+
+
 def random_model(config, seed=0):
   """(model, params): a tiny model with every weight, LayerNorm and bias random (not 0/1);
   `model` holds `params` (`model.params_of`'s pure dict of NumPy arrays)."""

@@ -53,7 +53,7 @@ ENCODER_DECODER = [('post', True, True, 'relu', 'sinusoidal'),
 
 @pytest.mark.parametrize('norm,share,tied,activation,positions', ENCODER_DECODER)
 def test_translator_scores_equal_ours(tmp_path, norm, share, tied, activation, positions):
-  config = default.get_config('tiny').model
+  config = export_workdirs.two_layer_translation_config()
   config.update(norm_position=norm, share_embeddings=share, logits_via_embedding=tied,
                 activation=activation, positional_encoding=positions,
                 vocab_size=len(CHARS) + 4, scale_embeddings=norm == 'post')

@@ -84,7 +84,7 @@ SEQ2SEQ = [('post', True, True, 'relu'), ('post', False, False, 'gelu'),
 
 @pytest.mark.parametrize('norm,share,tied,activation', SEQ2SEQ)
 def test_encoder_decoder_logits_equal(tmp_path, norm, share, tied, activation):
-  config = default.get_config('tiny').model
+  config = export_workdirs.two_layer_translation_config()
   config.norm_position, config.share_embeddings = norm, share
   config.logits_via_embedding, config.activation = tied, activation
   module, params = export_workdirs.random_model(config)
@@ -148,7 +148,8 @@ def test_decoder_only_logits_and_greedy_equal(tmp_path, positions, activation):
 def test_scanned_and_string_keyed_layers_convert_as_unrolled(preset):
   """`convert.layers_of` reads the params of a scan_layers model (leaves `[num_layers, ...]`)
   and layer indices stored as strings (`layers/'0'`) as the unrolled `layers/0`."""
-  config = preset.get_config('tiny').model
+  config = (export_workdirs.two_layer_translation_config() if preset is default
+            else preset.get_config('tiny').model)
   config.norm_position, config.vocab_size = 'pre', len(CHARS) + 1
   module, params = export_workdirs.random_model(config)
   state_dict = writer.convert_params(params, module.config)
