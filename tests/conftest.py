@@ -21,6 +21,14 @@ busy anyway) (`SUITE_XLA_FLAGS`; about 3x less CPU time on
 tests/decoding/test_decode_speed.py for the first two, 14% less again for the third). Every
 comparison in a test is between computations compiled with the same flags; the benchmarks in
 bench/ and users' runs keep XLA's defaults.
+
+The two xdist workers keep both cores busy, so a library's own thread pool only competes with
+the other worker: torch's and CTranslate2's OpenMP threads spin while they wait for work.
+The suite runs them on one thread (`OMP_NUM_THREADS=1`; the CTranslate2 tests also ask for
+`intra_threads=1`): tests/hf_export/test_export_hf.py spends ~25% less CPU, the CTranslate2
+tests' random models ~60% less, and no result depends on it (XLA's CPU client has its own
+pool; the comparisons with torch and CTranslate2 have tolerances that no summation order
+reaches).
 """
 
 import atexit
@@ -75,6 +83,7 @@ def _flags_this_xla_knows(flags: list[str]) -> list[str]:
 
 
 os.environ['JAX_DEFAULT_MATMUL_PRECISION'] = SUITE_MATMUL_PRECISION
+os.environ.setdefault('OMP_NUM_THREADS', '1')
 _flags = [*os.environ.get('XLA_FLAGS', '').split(),
           *(f for f in SUITE_XLA_FLAGS if f not in os.environ.get('XLA_FLAGS', ''))]
 if not os.environ.get(_FLAGS_CHECKED_ENV):

@@ -105,7 +105,7 @@ def test_greedy_and_beam_search_equal_ctranslate2s(tmp_path):
   spec = ct2_export.model_spec(params_of(model), model.config, _Pieces())
   spec.optimize(quantization=None)
   spec.save(str(tmp_path))
-  translator = ctranslate2.Translator(str(tmp_path))
+  translator = ctranslate2.Translator(str(tmp_path), intra_threads=1)
   sources = [src for src, _ in _pairs(np.random.default_rng(100 + seed), 24)]
   inputs, _ = _batch([(s, []) for s in sources])
   pieces = [[_Pieces().id_to_piece(t) for t in s[:-1]] for s in sources]

@@ -58,7 +58,7 @@ def test_translator_scores_equal_ours(tmp_path, norm, share, tied, activation, p
                 activation=activation, positional_encoding=positions,
                 vocab_size=len(CHARS) + 4, scale_embeddings=norm == 'post')
   module, params = export_workdirs.random_model(config)
-  translator = ctranslate2.Translator(_save(tmp_path, params, module))
+  translator = ctranslate2.Translator(_save(tmp_path, params, module), intra_threads=1)
   sources, targets = ['ROSE: his tale', 'a'], ['Rosen tale.', 'and then some more']
   inputs = np.zeros((2, 16), np.int32)
   outputs = np.zeros((2, 20), np.int32)
@@ -82,7 +82,7 @@ def test_generator_logits_and_greedy_equal_ours(tmp_path, norm, positions, tied,
   config.update(norm_position=norm, positional_encoding=positions, logits_via_embedding=tied,
                 activation=activation, vocab_size=len(CHARS) + 1)
   module, params = export_workdirs.random_model(config)
-  generator = ctranslate2.Generator(_save(tmp_path, params, module))
+  generator = ctranslate2.Generator(_save(tmp_path, params, module), intra_threads=1)
   prompt = 'ROSE: his tale'
   ids = TOKENIZER.encode(prompt)
   theirs = np.asarray(generator.forward_batch([['<pad>'] + list(prompt)]))[0, :-1]
@@ -154,7 +154,7 @@ def test_trained_export_decodes_as_decode_py(exported):
   sources = restored.encode(lines)
   sp = sentencepiece.SentencePieceProcessor(model_file=os.path.join(out, 'spm.model'))
   pieces = [sp.encode(line, out_type=str) for line in lines]
-  translator = ctranslate2.Translator(out, intra_threads=2)
+  translator = ctranslate2.Translator(out, intra_threads=1)
   options = info['ctranslate2']['translate_batch']
   assert options['max_input_length'] == max_len and options['length_penalty'] == 0
   assert options['min_decoding_length'] == 1
@@ -218,7 +218,7 @@ def test_default_options_translate_a_long_line(exported):
     max_len = json.load(f)['max_len']
   line = _long_sentence()
   assert len(sp.encode(line)) > 3 * max_len
-  translator = ctranslate2.Translator(out, intra_threads=2)
+  translator = ctranslate2.Translator(out, intra_threads=1)
   short = sp.encode('A man is riding a bike.', out_type=str)
   result = translator.translate_batch([sp.encode(line, out_type=str), short])
   assert result[0].hypotheses[0]
@@ -248,7 +248,7 @@ def test_translator_positions_past_max_len(tmp_path, positions):
                                     np.asarray(attn.sinusoidal_positions(max_len, config.d_model)))
     elif positions == 'learned':
       assert len(table) == max_len
-  translator = ctranslate2.Translator(_save(tmp_path, params, module))
+  translator = ctranslate2.Translator(_save(tmp_path, params, module), intra_threads=1)
   options = ct2_export.decoding_options(module.config, TOKENIZER, {})['translate_batch']
   assert translator.translate_batch([list(LONG)], **options)[0].hypotheses[0]
   if positions == 'learned':
