@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from configs import default
 from model import bind, build_model, params_of
 from tests import REPO
 from tests.shared_dirs import built_once
@@ -73,7 +74,6 @@ def exported_hf(tmp_path_factory) -> tuple[str, str]:
 def two_layer_translation_config():
   """configs/default.py:tiny's model with 2 encoder and 2 decoder layers (the preset has 1):
   an export's layer numbering is checked beyond layer 0."""
-  from configs import default  # pylint: disable=import-outside-toplevel
   config = default.get_config('tiny').model
   config.num_encoder_layers = config.num_decoder_layers = 2
   return config
