@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 
 import jax
 import numpy as np
@@ -138,22 +139,33 @@ def _run_two_processes(runs: list[tuple[str, dict]], attempts: int = 3) -> list[
 
 
 def _start_two_processes(runs: list[tuple[str, dict]], port: int):
-  """The two processes, their coordinator on `port`, waited for -> (processes, outputs)."""
-  procs = []
+  """The two processes, their coordinator on `port`, waited for -> (processes, outputs).
+
+  Each writes to a file, not a pipe: the processes wait for each other in collectives, so
+  one blocked on a full pipe (64 KB of output: JAX_LOG_COMPILES, a new version's warnings)
+  while the test waits for the other would hang both for ever."""
+  procs, files = [], []
   (workdir, overrides), *later = runs
-  for i in range(2):
-    spec = {'overrides': overrides, 'coordinator': f'127.0.0.1:{port}', 'num_processes': 2,
-            'process_id': i, 'then': [[w, {'overrides': o}] for w, o in later]}
-    procs.append(subprocess.Popen(
-        [sys.executable, '-m', syn.__name__, workdir, json.dumps(spec)], env=syn.subprocess_env(2),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=syn.REPO))
-  outputs = []
   try:
+    for i in range(2):
+      spec = {'overrides': overrides, 'coordinator': f'127.0.0.1:{port}', 'num_processes': 2,
+              'process_id': i, 'then': [[w, {'overrides': o}] for w, o in later]}
+      files.append(tempfile.TemporaryFile('w+'))  # pylint: disable=consider-using-with
+      procs.append(subprocess.Popen(  # pylint: disable=consider-using-with
+          [sys.executable, '-m', syn.__name__, workdir, json.dumps(spec)],
+          env=syn.subprocess_env(2), stdout=files[-1], stderr=subprocess.STDOUT, text=True,
+          cwd=syn.REPO))
     for proc in procs:
-      outputs.append(proc.communicate()[0])
+      proc.wait()
+    outputs = []
+    for file in files:
+      file.seek(0)
+      outputs.append(file.read())
   finally:
     for proc in procs:
       proc.kill()
+    for file in files:
+      file.close()
   return procs, outputs
 
 
