@@ -43,7 +43,8 @@ def check_workdir(workdir: str, check=None):
   if not workdir:
     raise ExportError('--workdir is required (a directory written by train.py)')
   if not os.path.isdir(workdir):
-    raise ExportError(f'--workdir {workdir} does not exist')
+    raise ExportError(f'--workdir {workdir} ' + ('is not a directory' if os.path.lexists(workdir)
+                                          else 'does not exist'))
   try:
     config = config_io.load_config(workdir)
     model_config = ModelConfig.from_config(config.model)

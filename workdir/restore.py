@@ -120,7 +120,8 @@ def read_model(workdir: str):
   if not workdir:
     raise RestoreError('--workdir is required (a directory written by train.py)')
   if not os.path.isdir(workdir):
-    raise RestoreError(f'--workdir {workdir} does not exist')
+    raise RestoreError(f'--workdir {workdir} ' + ('is not a directory' if os.path.lexists(workdir)
+                                          else 'does not exist'))
   try:
     config = config_io.load_config(workdir)
     # The decode section is read field by field later: a typo ("beam_szie") would be ignored.

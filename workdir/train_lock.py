@@ -87,9 +87,15 @@ def _holder(fd: int) -> str:
 
 def acquire(workdir: str) -> WorkdirLock:
   """Locks `workdir` (created if needed) for this process, or raises `WorkdirBusyError` (or
-  `UnsafeLockFileError` for a planted symlink), leaving the workdir as it found it."""
+  `UnsafeLockFileError` for a planted symlink, `ConfigError` for a path that cannot be a
+  directory), leaving the workdir as it found it."""
+  if os.path.lexists(workdir) and not os.path.isdir(workdir):
+    raise ConfigError(f'workdir {workdir} exists and is not a directory')
   found = _setup_paths(workdir)
-  os.makedirs(workdir, exist_ok=True)
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except OSError as e:  # a parent that is a file, a read-only or missing mount
+    raise ConfigError(f'cannot create workdir {workdir}: {e.strerror or e}') from None
   path = os.path.join(workdir, LOCK_FILE)
   try:
     fd, created = _lock(path, workdir)

@@ -80,6 +80,9 @@ def runs(workdirs, tmp_path_factory) -> dict:
           'source': str(root / 'source'), 'fine_tune': str(root / 'ft')}
   refused = {args[0]: str(root / f'refused{i}') for i, (args, _) in enumerate(BAD_CONFIGS)}
   shutil.copytree(workdirs['mt'], dirs['layout'])
+  dirs['a_file'] = str(root / 'a_file')
+  with open(dirs['a_file'], 'w') as f:
+    f.write('not a workdir\n')
   shutil.copytree(workdirs['mt'], dirs['source'])
   with open(os.path.join(dirs['layout'], 'config.json'), 'rb') as f:
     dirs['layout_config'] = f.read()
@@ -90,6 +93,8 @@ def runs(workdirs, tmp_path_factory) -> dict:
   first = {
       **{name: [tiny, f'--workdir={workdir}', name] for name, workdir in refused.items()},
       'no_workdir': [tiny],
+      **{('not_a_dir', where): [tiny, f'--workdir={path}'] for where, path in (
+          ('file', dirs['a_file']), ('under_a_file', os.path.join(dirs['a_file'], 'sub')))},
       'show_config': [tiny, '--config.train.num_steps=9', f'--workdir={dirs["never_created"]}',
                       '--show_config'],
       'dry_run': [tiny, '--config.train.dry_run=True', '--config.train.batch_size=8'],
@@ -165,6 +170,18 @@ def test_workdir_is_required(runs):
   code, _, err = runs['no_workdir']
   assert code == 2
   assert err.strip() == 'train.py: error: --workdir is required'
+
+
+def test_a_workdir_that_cannot_be_a_directory_is_one_line_and_the_file_is_kept(runs):
+  """--workdir naming a file, or a path below one: one line, exit 2, the file as it was (it
+  was a traceback from os.makedirs)."""
+  a_file = runs['dirs']['a_file']
+  for where, message in (('file', f'workdir {a_file} exists and is not a directory'),
+                         ('under_a_file', f'cannot create workdir {a_file}/sub: Not a directory')):
+    code, _, err = runs['not_a_dir', where]
+    assert code == 2 and err.strip() == f'train.py: error: {message}', err[-3000:]
+  with open(a_file) as f:
+    assert f.read() == 'not a workdir\n'
 
 
 def test_end_to_end_tiny_run_with_overrides_and_resume(runs):

@@ -522,6 +522,7 @@ def _bad_input_cases(workdirs, folder) -> dict:
   (folder / 'two.txt').write_text('One.\nTwo.\n')
   return {
       'missing workdir': ([f'--workdir={folder / "nope"}'], 'does not exist'),
+      'workdir is a file': ([f'--workdir={folder / "one.txt"}'], 'is not a directory'),
       'no checkpoint': ([f'--workdir={no_ckpt}'], 'no checkpoint in'),
       'prompt to a translation model': ([f'--workdir={mt}', '--prompt=Hi'], 'language model'),
       'reference for an LM': ([f'--workdir={lm}', f'--input_file={folder / "one.txt"}',
