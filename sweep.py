@@ -88,8 +88,9 @@ def main(argv: list[str]) -> None:
         print(f'{PROG}: warning: {line}', file=sys.stderr, flush=True)
     if FLAGS.dry_run:
       interrupts.check()
+      lines = launch.describe(plan, FLAGS.parallel, FLAGS.only)  # may refuse --only
       print(f'sweep {FLAGS.sweep} -> {root}: {len(plan.runs)} runs', flush=True)
-      print('\n'.join(launch.describe(plan, FLAGS.parallel)), flush=True)
+      print('\n'.join(lines), flush=True)
       return
     if FLAGS.report:
       from experiments import table  # pylint: disable=import-outside-toplevel

@@ -227,9 +227,13 @@ def main(argv=None) -> int:
     print('\n\n'.join(p.format_help() for p in (ap, s, r)), end='')
     return 0
   args = ap.parse_args(argv)
-  source = args.root if args.command == 'save' else args.archive
+  source, destination = ((args.root, args.to) if args.command == 'save' else
+                         (args.archive, args.root))
   if not os.path.isdir(source):
     print(f'{ap.prog}: error: {source} is not a directory', file=sys.stderr)
+    return 2
+  if os.path.lexists(destination) and not os.path.isdir(destination):
+    print(f'{ap.prog}: error: {destination} exists and is not a directory', file=sys.stderr)
     return 2
   refused: list[str] = []
   try:

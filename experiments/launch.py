@@ -125,22 +125,33 @@ def fmt_minutes(seconds: float | None) -> str:
   return f'{seconds / 60:.1f} min' if seconds < 5400 else f'{seconds / 3600:.1f} h'
 
 
-def describe(plan: Plan, parallel: int = 1) -> list[str]:
-  """The plan as lines: every run, its state and estimated time, then the total."""
+def describe(plan: Plan, parallel: int = 1, only: Sequence[str] = ()) -> list[str]:
+  """The plan as lines: every run, its state and estimated time, then the total of the runs
+  that `only` selects (`selected`: a pattern that matches no run is refused)."""
+  chosen = {r.name for r in selected(plan, only)}
   times = estimates(plan)
   lines, width = [], max((len(run.name) for run in plan.runs), default=0)
+  states = {run.name: run_state(plan, run) for run in plan.runs}
   for run in plan.runs:
-    state, detail = run_state(plan, run)
+    state, detail = states[run.name]
     extra = f' ({detail})' if detail else ''
-    cost = '' if state == job_lib.DONE else f', ~{fmt_minutes(times[run.name])}'
+    if state == job_lib.DONE:
+      cost = ''
+    elif run.name in chosen:
+      cost = f', ~{fmt_minutes(times[run.name])}'
+    else:
+      cost = ', not selected (--only)'
     lines.append(f'  {run.name:<{width}} {state}{extra}{cost}')
-  left = [t for name, t in times.items() if t]
-  unknown = sum(t is None for t in times.values())
+  pending = {name: t for name, t in times.items() if name in chosen}
+  left = [t for t in pending.values() if t]
+  unknown = sum(t is None for t in pending.values())
   total = sum(left) / max(parallel, 1)
-  done = sum(run_state(plan, r)[0] == job_lib.DONE for r in plan.runs)
+  done = sum(state == job_lib.DONE for state, _ in states.values())
   tail = f' (+{unknown} run(s) of unknown time)' if unknown else ''
+  chosen_left = sum(states[name][0] != job_lib.DONE for name in chosen)
   lines.append(f'{done} of {len(plan.runs)} runs done; estimated time left: '
                f'{fmt_minutes(total) if left or not unknown else "unknown"}{tail}'
+               f'{f" for the {chosen_left} selected run(s) not done (--only)" if only else ""}'
                f'{f", {parallel} at a time" if parallel > 1 else ""}')
   return lines
 

@@ -395,6 +395,21 @@ def test_restore_refuses_links_fifos_truncated_and_oversized_files(tmp_path, mon
     archive.restore(str(store), str(root))
 
 
+def test_an_archive_or_root_that_is_a_file_is_one_line_and_the_file_is_kept(tmp_path, capsys):
+  """save --to FILE and restore --root FILE: exit 2, one line (save's was a traceback-free
+  'Not a directory' with exit 1, or 'archived 0 run(s) into FILE' with nothing to save)."""
+  plan, store = _archive(tmp_path)
+  a_file = tmp_path / 'a_file'
+  a_file.write_text('kept\n')
+  for argv in (['save', f'--root={plan.root}', f'--to={a_file}'],
+               ['restore', f'--from={store}', f'--root={a_file}']):
+    assert archive.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == '' and err == (f'python -m experiments.archive: error: {a_file} exists and is '
+                                 'not a directory\n')
+  assert a_file.read_text() == 'kept\n'
+
+
 def test_a_failed_restore_leaves_nothing_and_names_the_file_it_wrote(tmp_path, monkeypatch,
                                                                      capsys):
   plan, store = _archive(tmp_path)

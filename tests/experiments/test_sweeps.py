@@ -153,6 +153,14 @@ def test_only_selects_runs_by_name_or_row_and_refuses_a_pattern_that_matches_non
   with pytest.raises(SweepError, match=r'--only=pre/seed_7 matches no run') as e:
     sweep_file.selected(plan, ['pre', 'pre/seed_7'])
   assert 'post/seed_0' in str(e.value) and '\n' not in str(e.value)
+  # --dry_run describes the selection: the runs left out say so, the estimate counts the rest.
+  lines = launch.describe(plan, only=['pre/seed_1'])
+  assert lines[0].split() == ['post/seed_0', 'new,', 'not', 'selected', '(--only)']
+  assert lines[4].split()[:2] == ['pre/seed_1', 'new,']
+  assert 'selected' not in lines[4]
+  assert lines[-1].endswith('for the 1 selected run(s) not done (--only)'), lines[-1]
+  with pytest.raises(SweepError, match=r'--only=nope matches no run'):
+    launch.describe(plan, only=['nope'])
 
 
 def test_cli_refusals_are_one_line_and_write_nothing(tmp_path):
@@ -166,12 +174,13 @@ def test_cli_refusals_are_one_line_and_write_nothing(tmp_path):
            '--only=y']]
   (tmp_path / 'not_a_sweep.py').write_text('def get_sweep():\n  return {}\n')
   runs.append([f'--sweep={tmp_path / "not_a_sweep.py"}', f'--root={tmp_path / "d"}'])
+  runs.append([*runs[3][:1], f'--root={tmp_path / "f"}', '--only=y', '--dry_run'])
   results = run_mains(runs, script='sweep.py')
   expected = ["row 'r6': unknown config field 'model.dropout_rat'", 'not found',
               '--parallel=0 must be at least 1', '--only=y matches no run',
-              'returned dict, not a Sweep']
-  for (code, _out, err), want, name in zip(results, expected, 'abced', strict=True):
-    assert code == 2, err
+              'returned dict, not a Sweep', '--only=y matches no run']
+  for (code, out, err), want, name in zip(results, expected, 'abcedf', strict=True):
+    assert code == 2 and out == '', err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith('sweep.py: error: ') and want in lines[0], err
     assert not (tmp_path / name).exists()
