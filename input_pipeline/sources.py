@@ -38,13 +38,17 @@ LOCAL_BUILDERS = {
 
 
 def resolve_data_dir(data_dir: str | None) -> str:
-  """`data_dir`, or `$TFDS_DATA_DIR`, or `~/tensorflow_datasets`."""
-  if data_dir:
-    return os.path.abspath(os.path.expanduser(data_dir))
-  return os.path.abspath(os.path.expanduser(
-      os.environ.get('TFDS_DATA_DIR') or os.path.join('~', 'tensorflow_datasets')))
-
-
+  """`data_dir`, or `$TFDS_DATA_DIR`, or `~/tensorflow_datasets` (refused, `DataError`, where
+  a file is in the way)."""
+  where = 'config.data.data_dir' if data_dir else 'TFDS_DATA_DIR'
+  path = os.path.abspath(os.path.expanduser(
+      data_dir or os.environ.get('TFDS_DATA_DIR') or os.path.join('~', 'tensorflow_datasets')))
+  existing = path
+  while not os.path.lexists(existing):  # the folder that would hold it (made when needed)
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise DataError(f'data_dir {path} ({where}): {existing} exists and is not a directory')
+  return path
 
 
 def _local_builder(data_config, data_dir: str) -> tfds.core.DatasetBuilder:

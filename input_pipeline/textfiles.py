@@ -255,7 +255,10 @@ def file_lock(path: str):
   """Exclusive inter-process lock on `path` (created with its folder if missing), waiting for
   its holder. A symlink there is refused, never followed (it would create a file at its
   target), and a FIFO is refused, never waited on (`common.lock_file`): one `DataFileError`."""
-  os.makedirs(os.path.dirname(path), exist_ok=True)
+  try:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+  except OSError as e:  # a parent that is a file, a read-only or missing mount
+    raise DataFileError(f'cannot create {os.path.dirname(path)}: {e.strerror or e}') from None
   try:
     fd, _ = open_lock_file(path)
   except OSError as e:

@@ -5,7 +5,7 @@ import gzip
 import pytest
 
 import input_pipeline as ip
-from input_pipeline import sources
+from input_pipeline import sources, textfiles
 from tests.input_pipeline.test_input_pipeline import BATCH, _mt_config
 
 
@@ -85,6 +85,17 @@ def test_bad_input_messages(tmp_path, data_dir):
   assert 'config.data.vocab_size=8000 is too large' in msg
   msg = _error(pt(f'{good},{good}', vocab_size=100))
   assert 'config.data.vocab_size=100 is too small' in msg
+  a_file = _write(tmp_path / 'a_file', ['kept'])
+  for where in (a_file, f'{a_file}/below'):  # train.py's traceback from os.makedirs, before
+    msg = _error(_mt_config(where))
+    assert msg == (f'data_dir {where} (config.data.data_dir): {a_file} exists and is not a '
+                   'directory')
+    msg = _error(_mt_config(where, dataset='parallel_text', train_files=f'{good},{good}'))
+    assert msg.endswith(f'{a_file} exists and is not a directory')
+  assert open(a_file).read() == 'kept\n'
+  with pytest.raises(ip.DataFileError, match=f'cannot create {a_file}/below: Not a directory'):
+    with textfiles.file_lock(f'{a_file}/below/x.lock'):
+      pass
   msg = _error(_mt_config(data_dir, dataset='no_such_dataset'))
   assert 'no_such_dataset' in msg and 'config.data.dataset' in msg
   msg = _error(_mt_config(data_dir, dataset='wmt14_translate/de-en'))
