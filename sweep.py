@@ -80,6 +80,9 @@ def main(argv: list[str]) -> None:
     plan = sweep_file.plan(sweep_file.load(FLAGS.sweep), root, FLAGS.sweep)
     if os.path.exists(root) and not os.path.isdir(root):
       raise sweep_file.SweepError(f'--root={root} is not a directory')
+    if FLAGS.report and not os.path.exists(root):  # a typo: no empty table in a new folder
+      raise sweep_file.SweepError(f'--root={root} does not exist: no run of this sweep to '
+                                  'report')
     launch.slurm_fields(plan, slurm)  # checked whichever the executor: type, range, characters
     interrupts.check()
     if FLAGS.dry_run or FLAGS.report:  # the same refusals as a run's: another sweep's root

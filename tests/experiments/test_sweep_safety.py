@@ -149,6 +149,7 @@ def cli(tmp_path_factory):
       'mine_report': [f'--sweep={another["mine"]}', f'--root={another["plan"].root}',
                       '--report'],
       'relative': [f'--sweep={sweep}', '--root=runs/x', '--dry_run'],
+      'missing_report': [f'--sweep={sweep}', f'--root={tmp / "missing"}', '--report'],
       'damaged_report': [f'--sweep={sweep}', f'--root={damaged["plan"].root}', '--report'],
       'damaged_dry_run': [f'--sweep={sweep}', f'--root={damaged["plan"].root}', '--dry_run'],
       'linked_lock': [f'--sweep={sweep}', f'--root={planted["linked"]}', '--executor=local'],
@@ -167,6 +168,15 @@ def cli(tmp_path_factory):
   finally:
     if isinstance(full, dict):
       subprocess.run(['umount', '-l', str(tmp / 'small')], check=False)
+
+
+def test_a_report_of_a_root_that_does_not_exist_is_refused_and_makes_nothing(cli):
+  """A typo'd --root with --report: one line, exit 2, no folder with an empty table in it."""
+  code, out, err = cli['missing_report']
+  missing = cli['tmp'] / 'missing'
+  assert (code, out) == (2, '') and err == (f'sweep.py: error: --root={missing} does not exist: '
+                                            'no run of this sweep to report\n'), err
+  assert not missing.exists()
 
 
 # ----------------------------------------------------------------------------- cause 5
