@@ -188,6 +188,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
   for workdir in args.workdir:
     if not os.path.isdir(workdir):
       parser.error(f'--workdir={workdir} is not a directory')
+  # Checked before the decoding, which may take an hour; made only once there is a result.
+  existing = os.path.abspath(args.output_dir)
+  while not os.path.lexists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+    parser.error(f'--output_dir={args.output_dir}: {existing} is not a directory this process '
+                 'can write in')
   decode = {'beam_size': args.beam_size, 'alpha': args.alpha}
   if args.max_new_tokens is not None:
     decode['max_new_tokens'] = args.max_new_tokens

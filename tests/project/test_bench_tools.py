@@ -112,7 +112,7 @@ def test_time_to_quality_crossings_and_training_minutes():
   assert '| x | 25.0 (1 runs) | never |' in ttq.table(summary, [39.0, 41.0])
 
 
-def test_time_to_quality_scores_every_kept_checkpoint(workdirs, tmp_path):
+def test_time_to_quality_scores_every_kept_checkpoint(workdirs, tmp_path, capsys):
   """End to end on the suite's tiny translation run: one point per kept checkpoint, in step
   and time order, scored on the validation sentences asked for; the JSON and plot written."""
   from bench import time_to_quality as ttq
@@ -130,3 +130,9 @@ def test_time_to_quality_scores_every_kept_checkpoint(workdirs, tmp_path):
   with pytest.raises(SystemExit) as stopped:  # not a run: one line, exit 2
     ttq.main([f'--workdir={tmp_path}', f'--output_dir={tmp_path / "out"}'])
   assert stopped.value.code == 2 and not (tmp_path / 'out').exists()
+  a_file = tmp_path / 'a_file'  # refused before any checkpoint is decoded
+  a_file.write_text('kept\n')
+  with pytest.raises(SystemExit) as stopped:
+    ttq.main([f'--workdir={tmp_path}', f'--output_dir={a_file / "out"}'])
+  assert stopped.value.code == 2 and a_file.read_text() == 'kept\n'
+  assert f'{a_file} is not a directory this process can write in' in capsys.readouterr().err
