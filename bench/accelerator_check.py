@@ -217,6 +217,13 @@ SUMMARIES = {'cudnn tests': summarize_tests, 'tests': summarize_tests,
              'decode': summarize_decode, 'resume': summarize_resume}
 
 
+def _write_json(path: str, result: dict) -> None:
+  """`result` into `path`, whole or not at all (a reader never sees half a file)."""
+  with open(path + '.tmp', 'w') as f:
+    json.dump(result, f, indent=2)
+  os.replace(path + '.tmp', path)
+
+
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -232,8 +239,13 @@ def main() -> None:
                   help="extra train.py flags of the default run, e.g. a quick smoke check: "
                        "'--config=configs/default.py:tiny'")
   args = ap.parse_args()
+  if os.path.isdir(args.out):
+    ap.error(f'--out={args.out} is a directory (give the JSON file to write)')
   out_dir = os.path.dirname(os.path.abspath(args.out))
-  os.makedirs(out_dir, exist_ok=True)
+  try:
+    os.makedirs(out_dir, exist_ok=True)
+  except OSError as e:
+    ap.error(f'cannot create the folder of --out={args.out}: {e.strerror or e}')
   env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE='false', PYTHONUNBUFFERED='1')
   bench_env = dict(env, JAX_PLATFORMS=env.get('JAX_PLATFORMS', ''))  # benches: any backend
   shutil.rmtree(os.path.join(out_dir, 'default_run'), ignore_errors=True)  # train anew
@@ -256,12 +268,13 @@ def main() -> None:
                              'log': part['log']}
     print(f'[{time.time() - start:5.0f}s] {name}: rc {part["rc"]}, {part["wall_s"]} s',
           file=sys.stderr, flush=True)
+    result['wall_s'] = time.time() - start
+    _write_json(args.out, result)  # after each part: a device call cut at its limit keeps them
   if 'default run' in runs:
     result['parts']['default run'].update(
         summarize_default_run(runs['default run'], runs.get('default run decode')))
   result['wall_s'] = time.time() - start
-  with open(args.out, 'w') as f:
-    json.dump(result, f, indent=2)
+  _write_json(args.out, result)
   print(table(result))
   print(f'JSON: {args.out}')
 

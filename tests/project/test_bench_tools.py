@@ -136,3 +136,20 @@ def test_time_to_quality_scores_every_kept_checkpoint(workdirs, tmp_path, capsys
     ttq.main([f'--workdir={tmp_path}', f'--output_dir={a_file / "out"}'])
   assert stopped.value.code == 2 and a_file.read_text() == 'kept\n'
   assert f'{a_file} is not a directory this process can write in' in capsys.readouterr().err
+
+
+def test_accelerator_check_refuses_an_out_it_cannot_write_before_any_part(tmp_path, monkeypatch,
+                                                                          capsys):
+  """The GPU session's script: an --out it could not write would have ended a device call's
+  parts in a traceback, their JSON lost (it also writes the JSON after each part now)."""
+  from bench import accelerator_check
+  a_file = tmp_path / 'a_file'
+  a_file.write_text('kept\n')
+  for out, message in ((tmp_path, 'is a directory'),
+                       (a_file / 'result.json', 'cannot create the folder of --out=')):
+    monkeypatch.setattr(sys, 'argv', ['accelerator_check.py', f'--out={out}'])
+    with pytest.raises(SystemExit) as stopped:
+      accelerator_check.main()
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and message in err.splitlines()[-1], err
+  assert a_file.read_text() == 'kept\n' and os.listdir(tmp_path) == ['a_file']
