@@ -189,9 +189,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if not os.path.isdir(workdir):
       parser.error(f'--workdir={workdir} is not a directory')
   # Checked before the decoding, which may take an hour; made only once there is a result.
-  existing = os.path.abspath(args.output_dir)
-  while not os.path.lexists(existing):
-    existing = os.path.dirname(existing)
+  from common.files import nearest_existing  # pylint: disable=import-outside-toplevel
+  existing = nearest_existing(args.output_dir)
   if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
     parser.error(f'--output_dir={args.output_dir}: {existing} is not a directory this process '
                  'can write in')

@@ -73,6 +73,15 @@ def read_regular(path: str) -> bytes:
     return f.read()
 
 
+def nearest_existing(path: str) -> str:
+  """`path` made absolute, or its nearest ancestor that exists (a link counts, followed or
+  not): the folder a `makedirs(path)` would start from, for a check before any work."""
+  current = os.path.abspath(path)
+  while not os.path.lexists(current):
+    current = os.path.dirname(current)
+  return current
+
+
 def inside(path: str, directory: str) -> bool:
   """Whether `path` (existing or not) is `directory` or under it, by device and inode (so
   through symlinks and bind mounts too) for every existing ancestor of `path`."""

@@ -25,6 +25,7 @@ from typing import Any
 import tensorflow_datasets as tfds
 from tensorflow_datasets.proto import tf_example_pb2
 
+from common.files import nearest_existing
 from input_pipeline import builders, text_store, textfiles
 from input_pipeline.errors import DataError
 
@@ -40,12 +41,11 @@ LOCAL_BUILDERS = {
 def resolve_data_dir(data_dir: str | None) -> str:
   """`data_dir`, or `$TFDS_DATA_DIR`, or `~/tensorflow_datasets` (refused, `DataError`, where
   a file is in the way)."""
-  where = 'config.data.data_dir' if data_dir else 'TFDS_DATA_DIR'
+  env = os.environ.get('TFDS_DATA_DIR')
+  where = 'config.data.data_dir' if data_dir else 'TFDS_DATA_DIR' if env else 'the default'
   path = os.path.abspath(os.path.expanduser(
-      data_dir or os.environ.get('TFDS_DATA_DIR') or os.path.join('~', 'tensorflow_datasets')))
-  existing = path
-  while not os.path.lexists(existing):  # the folder that would hold it (made when needed)
-    existing = os.path.dirname(existing)
+      data_dir or env or os.path.join('~', 'tensorflow_datasets')))
+  existing = nearest_existing(path)  # the folder that would hold it (made when needed)
   if not os.path.isdir(existing):
     raise DataError(f'data_dir {path} ({where}): {existing} exists and is not a directory')
   return path
