@@ -22,7 +22,7 @@ from tests import REPO
 VOCAB = 32
 # Compiled programs are shared between the tests and their subprocesses (XLA compiles are
 # most of these tests' time; the cache key is the program, so results are unaffected). Under
-# pytest, conftest.py has set both to this test run's cache; run alone, a per-user directory.
+# pytest, conftest.py has set both to the suite's cache; run alone, a per-user directory.
 CACHE_DIR = os.environ.get('JAX_COMPILATION_CACHE_DIR') or os.path.join(
     __import__('tempfile').gettempdir(), f'transformer-jax-tests-xla-cache-{os.getuid()}')
 CACHE_MIN_SECS = float(os.environ.get('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.5'))
