@@ -108,6 +108,7 @@ def _kept_cache_dir() -> str | None:
       'transformer-jax', 'tests-xla')
   if chosen == 'fresh':
     return None
+  chosen = os.path.abspath(os.path.expanduser(chosen))  # subprocesses start in other folders
   try:
     os.makedirs(chosen, exist_ok=True)
   except OSError as e:

@@ -13,6 +13,9 @@ def test_the_compilation_cache_is_kept_in_the_users_cache_unless_fresh_or_unwrit
   assert kept == str(tmp_path / 'xdg' / 'transformer-jax' / 'tests-xla') and os.path.isdir(kept)
   monkeypatch.setenv(conftest.TEST_XLA_CACHE_ENV, str(tmp_path / 'mine'))
   assert conftest._kept_cache_dir() == str(tmp_path / 'mine')  # pylint: disable=protected-access
+  monkeypatch.chdir(tmp_path)  # a relative folder is the same for subprocesses in others
+  monkeypatch.setenv(conftest.TEST_XLA_CACHE_ENV, 'rel')
+  assert conftest._kept_cache_dir() == str(tmp_path / 'rel')  # pylint: disable=protected-access
   monkeypatch.setenv(conftest.TEST_XLA_CACHE_ENV, 'fresh')
   assert conftest._kept_cache_dir() is None  # pylint: disable=protected-access
   # A folder that cannot be made (below a file): an empty cache for the run, and one line.
