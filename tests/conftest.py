@@ -151,17 +151,18 @@ if 'jax' in sys.modules:  # a plugin imported JAX before us: set it there too
 # workers in collection order as they free up. Its default order, most tests first, left the
 # long files of few tests (8-device runs, subprocess scenarios) for the end, one worker
 # finishing them while the other idled. The files of ~10 s or more go first, longest first
-# (seconds of one worker in a full run, bench/results/test_suite.md), so that the short rest
-# ends both workers within a few seconds of each other.
-LONG_FILES = ('test_import_hf.py', 'test_sweeps.py', 'test_export_hf.py', 'test_decode_speed.py',
-              'test_model.py', 'test_decoding.py', 'test_train_distributed.py',
-              'test_robustness.py', 'test_robustness_cli.py', 'test_train_cli.py',
-              'test_decode_cli.py', 'test_guide_snippets.py', 'test_ablation_options.py',
-              'test_export_ct2.py', 'test_sharding.py',
-              'test_beam_vs_ctranslate2.py', 'test_checkpoint.py', 'test_export_safety.py',
-              'test_sharded_decoding.py', 'test_inference.py', 'test_decode_engines_bench.py',
-              'test_train_loop.py', 'test_precision.py', 'test_program_cache.py',
-              'test_attention_impls.py', 'test_input_pipeline.py', 'test_attention.py')
+# (seconds of one worker in a run from the kept compilation cache, as most runs are:
+# bench/results/test_suite.md), so that the short rest ends both workers within a few seconds
+# of each other.
+LONG_FILES = ('test_import_hf.py', 'test_sweeps.py', 'test_decode_cli.py', 'test_robustness.py',
+              'test_checkpoint.py', 'test_train_distributed.py', 'test_decode_speed.py',
+              'test_robustness_cli.py', 'test_model.py', 'test_decoding.py', 'test_train_cli.py',
+              'test_export_hf.py', 'test_guide_snippets.py', 'test_ablation_options.py',
+              'test_regularisation_options.py', 'test_sharded_decoding.py', 'test_export_ct2.py',
+              'test_decode_engines_bench.py', 'test_export_safety.py', 'test_token_cache.py',
+              'test_train_loop.py', 'test_sharding.py', 'test_inference.py',
+              'test_attention_impls.py', 'test_input_pipeline.py', 'test_program_cache.py',
+              'test_output_files.py', 'test_beam_vs_ctranslate2.py', 'test_attention.py')
 
 
 def pytest_collection_modifyitems(items) -> None:
