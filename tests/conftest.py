@@ -12,7 +12,7 @@ XLA compiles are most of the suite's time, and many tests and subprocesses compi
 small programs. One persistent compilation cache is shared by the test process, its xdist
 workers and every subprocess (through the environment), and kept from one run to the next
 (`TEST_XLA_CACHE_ENV`; `fresh` starts an empty one that the run deletes): a run after the first
-on a machine compiles only what changed, about 30% less CPU for the whole suite. Its key is
+on a machine compiles only what changed, 20-30% less CPU for the whole suite. Its key is
 the program, the compile options, the devices, XLA_FLAGS and the jax and jaxlib versions, so a
 cached program is exactly what compiling again would give, and no result depends on whether
 it was cached. JAX deletes the least recently used programs beyond `CACHE_MAX_BYTES`.
