@@ -41,7 +41,7 @@ import tempfile
 import weakref
 
 from common.errors import carried
-from common.files import inside
+from common.files import inside, nearest_existing
 from common.lock_file import open_lock_file, still_linked
 
 OWN_FILES = ('config.json', 'best_metrics.json', 'train.lock')
@@ -164,12 +164,17 @@ def check_destination(path: str, *, what: str = 'output', workdirs=()) -> str:
 
 def check_output_dir(path: str, *, what: str = 'output', workdirs=()) -> str:
   """The resolved directory `path` (not created), or `OutputError` (one line) when it is or
-  lies inside a workdir's own folders."""
+  lies inside a workdir's own folders, or is (or lies below) something not a directory: said
+  before the work whose results it would hold (a decoding of an hour)."""
   real = os.path.realpath(os.path.expanduser(path))
   owner = workdir_entry(real, workdirs)
   if owner is not None:
     raise OutputError(f'{what} {path} is (or is inside) {owner}, a workdir\'s own folder: '
                       'refusing to write there (give a directory outside it)')
+  existing = nearest_existing(real)
+  if not os.path.isdir(existing):
+    where = 'is' if existing == real else f'lies below {existing},'
+    raise OutputError(f'{what} {path} {where} a file, not a directory')
   return real
 
 

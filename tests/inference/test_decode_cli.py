@@ -439,6 +439,8 @@ MT_REFUSALS = {
     '--output_file=WORKDIR/config.json': '--output_file WORKDIR/config.json is',
     '--attention_plot=WORKDIR/checkpoints/plots': '--attention_plot WORKDIR/checkpoints/plots is '
                                                   '(or is inside) WORKDIR',
+    '--attention_plot=README.md': '--attention_plot README.md is a file, not a directory',
+    '--attention_plot=README.md/plots': '--attention_plot README.md/plots lies below ',
     '--min_new_tokens=-1': '--min_new_tokens=-1 must be an integer in [0, ',
     '--min_new_tokens=9 --max_new_tokens=8': '--min_new_tokens=9 is more than '
                                              '--max_new_tokens=8',
