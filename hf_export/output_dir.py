@@ -88,7 +88,8 @@ def check_output_dir(output_dir: str | None, workdir: str | None, overwrite: boo
                         'or give another one')
   parent = os.path.dirname(path)
   if not os.path.isdir(parent):
-    raise ExportError(f'the parent directory of --output_dir {output_dir} does not exist')
+    raise ExportError(f'the parent directory of --output_dir {output_dir} '
+                      f'{"is a file" if os.path.exists(parent) else "does not exist"}')
   if not os.access(parent, os.W_OK):
     raise ExportError(f'cannot write in {parent} (the parent of --output_dir)')
   return path

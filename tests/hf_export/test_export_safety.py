@@ -95,6 +95,10 @@ def test_overwrite_replaces_only_a_previous_export(workdir, tmp_path):
   link.symlink_to(out)
   with pytest.raises(ExportError, match='symbolic link'):
     writer.export_workdir(workdir, str(link), overwrite=True)
+  a_file = tmp_path / 'mine' / 'notes.txt'
+  for below, words in ((tmp_path / 'none' / 'x', 'does not exist'), (a_file / 'x', 'is a file')):
+    with pytest.raises(ExportError, match=f'the parent directory of --output_dir {below} {words}'):
+      output_dir.check_output_dir(str(below), workdir, False)
   assert sorted(os.listdir(tmp_path)) == ['export_plus', 'link', 'mine', 'out']
 
 
