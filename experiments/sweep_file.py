@@ -96,7 +96,8 @@ class Plan:
 def load(path: str) -> Sweep:
   """The `Sweep` of the file at `path`; `SweepError` (one line) if it is not one."""
   if not os.path.isfile(path):
-    raise SweepError(f'sweep file {path!r} not found (--sweep=configs/sweeps/NAME.py)')
+    what = 'is not a file' if os.path.exists(path) else 'not found'
+    raise SweepError(f'sweep file {path!r} {what} (--sweep=configs/sweeps/NAME.py)')
   try:
     sweep = resolve.call_in_file(path, 'get_sweep')
   except SystemExit as e:  # sys.exit() in the file: no plan, and no silent exit 0

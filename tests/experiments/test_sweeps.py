@@ -175,15 +175,24 @@ def test_cli_refusals_are_one_line_and_write_nothing(tmp_path):
   (tmp_path / 'not_a_sweep.py').write_text('def get_sweep():\n  return {}\n')
   runs.append([f'--sweep={tmp_path / "not_a_sweep.py"}', f'--root={tmp_path / "d"}'])
   runs.append([*runs[3][:1], f'--root={tmp_path / "f"}', '--only=y', '--dry_run'])
+  # A root that is a file or lies below one (dry run or not), a sweep file that is a folder.
+  a_file = tmp_path / 'a_file'
+  a_file.write_text('kept\n')
+  ok = runs[2][0]
+  runs += [[ok, f'--root={a_file}'], [ok, f'--root={a_file}/r'],
+           [ok, f'--root={a_file}/r', '--dry_run'], [f'--sweep={tmp_path}', f'--root={a_file}/s']]
   results = run_mains(runs, script='sweep.py')
   expected = ["row 'r6': unknown config field 'model.dropout_rat'", 'not found',
               '--parallel=0 must be at least 1', '--only=y matches no run',
-              'returned dict, not a Sweep', '--only=y matches no run']
-  for (code, out, err), want, name in zip(results, expected, 'abcedf', strict=True):
+              'returned dict, not a Sweep', '--only=y matches no run',
+              f'--root={a_file} is not a directory', *[f'--root={a_file}/r lies below {a_file}, '
+                                                     'a file'] * 2, f"'{tmp_path}' is not a file"]
+  for (code, out, err), want, name in zip(results, expected, 'abcedfghij', strict=True):
     assert code == 2 and out == '', err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith('sweep.py: error: ') and want in lines[0], err
     assert not (tmp_path / name).exists()
+  assert a_file.read_text() == 'kept\n'
 
 
 # ----------------------------------------------------------------------------- end to end
