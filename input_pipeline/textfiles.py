@@ -214,7 +214,8 @@ def file_fingerprint(path: str, cache_dir: str | None = None) -> str:
   so a change is never missed."""
   path = os.path.abspath(path)
   if not os.path.isfile(path):
-    raise DataFileError(f'data file not found: {path}')
+    raise DataFileError(f'data file {path} is not a regular file' if os.path.exists(path)
+                        else f'data file not found: {path}')
   record = None
   if cache_dir:
     record = os.path.join(cache_dir, hashlib.sha256(path.encode()).hexdigest()[:24] + '.json')

@@ -75,6 +75,8 @@ def test_bad_input_messages(tmp_path, data_dir):
 
   msg = _error(pt(f'{good},{missing}'), FileNotFoundError)
   assert missing in msg
+  msg = _error(pt(f'{good},{tmp_path}'))
+  assert msg == f'data file {tmp_path} is not a regular file', msg
   msg = _error(pt(f'{good},{short}'))
   assert 'line counts' in msg and good in msg and short in msg
   msg = _error(pt(f'{good},{empty}'))
