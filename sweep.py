@@ -55,7 +55,7 @@ def _fail(message, code: int = 2) -> None:
 def main(argv: list[str]) -> None:
   from common import interrupts  # pylint: disable=import-outside-toplevel
   from common.errors import exit_code  # pylint: disable=import-outside-toplevel
-  from common.files import nearest_existing  # pylint: disable=import-outside-toplevel
+  from common.files import file_in_the_way  # pylint: disable=import-outside-toplevel
   from experiments import launch, sweep_file  # pylint: disable=import-outside-toplevel
   # Ctrl-C and SIGTERM (a time limit, systemd, a batch system) stop the sweep alike: each run
   # saves a checkpoint and stops, and the last line is the command that resumes; also when a
@@ -79,9 +79,9 @@ def main(argv: list[str]) -> None:
            'mem_gb': FLAGS.slurm_mem_gb}
   try:
     plan = sweep_file.plan(sweep_file.load(FLAGS.sweep), root, FLAGS.sweep)
-    existing = nearest_existing(root)  # the root, or the folder it would be made in
-    if not os.path.isdir(existing):
-      where = 'is not a directory' if existing == root else f'lies below {existing}, a file'
+    blocker = file_in_the_way(root)
+    if blocker is not None:
+      where = 'is not a directory' if blocker == root else f'lies below {blocker}, a file'
       raise sweep_file.SweepError(f'--root={root} {where}')
     if FLAGS.report and not os.path.exists(root):  # a typo: no empty table in a new folder
       raise sweep_file.SweepError(f'--root={root} does not exist: no run of this sweep to '

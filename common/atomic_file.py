@@ -41,7 +41,7 @@ import tempfile
 import weakref
 
 from common.errors import carried
-from common.files import inside, nearest_existing
+from common.files import file_in_the_way, inside
 from common.lock_file import open_lock_file, still_linked
 
 OWN_FILES = ('config.json', 'best_metrics.json', 'train.lock')
@@ -171,9 +171,9 @@ def check_output_dir(path: str, *, what: str = 'output', workdirs=()) -> str:
   if owner is not None:
     raise OutputError(f'{what} {path} is (or is inside) {owner}, a workdir\'s own folder: '
                       'refusing to write there (give a directory outside it)')
-  existing = nearest_existing(real)
-  if not os.path.isdir(existing):
-    where = 'is' if existing == real else f'lies below {existing},'
+  blocker = file_in_the_way(real)
+  if blocker is not None:
+    where = 'is' if blocker == real else f'lies below {blocker},'
     raise OutputError(f'{what} {path} {where} a file, not a directory')
   return real
 

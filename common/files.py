@@ -82,6 +82,13 @@ def nearest_existing(path: str) -> str:
   return current
 
 
+def file_in_the_way(path: str) -> str | None:
+  """The file (anything not a directory) at `path` or at its nearest existing ancestor, which
+  a `makedirs(path)` would fail on; None where the folders can be made."""
+  existing = nearest_existing(path)
+  return None if os.path.isdir(existing) else existing
+
+
 def inside(path: str, directory: str) -> bool:
   """Whether `path` (existing or not) is `directory` or under it, by device and inode (so
   through symlinks and bind mounts too) for every existing ancestor of `path`."""

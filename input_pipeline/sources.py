@@ -25,7 +25,7 @@ from typing import Any
 import tensorflow_datasets as tfds
 from tensorflow_datasets.proto import tf_example_pb2
 
-from common.files import nearest_existing
+from common.files import file_in_the_way
 from input_pipeline import builders, text_store, textfiles
 from input_pipeline.errors import DataError
 
@@ -45,9 +45,9 @@ def resolve_data_dir(data_dir: str | None) -> str:
   where = 'config.data.data_dir' if data_dir else 'TFDS_DATA_DIR' if env else 'the default'
   path = os.path.abspath(os.path.expanduser(
       data_dir or env or os.path.join('~', 'tensorflow_datasets')))
-  existing = nearest_existing(path)  # the folder that would hold it (made when needed)
-  if not os.path.isdir(existing):
-    raise DataError(f'data_dir {path} ({where}): {existing} exists and is not a directory')
+  blocker = file_in_the_way(path)  # made when needed
+  if blocker is not None:
+    raise DataError(f'data_dir {path} ({where}): {blocker} exists and is not a directory')
   return path
 
 
