@@ -20,6 +20,15 @@ A run's recipe is its row: ROOT/ROW/seed_K of a sweep (else the workdir's name, 
 `--names`). Writes DIR/time_to_quality.json (every point, and per recipe and threshold each
 run's minutes) and DIR/time_to_quality.png (BLEU against minutes, each run a thin line, one
 colour per recipe, the thresholds dashed), and prints the table.
+
+Checkpoints are not archived (a sweep's archive keeps the events and outputs only), so a run's
+points are decoded on the machine that trained it, right after it, and kept; `--merge=JSON`
+(repeatable) joins the runs of earlier invocations' time_to_quality.json, decoded with the same
+settings, to this one's (`--workdir` may then be left out):
+
+    python bench/time_to_quality.py --workdir=runs/ttq/paper/seed_0 --output_dir=Q0
+    python bench/time_to_quality.py --merge=Q0/time_to_quality.json \
+        --merge=Q1/time_to_quality.json ... --output_dir=DIR
 """
 
 from __future__ import annotations
@@ -102,6 +111,35 @@ def run_points(workdir: str, decode: dict, average_last: int, sentences: int | N
   return points
 
 
+# What must agree for two invocations' points to be one measurement.
+SETTINGS = ('decode', 'average_last', 'sentences')
+
+
+def merged(paths: Sequence[str], settings: dict) -> dict[str, dict]:
+  """The runs of earlier invocations' time_to_quality.json files -> {workdir: run}; ValueError
+  naming the file when one cannot be read, was decoded with other `settings`, or repeats a
+  run."""
+  runs: dict[str, dict] = {}
+  for path in paths:
+    try:
+      with open(path, encoding='utf-8') as f:
+        found = json.load(f)
+      theirs = {name: found[name] for name in SETTINGS}
+      their_runs = found['runs']
+    except (OSError, ValueError, KeyError, TypeError) as e:
+      raise ValueError(f'--merge={path}: not a time_to_quality.json '
+                       f'({type(e).__name__}: {e})') from None
+    for name in SETTINGS:
+      if theirs[name] != settings[name]:
+        raise ValueError(f'--merge={path}: decoded with {name}={theirs[name]!r}, this run '
+                         f'asks {settings[name]!r}')
+    for workdir, run in their_runs.items():
+      if workdir in runs:
+        raise ValueError(f'--merge={path}: run {workdir} is already in another file')
+      runs[workdir] = run
+  return runs
+
+
 def summarize(runs: dict[str, dict], thresholds: Sequence[float]) -> dict:
   """recipe -> threshold -> {'runs': [each run's crossing], 'mean_minutes' (None unless every
   run's crossing is interpolated), 'sd_minutes'}."""
@@ -163,7 +201,10 @@ def plot(runs: dict[str, dict], thresholds: Sequence[float], path: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-  parser.add_argument('--workdir', action='append', required=True, help='a run (repeatable)')
+  parser.add_argument('--workdir', action='append', default=[], help='a run (repeatable)')
+  parser.add_argument('--merge', action='append', default=[],
+                      help="an earlier invocation's time_to_quality.json whose runs join these "
+                      '(repeatable; the same decoding settings)')
   parser.add_argument('--names', default=None, help='comma-separated recipe of each workdir '
                       '(default: the sweep row, ROOT/ROW/seed_K)')
   parser.add_argument('--output_dir', required=True)
@@ -180,6 +221,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     thresholds = [float(t) for t in args.thresholds.split(',')]
   except ValueError:
     parser.error(f'--thresholds={args.thresholds!r}: numbers separated by commas')
+  if not args.workdir and not args.merge:
+    parser.error('give at least one --workdir or --merge')
   names = args.names.split(',') if args.names else [recipe_of(w) for w in args.workdir]
   if len(names) != len(args.workdir):
     parser.error(f'--names has {len(names)} names for {len(args.workdir)} workdirs')
@@ -199,7 +242,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
     decode['max_new_tokens'] = args.max_new_tokens
   if args.beam_size == 1:
     decode.pop('alpha')
-  runs = {}
+  settings = {'decode': decode, 'average_last': args.average_last, 'sentences': args.sentences}
+  try:
+    runs = merged(args.merge, settings)
+  except ValueError as e:
+    parser.error(str(e))
+  for workdir in args.workdir:
+    if workdir in runs:
+      parser.error(f'--workdir={workdir} is already in a --merge file')
   for workdir, name in zip(args.workdir, names, strict=True):
     try:
       points = run_points(workdir, decode, args.average_last, args.sentences)
@@ -210,8 +260,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
   summary = summarize(runs, thresholds)
   found = {'command': ' '.join(['python', 'bench/time_to_quality.py',
                                 *(argv if argv is not None else sys.argv[1:])]),
-           'decode': decode, 'average_last': args.average_last, 'sentences': args.sentences,
-           'thresholds': thresholds, 'runs': runs, 'summary': summary}
+           **settings, 'thresholds': thresholds, 'runs': runs, 'summary': summary}
   os.makedirs(args.output_dir, exist_ok=True)
   with open(os.path.join(args.output_dir, 'time_to_quality.json'), 'w', encoding='utf-8') as f:
     json.dump(found, f, indent=1)

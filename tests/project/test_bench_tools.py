@@ -127,6 +127,22 @@ def test_time_to_quality_scores_every_kept_checkpoint(workdirs, tmp_path, capsys
   assert crossings['1000.0']['runs'][0]['how'] == 'never'
   assert (tmp_path / 'time_to_quality.png').stat().st_size > 0
   assert json.loads((tmp_path / 'time_to_quality.json').read_text())['sentences'] == 3
+  # Joined later without the checkpoints (an archive has none): the same runs and table.
+  first = tmp_path / 'first.json'
+  (tmp_path / 'time_to_quality.json').rename(first)
+  again = ttq.main([f'--merge={first}', f'--output_dir={tmp_path / "joined"}', '--sentences=3',
+                    '--beam_size=2', '--max_new_tokens=6', '--thresholds=0,1000'])
+  assert again['runs'] == found['runs'] and again['summary'] == found['summary']
+  capsys.readouterr()
+  for args, why in [(['--sentences=4'], 'decoded with sentences=3, this run asks 4'),
+                    ([f'--merge={first}'], f'run {workdirs["mt"]} is already in another file'),
+                    ([f'--workdir={workdirs["mt"]}'], 'is already in a --merge file')]:
+    with pytest.raises(SystemExit) as stopped:  # before any decoding: one line, exit 2
+      ttq.main([f'--merge={first}', f'--output_dir={tmp_path / "refused"}', '--beam_size=2',
+                '--max_new_tokens=6', *(['--sentences=3'] if '--sentences=4' not in args else []),
+                *args])
+    assert stopped.value.code == 2 and why in capsys.readouterr().err
+  assert not (tmp_path / 'refused').exists()
   with pytest.raises(SystemExit) as stopped:  # not a run: one line, exit 2
     ttq.main([f'--workdir={tmp_path}', f'--output_dir={tmp_path / "out"}'])
   assert stopped.value.code == 2 and not (tmp_path / 'out').exists()
