@@ -98,8 +98,12 @@ def test_step_time_and_eta_leave_out_evaluations_and_checkpoints(logged):
     saved = _line(lines, f'checkpoint step {step} ')
     assert re.fullmatch(rf'checkpoint step {step} \| 5\d\d\.\ds', saved), saved
   assert summary['seconds_outside_train_steps']['eval'] >= 3 * EVAL_S
-  assert re.search(r'^done: step 9/9 in .* \(evaluation 0:5\d:\d\d, checkpoints 0:2\d:\d\d, '
-                   r'compilation \d+:\d\d:\d\d\)', lines[-1]), lines[-1]
+  # Compilation shows once it reaches a second: a warm compilation cache on a fast machine
+  # compiles this tiny model in less, and the part is then left out.
+  compiled = (r', compilation \d+:\d\d:\d\d'
+              if summary['seconds_outside_train_steps'].get('compile', 0) >= 1 else '')
+  assert re.search(r'^done: step 9/9 in .* \(evaluation 0:5\d:\d\d, checkpoints 0:2\d:\d\d'
+                   rf'{compiled}\)', lines[-1]), lines[-1]
 
 
 def test_each_compile_wait_is_announced_then_timed(logged):
