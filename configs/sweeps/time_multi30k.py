@@ -22,13 +22,18 @@ from configs.sweeps.final_multi30k import get_sweep as finalists
 # Every checkpoint of the longest run (4,500 steps, one each 250).
 KEEP_EVERY_CHECKPOINT = {'train.max_checkpoints': 18}
 
+# The paper's preset given the whole hour: its schedule (warmup, then inverse square root)
+# does not depend on the number of steps, so this row's runs are the `paper` row's runs
+# resumed from step 4,500 (an exact resume) and carried on to 8,000.
+PAPER_TO_THE_HOUR = {'train.num_steps': 8000}
+
 
 def get_sweep():
   final = finalists()
   return Sweep(
       config=final.config,
       overrides=KEEP_EVERY_CHECKPOINT,
-      rows={'paper': {}, 'modern_b64': MODERN_B64},
+      rows={'paper': {}, 'modern_b64': MODERN_B64, 'paper_8000': PAPER_TO_THE_HOUR},
       baseline='paper',
       seeds=3,
       order='seed',
