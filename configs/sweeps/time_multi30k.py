@@ -12,7 +12,12 @@ each kept checkpoint (beam 6, length penalty 1.4, the presets' decoding) and giv
 minutes of training each run needs to reach 39 and 40 lowercased BLEU, evaluations left out.
 The presets keep their last 10 checkpoints; here all of them (18 at most), so that a curve
 starts at step 250. The sweep's own evaluation (decoding chosen on validation, test2016 read
-once) is the finalists'.
+once) is the finalists'. The row `paper_8000` is the paper's preset given the whole hour; its
+runs were made from the `paper` row's by resuming each step-4,500 workdir (a copy, without its
+`sweep_eval/`) with `python train.py --config=configs/multi30k.py --workdir=COPY
+--config.train.max_checkpoints=18 --config.train.seed=S --config.train.num_steps=8000` and
+placing it at ROOT/paper_8000/seed_S, where the sweep evaluates it (a fresh run of the row
+trains the same steps from step 0).
 """
 
 from configs.multi30k import MODERN_B64
