@@ -103,6 +103,17 @@ def read_events(path: str, warn: Callable[[str], None] | None = None
   return out
 
 
+def _redone(events: list[tuple]) -> int | None:
+  """The first step a session redid, if any. train.py logs its config text at the step it starts
+  from (a checkpoint's), and trains the steps after it: a finished run opened again (it only
+  evaluates its last step) redoes none of its steps. Event files without the text: their first
+  scalar's step."""
+  texts = [step for _, step, _, value in events if isinstance(value, str)]
+  if texts:
+    return min(texts) + 1
+  return min((step for _, step, _, _ in events), default=None)
+
+
 def load_run(workdir: str, name: str | None = None,
              warn: Callable[[str], None] | None = None) -> Run:
   """Joins the sessions (event files) of `workdir` into one `Run`; `warn` hears of damaged
@@ -117,10 +128,10 @@ def load_run(workdir: str, name: str | None = None,
   offset = 0.0  # minutes of the sessions before this one
   for events in sessions:
     start = events[0][0]
-    first_step = min((s for _, s, _, v in events if not isinstance(v, str)), default=None)
-    if first_step is not None:  # steps this session redid replace the earlier ones
+    redone = _redone(events)
+    if redone is not None:  # steps this session redid replace the earlier ones
       for points in scalars.values():
-        for step in [s for s in points if s >= first_step]:
+        for step in [s for s in points if s >= redone]:
           del points[step]
     for wall, step, tag, value in events:
       if isinstance(value, str):

@@ -58,6 +58,30 @@ def test_a_resumed_run_is_one_run(resumed):
   assert [p.step for p in run.scalars['eval/loss']] == [4, 8, 12]
 
 
+def test_a_session_redoes_the_steps_after_its_config_not_the_step_it_starts_from(tmp_path):
+  """train.py logs its config text at the step it starts from. Resumed from step 4, the second
+  session's steps 6-8 replace the first's; a finished run opened again (it evaluates step 12
+  once more) keeps its training log at step 12, so the minutes there stay the training's."""
+  workdir = tmp_path / 'reopened'
+  _session(workdir, '.1', T0, [(4, 60, {'train/loss': 4.0}), (6, 120, {'train/loss': 3.5}),
+                               (8, 180, {'train/loss': 3.4})], text='config')
+  second = SummaryWriter(logdir=str(workdir), filename_suffix='.2')
+  second.add_text('config', 'config', 4, walltime=T0 + 3600)
+  for step, seconds, loss in ((6, 60, 3.0), (8, 120, 2.5), (12, 240, 2.0)):
+    second.add_scalar('train/loss', loss, step, walltime=T0 + 3600 + seconds)
+  second.close()
+  third = SummaryWriter(logdir=str(workdir), filename_suffix='.3')
+  third.add_text('config', 'config', 12, walltime=T0 + 7200)
+  third.add_scalar('eval/bleu', 9.0, 12, walltime=T0 + 7210)
+  third.close()
+  run = report.load_run(str(workdir))
+  loss = run.scalars['train/loss']
+  assert [(p.step, p.value) for p in loss] == [(4, 4.0), (6, 3.0), (8, 2.5), (12, 2.0)]
+  assert [p.minutes for p in loss] == pytest.approx([1, 4, 5, 7])  # 3 min, then 4 of the second
+  assert [(p.step, p.value) for p in run.scalars['eval/bleu']] == [(12, 9.0)]
+  assert run.minutes == pytest.approx(7 + 10 / 60)  # the third session's own 10 seconds
+
+
 def test_report_writes_curves_and_a_table_of_several_runs(resumed, tmp_path):
   other = tmp_path / 'other'
   _session(other, '.1', T0, [(5, 30, {'train/loss': 6.0}), (10, 60, {'train/loss': 5.5})])
