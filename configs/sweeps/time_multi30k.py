@@ -27,9 +27,8 @@ from configs.sweeps.final_multi30k import get_sweep as finalists
 # Every checkpoint of the longest run (4,500 steps, one each 250).
 KEEP_EVERY_CHECKPOINT = {'train.max_checkpoints': 18}
 
-# The paper's preset given the whole hour: its schedule (warmup, then inverse square root)
-# does not depend on the number of steps, so this row's runs are the `paper` row's runs
-# resumed from step 4,500 (an exact resume) and carried on to 8,000.
+# The paper's preset given the whole hour. Its schedule (warmup, then inverse square root)
+# does not depend on the number of steps: the `paper` runs are this row's first 4,500 steps.
 PAPER_TO_THE_HOUR = {'train.num_steps': 8000}
 
 

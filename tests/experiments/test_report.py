@@ -17,11 +17,12 @@ from tests import REPO, extras
 T0 = 1_700_000_000.0
 
 
-def _session(workdir, suffix, start, points, text=None):
-  """One process's event file: `points` = [(step, seconds after `start`, {tag: value})]."""
+def _session(workdir, suffix, start, points, text=None, text_step=0):
+  """One process's event file: `points` = [(step, seconds after `start`, {tag: value})]; the
+  config `text`, if any, at `text_step` (train.py's: the step the session starts from)."""
   writer = SummaryWriter(logdir=str(workdir), filename_suffix=suffix)
   if text is not None:
-    writer.add_text('config', text, 0, walltime=start)
+    writer.add_text('config', text, text_step, walltime=start)
   for step, seconds, values in points:
     for tag, value in values.items():
       writer.add_scalar(tag, value, step, walltime=start + seconds)
@@ -65,15 +66,9 @@ def test_a_session_redoes_the_steps_after_its_config_not_the_step_it_starts_from
   workdir = tmp_path / 'reopened'
   _session(workdir, '.1', T0, [(4, 60, {'train/loss': 4.0}), (6, 120, {'train/loss': 3.5}),
                                (8, 180, {'train/loss': 3.4})], text='config')
-  second = SummaryWriter(logdir=str(workdir), filename_suffix='.2')
-  second.add_text('config', 'config', 4, walltime=T0 + 3600)
-  for step, seconds, loss in ((6, 60, 3.0), (8, 120, 2.5), (12, 240, 2.0)):
-    second.add_scalar('train/loss', loss, step, walltime=T0 + 3600 + seconds)
-  second.close()
-  third = SummaryWriter(logdir=str(workdir), filename_suffix='.3')
-  third.add_text('config', 'config', 12, walltime=T0 + 7200)
-  third.add_scalar('eval/bleu', 9.0, 12, walltime=T0 + 7210)
-  third.close()
+  _session(workdir, '.2', T0 + 3600, [(6, 60, {'train/loss': 3.0}), (8, 120, {'train/loss': 2.5}),
+                                      (12, 240, {'train/loss': 2.0})], text='config', text_step=4)
+  _session(workdir, '.3', T0 + 7200, [(12, 10, {'eval/bleu': 9.0})], text='config', text_step=12)
   run = report.load_run(str(workdir))
   loss = run.scalars['train/loss']
   assert [(p.step, p.value) for p in loss] == [(4, 4.0), (6, 3.0), (8, 2.5), (12, 2.0)]
