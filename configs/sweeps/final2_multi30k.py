@@ -6,6 +6,9 @@ raised validation BLEU beyond the baseline's seed spread, added one by one to `m
         --root=runs/final2_multi30k   # the screen's seeds 0-1 of the first two rows
     python sweep.py --sweep=configs/sweeps/final2_multi30k.py --root=runs/final2_multi30k
 
+On the Intel class its archive `final2_multi30k_intel` holds the last row only; restore it with
+`final_multi30k_intel` (whose `modern_b64` is this sweep's first row) into one root.
+
 The rungs are chosen on validation, not on test2016, which each finalist reads once
 (bench/results/ablations.md §5): QK-norm (validation BLEU 40.98 ± 0.28 over 2 seeds against the
 baseline's 40.46 ± 0.10, the lowest validation loss of the screen), then label smoothing 0.2
